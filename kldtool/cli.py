@@ -1,0 +1,193 @@
+"""The ``kldtool`` command line. Thin: parse flags, call the pipeline, turn known failures
+into one-line messages with a distinct exit code per class (see kldtool.errors)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Optional
+
+import click
+import typer
+
+from kldtool.errors import KldError, UsageError
+
+app = typer.Typer(
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    no_args_is_help=True,
+    help="Measure how far a quantized model's predictions drift from its base model "
+         "(llama-perplexity --kl-divergence compatible).",
+)
+
+ModelOpt = typer.Option(None, "-m", "--model", help="Model: a .gguf file (llamacpp) or a transformers directory. "
+                                                    "Default: the built-in SmolLM2-135M.")
+EngineOpt = typer.Option(None, "--engine", help="transformers or llamacpp (default: from the model path; .gguf -> llamacpp).")
+DtypeOpt = typer.Option(None, "--dtype", help="transformers: float32 (default), bfloat16 or float16.")
+DeviceOpt = typer.Option(None, "--device", help="transformers: cpu (default), cuda, cuda:N.")
+ThreadsOpt = typer.Option(None, "-t", "--threads", help="CPU threads (default: all cores).")
+BatchOpt = typer.Option(2048, "-b", "--batch-size", help="Tokens per engine call; chunks are batched as "
+                                                         "llama-perplexity's n_seq = batch / ctx.")
+
+
+def _engine(engine, model, dtype, device, threads, batch):
+    from kldtool.engines import make_engine
+
+    if threads is not None and threads < 1:
+        raise UsageError(f"--threads {threads}: must be at least 1")
+    if batch < 1:
+        raise UsageError(f"--batch-size {batch}: must be at least 1")
+    return make_engine(engine, model, dtype=dtype, device=device, threads=threads, batch_tokens=batch)
+
+
+@app.command()
+def base(
+    model: Optional[str] = ModelOpt,
+    file: Optional[str] = typer.Option(None, "-f", "--file", help="Text file (default: Python's built-in pydoc topics)."),
+    ctx_size: int = typer.Option(512, "-c", "--ctx-size", help="Tokens per chunk; the second half is scored."),
+    chunks: Optional[int] = typer.Option(None, "--chunks", help="Use at most this many chunks."),
+    out: Optional[str] = typer.Option(None, "--kl-divergence-base", "--save-all-logits",
+                                      help="Write the base file here (without it: perplexity only)."),
+    fmt: str = typer.Option("kldtool", "--format", help="kldtool (compressed container) or llamacpp (raw, for llama-perplexity)."),
+    engine: Optional[str] = EngineOpt,
+    dtype: Optional[str] = DtypeOpt,
+    device: Optional[str] = DeviceOpt,
+    threads: Optional[int] = ThreadsOpt,
+    batch: int = BatchOpt,
+    json_out: Optional[str] = typer.Option(None, "--json", help="Also write the result as JSON here."),
+):
+    """Phase 1: run the base model over a text, print its PPL and store its log-probs."""
+    from kldtool.corpus import load_corpus
+    from kldtool.logitsfile import FORMATS
+    from kldtool.pipeline import run_base
+    from kldtool.pipeline.common import write_json
+
+    if fmt not in FORMATS:
+        raise UsageError(f"--format {fmt!r}: expected one of {', '.join(FORMATS)}")
+    corpus_name, text = load_corpus(file)
+    eng = _engine(engine, model, dtype, device, threads, batch)
+    try:
+        result = run_base(eng, corpus_name, text, ctx_size, chunks, out, fmt)
+    finally:
+        eng.close()
+    if json_out:
+        write_json(json_out, result)
+
+
+@app.command()
+def compare(
+    base_file: Optional[str] = typer.Option(None, "--kl-divergence-base", "--save-all-logits",
+                                            help="Base file written by `kldtool base` or llama-perplexity."),
+    model: Optional[str] = ModelOpt,
+    kl_divergence: bool = typer.Option(False, "--kl-divergence", help="Accepted for llama-perplexity familiarity; always on."),
+    ctx_size: Optional[int] = typer.Option(None, "-c", "--ctx-size", help="Must match the base file if given."),
+    file: Optional[str] = typer.Option(None, "-f", "--file", help="Ignored: the tokens come from the base file."),
+    engine: Optional[str] = EngineOpt,
+    dtype: Optional[str] = DtypeOpt,
+    device: Optional[str] = DeviceOpt,
+    threads: Optional[int] = ThreadsOpt,
+    batch: int = BatchOpt,
+    json_out: Optional[str] = typer.Option(None, "--json", help="Write every statistic and the run's metadata here."),
+    force: bool = typer.Option(False, "--force", help="Compare even when the tokenizer or BOS policy differ (noted in every output)."),
+):
+    """Phase 2: run a model over a base file's tokens and print llama-perplexity's KLD statistics."""
+    from kldtool.logitsfile import open_base_file
+    from kldtool.pipeline import run_compare
+
+    del kl_divergence
+    if base_file is None:
+        raise UsageError("compare needs --kl-divergence-base FILE (written by `kldtool base` or llama-perplexity)")
+    reader = open_base_file(base_file)
+    try:
+        if ctx_size is not None and ctx_size != reader.header.n_ctx:
+            raise UsageError(f"-c {ctx_size} contradicts {base_file}, written with -c {reader.header.n_ctx}; drop -c")
+        if file is not None:
+            print(f"note: -f {file} ignored: the tokens come from {base_file}", file=sys.stderr)
+        eng = _engine(engine, model, dtype, device, threads, batch)
+        try:
+            run_compare(eng, reader, force=force, json_path=json_out)
+        finally:
+            eng.close()
+    finally:
+        reader.close()
+
+
+@app.command()
+def info(
+    path: str = typer.Argument(..., help="A base file of either format."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of text."),
+):
+    """Show a base file's header, metadata, sizes and completeness."""
+    from kldtool.logitsfile import open_base_file
+
+    reader = open_base_file(path)
+    try:
+        h = reader.header
+        raw_size = 20 + 4 * h.n_tokens + h.n_chunk * h.chunk_nbytes
+        data = {
+            "path": path, "format": reader.format_name, "complete": True,
+            "n_ctx": h.n_ctx, "n_vocab": h.n_vocab, "n_chunk": h.n_chunk,
+            "rows_per_chunk": h.rows_per_chunk, "scored_tokens": h.rows_per_chunk * h.n_chunk,
+            "file_bytes": reader.file_size, "raw_equivalent_bytes": raw_size,
+            "ratio_to_raw": round(reader.file_size / raw_size, 4),
+            "metadata": reader.metadata,
+        }
+    finally:
+        reader.close()
+    if as_json:
+        print(json.dumps(data, indent=2))
+        return
+    for k, v in data.items():
+        if k != "metadata":
+            print(f"{k:22s}: {v}")
+    print("metadata              :")
+    print(json.dumps(data["metadata"], indent=2))
+
+
+@app.command()
+def convert(
+    src: str = typer.Argument(..., help="Base file to read."),
+    dst: str = typer.Argument(..., help="Base file to write."),
+    to: Optional[str] = typer.Option(None, "--to", help="kldtool or llamacpp (default: the other format)."),
+):
+    """Convert a base file between llama.cpp's raw layout and the kldtool container (lossless)."""
+    from kldtool.logitsfile import FORMATS, create_writer, iter_chunks, open_base_file
+
+    reader = open_base_file(src)
+    try:
+        target = to or ("llamacpp" if reader.format_name == "kldtool" else "kldtool")
+        if target not in FORMATS:
+            raise UsageError(f"--to {target!r}: expected one of {', '.join(FORMATS)}")
+        if os.path.abspath(src) == os.path.abspath(dst):
+            raise UsageError(f"{dst}: is the input file; choose another output path")
+        meta = dict(reader.metadata)
+        meta.setdefault("converted_from", {"path": src, "format": reader.format_name})
+        writer = create_writer(dst, target, reader.header, reader.tokens, meta)
+        try:
+            for _, rows in iter_chunks(reader, range(reader.header.n_chunk)):
+                writer.write_chunk(rows)
+            writer.finish()
+        except BaseException:
+            writer.abort()
+            raise
+    finally:
+        reader.close()
+    print(f"{src} ({reader.format_name}) -> {dst} ({target})", file=sys.stderr)
+
+
+def main(argv: list[str] | None = None) -> None:
+    try:
+        rv = app(args=argv, standalone_mode=False, prog_name="kldtool")
+    except click.exceptions.Exit as e:
+        sys.exit(e.exit_code)
+    except click.ClickException as e:
+        e.show()
+        sys.exit(UsageError.exit_code if e.exit_code == 2 else e.exit_code)
+    except (KeyboardInterrupt, click.exceptions.Abort):
+        print("kldtool: interrupted; no partial output was left in place", file=sys.stderr)
+        sys.exit(130)
+    except KldError as e:
+        print(f"kldtool: error: {e}", file=sys.stderr)
+        sys.exit(e.exit_code)
+    sys.exit(rv if isinstance(rv, int) else 0)

@@ -1,0 +1,146 @@
+"""Log-probability rows <-> uint16 codes, bit for bit as llama-perplexity writes them.
+
+A row of ``row_width(V)`` uint16 holds two float32 (scale, min_log_prob) in its first four
+slots, then one code per vocabulary entry (and one zero pad slot when V is odd).
+Decoding is ``log p[i] = scale * q[i] + min_log_prob``; entries at or below the clamp floor
+(``max_logit - clamp``) are stored as 0.
+
+Every operation is spelled out in float32 with the same association as llama.cpp, because
+the codes must be byte-identical to llama.cpp's when the logits are. The only deviation is
+``expf``: we use float64 ``exp`` rounded to float32 (the correctly rounded value), which can
+move ``min_log_prob`` by one ulp on another libm but never changes a code.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+DEFAULT_CLAMP = 16.0
+CODE_MAX = 65535
+HEADER_SLOTS = 4
+# Rows handled at once: bounds the float64 temporaries to ~ block * V * 8 bytes.
+ROW_BLOCK = 64
+
+
+def row_width(n_vocab: int) -> int:
+    """uint16 slots per row: 2*ceil(V/2) + 4 (the odd-V pad keeps rows 4-byte aligned)."""
+    return 2 * ((n_vocab + 1) // 2) + HEADER_SLOTS
+
+
+# ---------------------------------------------------------------- numpy
+
+
+def normalizer_np(logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(max, log-sum-exp) per row in float32, as llama.cpp's log_softmax computes them."""
+    mx = logits.max(axis=1)
+    e = np.exp((logits - mx[:, None]).astype(np.float64)).astype(np.float32)
+    lse = np.log(e.sum(axis=1, dtype=np.float64)).astype(np.float32)
+    return mx, lse
+
+
+def encode_np(logits: np.ndarray, clamp: float = DEFAULT_CLAMP) -> tuple[np.ndarray, np.ndarray]:
+    """Encode float32 logits (R, V) into uint16 rows (R, row_width(V)).
+
+    Returns the rows and ``M = max + lse`` per row (float32), so the caller gets the
+    target NLL as ``M - logits[r, t]`` without a second pass.
+    """
+    logits = np.ascontiguousarray(logits, dtype=np.float32)
+    n_rows, n_vocab = logits.shape
+    rows = np.zeros((n_rows, row_width(n_vocab)), dtype=np.uint16)
+    norm = np.empty(n_rows, dtype=np.float32)
+    for a in range(0, n_rows, ROW_BLOCK):
+        b = min(a + ROW_BLOCK, n_rows)
+        rows[a:b], norm[a:b] = _encode_block_np(logits[a:b], np.float32(clamp), n_vocab)
+    return rows, norm
+
+
+def _encode_block_np(l: np.ndarray, clamp: np.float32, n_vocab: int):
+    mx, lse = normalizer_np(l)
+    mn = np.maximum(l.min(axis=1), mx - clamp)
+    min_log_prob = (mn - mx) - lse
+    scale = (mx - mn) / np.float32(CODE_MAX)
+    out = np.zeros((l.shape[0], row_width(n_vocab)), dtype=np.uint16)
+    out[:, :HEADER_SLOTS] = np.stack([scale, min_log_prob], axis=1).astype(np.float32).view(np.uint16)
+    live = scale != 0
+    if live.any():
+        ll = l[live]
+        inv = np.float32(1) / scale[live]
+        diff = ll - mn[live][:, None]
+        q = np.rint(inv[:, None] * diff)
+        q[ll <= mn[live][:, None]] = 0
+        out[np.nonzero(live)[0][:, None], np.arange(HEADER_SLOTS, HEADER_SLOTS + n_vocab)] = q.astype(np.uint16)
+    return out, mx + lse
+
+
+def row_params_np(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(scale, min_log_prob) float32 arrays of uint16 rows."""
+    head = np.ascontiguousarray(rows[:, :HEADER_SLOTS]).view(np.float32)
+    return head[:, 0], head[:, 1]
+
+
+def decode_np(rows: np.ndarray, n_vocab: int) -> np.ndarray:
+    """Decode uint16 rows to float32 log-probs (R, V): float multiply, then float add."""
+    scale, min_log_prob = row_params_np(rows)
+    q = rows[:, HEADER_SLOTS:HEADER_SLOTS + n_vocab].astype(np.float32)
+    return q * scale[:, None] + min_log_prob[:, None]
+
+
+# ---------------------------------------------------------------- torch
+# Rows travel as int16 tensors (torch's uint16 lacks most ops); the bits are the same.
+
+
+def normalizer_torch(logits, exact: bool = False):
+    """(max, first argmax, log-sum-exp) per row, float32; the exp sum accumulates in float64.
+
+    ``exact`` evaluates exp in float64 and rounds to float32 (what the writer needs to match
+    llama.cpp's min_log_prob to the ulp); otherwise float32 exp, which is cheaper on a GPU.
+    """
+    import torch
+
+    mx, imax = logits.max(dim=1)
+    shifted = logits - mx[:, None]
+    e = torch.exp(shifted.to(torch.float64)).to(torch.float32) if exact else torch.exp(shifted)
+    lse = torch.log(e.sum(dim=1, dtype=torch.float64)).to(torch.float32)
+    return mx, imax, lse
+
+
+def encode_torch(logits, clamp: float = DEFAULT_CLAMP):
+    """Torch twin of :func:`encode_np`; returns (int16 rows on the logits' device, M)."""
+    import torch
+
+    logits = logits.to(torch.float32)
+    n_rows, n_vocab = logits.shape
+    mx, _, lse = normalizer_torch(logits, exact=True)
+    mn = torch.maximum(logits.min(dim=1).values, mx - clamp)
+    min_log_prob = (mn - mx) - lse
+    scale = (mx - mn) / CODE_MAX
+    inv = torch.where(scale != 0, 1.0 / scale, torch.zeros_like(scale))
+    q = torch.round(inv[:, None] * (logits - mn[:, None]))
+    q = torch.where(logits <= mn[:, None], torch.zeros_like(q), q).to(torch.int32)
+    q = torch.where(q > 32767, q - 65536, q).to(torch.int16)
+    head = torch.stack([scale, min_log_prob], dim=1).contiguous().view(torch.int16)
+    pad = torch.zeros((n_rows, row_width(n_vocab) - HEADER_SLOTS - n_vocab), dtype=torch.int16, device=logits.device)
+    return torch.cat([head, q, pad], dim=1), mx + lse
+
+
+
+def decode_torch(rows, n_vocab: int):
+    """Decode int16 (or uint16-bit) rows on any device to float32 log-probs."""
+    import torch
+
+    head = rows[:, :HEADER_SLOTS].contiguous().view(torch.float32)
+    q = rows[:, HEADER_SLOTS:HEADER_SLOTS + n_vocab].to(torch.int32) & 0xFFFF
+    return q.to(torch.float32) * head[:, 0:1] + head[:, 1:2]
+
+
+def rows_to_torch(rows: np.ndarray, device=None):
+    """uint16 numpy rows -> int16 tensor (same bits) on ``device``."""
+    import torch
+
+    t = torch.from_numpy(np.require(rows, requirements=["C", "W"]).view(np.int16))
+    return t.to(device, non_blocking=True) if device is not None else t
+
+
+def rows_to_numpy(rows) -> np.ndarray:
+    """int16 tensor rows -> uint16 numpy array on the host."""
+    return rows.detach().cpu().numpy().view(np.uint16)

@@ -1,0 +1,51 @@
+"""The one small interface every engine implements. Engines decide nothing about scoring:
+they evaluate the windows they are given and hand back the scored rows' logits."""
+
+from __future__ import annotations
+
+import hashlib
+from abc import ABC, abstractmethod
+from typing import Iterable
+
+import numpy as np
+
+from kldtool.protocols import Window
+
+
+class Engine(ABC):
+    name: str = "?"
+    n_vocab: int
+    bos_id: int | None  # set when the model wants a BOS first (llama.cpp's add_bos)
+    device: str = "cpu"
+
+    @abstractmethod
+    def tokenize(self, text: bytes) -> np.ndarray:
+        """Whole-text tokenization with special tokens added as the model asks (no EOS)."""
+
+    @abstractmethod
+    def token_strings(self) -> Iterable[bytes]:
+        """The vocabulary's token texts in id order (for the identity hash)."""
+
+    @abstractmethod
+    def windows_per_call(self, n_ctx: int) -> int:
+        """How many windows :meth:`logits` should get at once."""
+
+    @abstractmethod
+    def logits(self, windows: list[Window]) -> list:
+        """Per window, a float32 torch tensor (n_scored, n_vocab) on ``self.device``: the
+        logits at offsets first .. first+n_scored-1."""
+
+    @abstractmethod
+    def describe(self) -> dict:
+        """Engine, model, dtype and versions, for the metadata of outputs."""
+
+    def close(self) -> None:
+        pass
+
+    def tokenizer_identity(self) -> str:
+        """sha256 over the token texts, NUL-separated: equal vocabularies hash equal across engines."""
+        h = hashlib.sha256()
+        for t in self.token_strings():
+            h.update(t)
+            h.update(b"\0")
+        return "sha256:" + h.hexdigest()

@@ -1,0 +1,158 @@
+"""llama.cpp engine through llama-cpp-python's C API (GGUF models).
+
+The context and batches are laid out exactly as llama-perplexity lays them out (n_seq chunks
+per decode as separate sequences, n_ctx = n_seq * chunk, n_batch 2048, n_ubatch 512, KV
+cleared before each pass), so the logits - and hence the base-file codes - are bit-identical
+to llama-perplexity's on the same build.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+
+import numpy as np
+
+from kldtool.engines.base import Engine
+from kldtool.errors import EngineError
+from kldtool.protocols import Window
+
+_LOG_CALLBACK = None  # kept alive for as long as llama.cpp may call it
+
+
+def silence_llama_logs(lib) -> None:
+    global _LOG_CALLBACK
+    if _LOG_CALLBACK is None:
+        _LOG_CALLBACK = lib.llama_log_callback(lambda level, text, user: None)
+        lib.llama_log_set(_LOG_CALLBACK, ctypes.c_void_p(0))
+
+
+class LlamaCppEngine(Engine):
+    name = "llamacpp"
+
+    def __init__(self, model: str, threads: int | None = None, batch_tokens: int = 2048, verbose: bool = False):
+        try:
+            import llama_cpp as lib
+        except ImportError:
+            raise EngineError("the llamacpp engine needs llama-cpp-python (pip install llama-cpp-python)") from None
+        self.lib = lib
+        if not verbose:
+            silence_llama_logs(lib)
+        lib.llama_backend_init()
+        if not os.path.isfile(model):
+            raise EngineError(f"{model}: no such GGUF file")
+        self.model_path = model
+        self.threads = threads or os.cpu_count() or 1
+        self.batch_tokens = batch_tokens
+        self.model = lib.llama_model_load_from_file(model.encode(), lib.llama_model_default_params())
+        if not self.model:
+            raise EngineError(f"{model}: llama.cpp could not load it (not a GGUF model, or an unsupported one)")
+        self.vocab = lib.llama_model_get_vocab(self.model)
+        self.n_vocab = int(lib.llama_vocab_n_tokens(self.vocab))
+        self.bos_id = int(lib.llama_vocab_bos(self.vocab)) if lib.llama_vocab_get_add_bos(self.vocab) else None
+        if lib.llama_vocab_get_add_eos(self.vocab):
+            raise EngineError(f"{model}: the model asks for EOS after every text; llama-perplexity's protocol has none")
+        self.ctx = None
+        self.ctx_shape = None
+
+    def _ensure_context(self, n_ctx: int):
+        n_seq = max(1, self.batch_tokens // n_ctx)
+        if self.ctx_shape == (n_ctx, n_seq):
+            return
+        self._free_context()
+        lib = self.lib
+        cp = lib.llama_context_default_params()
+        cp.n_ctx = n_seq * n_ctx
+        cp.n_seq_max = n_seq
+        cp.n_batch = min(self.batch_tokens, n_seq * n_ctx)
+        cp.n_threads = cp.n_threads_batch = self.threads
+        cp.swa_full = False  # llama-perplexity's (common's) default
+        self.ctx = lib.llama_init_from_model(self.model, cp)
+        if not self.ctx:
+            raise EngineError(f"{self.model_path}: llama.cpp could not create a context of {n_seq} x {n_ctx} tokens")
+        self.n_batch = int(cp.n_batch)
+        self.batch = lib.llama_batch_init(self.n_batch, 0, 1)
+        self.ctx_shape = (n_ctx, n_seq)
+
+    def _free_context(self) -> None:
+        if self.ctx:
+            self.lib.llama_batch_free(self.batch)
+            self.lib.llama_free(self.ctx)
+        self.ctx = None
+        self.ctx_shape = None
+
+    def close(self) -> None:
+        self._free_context()
+        if self.model:
+            self.lib.llama_model_free(self.model)
+            self.model = None
+
+    def tokenize(self, text: bytes) -> np.ndarray:
+        lib = self.lib
+        n = -lib.llama_tokenize(self.vocab, text, len(text), None, 0, True, False)
+        buf = (lib.llama_token * max(n, 1))()
+        got = lib.llama_tokenize(self.vocab, text, len(text), buf, n, True, False)
+        if got < 0:
+            raise EngineError(f"llama.cpp tokenization failed ({got})")
+        return np.frombuffer(buf, dtype=np.int32, count=got).copy()
+
+    def token_strings(self):
+        for i in range(self.n_vocab):
+            yield self.lib.llama_vocab_get_text(self.vocab, i) or b""
+
+    def windows_per_call(self, n_ctx: int) -> int:
+        return max(1, self.batch_tokens // n_ctx)
+
+    def _fill(self, items: list[tuple[int, int, int, bool]]) -> None:
+        """Load (token, pos, seq, wants_logits) items into the batch."""
+        b = self.batch
+        n = len(items)
+        arr = np.array(items, dtype=np.int64)
+        np.ctypeslib.as_array(b.token, shape=(n,))[:] = arr[:, 0]
+        np.ctypeslib.as_array(b.pos, shape=(n,))[:] = arr[:, 1]
+        np.ctypeslib.as_array(b.n_seq_id, shape=(n,))[:] = 1
+        np.ctypeslib.as_array(b.logits, shape=(n,))[:] = arr[:, 3]
+        for i in range(n):
+            b.seq_id[i][0] = int(arr[i, 2])
+        b.n_tokens = n
+
+    def _decode(self, items) -> np.ndarray:
+        self._fill(items)
+        rc = self.lib.llama_decode(self.ctx, self.batch)
+        if rc != 0:
+            raise EngineError(f"{self.model_path}: llama_decode failed with code {rc}")
+        n_out = sum(1 for it in items if it[3])
+        ptr = self.lib.llama_get_logits(self.ctx)
+        return np.ctypeslib.as_array(ptr, shape=(n_out, self.n_vocab)).copy() if n_out else None
+
+    def logits(self, windows: list[Window]) -> list:
+        import torch
+
+        n_ctx = len(windows[0].tokens)
+        self._ensure_context(n_ctx)
+        self.lib.llama_memory_clear(self.lib.llama_get_memory(self.ctx), True)
+        first = windows[0].first
+        if n_ctx <= self.n_batch:
+            items = [(int(t), k, s, k >= first) for s, w in enumerate(windows) for k, t in enumerate(w.tokens)]
+            out = self._decode(items)
+            per = n_ctx - first
+            return [torch.from_numpy(out[s * per:s * per + w.n_scored]) for s, w in enumerate(windows)]
+        # A chunk longer than a batch: one sequence, several decodes (llama-perplexity's num_batches > 1).
+        results = []
+        for w in windows:
+            if results:
+                self.lib.llama_memory_clear(self.lib.llama_get_memory(self.ctx), True)
+            parts = []
+            for a in range(0, n_ctx, self.n_batch):
+                items = [(int(w.tokens[k]), k, 0, k >= first) for k in range(a, min(a + self.n_batch, n_ctx))]
+                got = self._decode(items)
+                if got is not None:
+                    parts.append(got)
+            results.append(torch.from_numpy(np.concatenate(parts)[:w.n_scored]))
+        return results
+
+    def describe(self) -> dict:
+        import llama_cpp
+
+        return {"engine": self.name, "model": self.model_path, "dtype": "gguf", "device": "cpu",
+                "threads": self.threads, "versions": {"llama-cpp-python": llama_cpp.__version__}}

@@ -1,0 +1,84 @@
+"""Hugging Face transformers engine: the reference implementation, CPU or CUDA."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+
+from kldtool.engines.base import Engine
+from kldtool.errors import EngineError, UsageError
+from kldtool.protocols import Window
+
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+class TransformersEngine(Engine):
+    name = "transformers"
+
+    def __init__(self, model: str, dtype: str = "float32", device: str = "cpu", threads: int | None = None,
+                 batch_tokens: int = 2048):
+        import torch
+        import transformers
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        if dtype not in DTYPES:
+            raise UsageError(f"--dtype {dtype!r}: the transformers engine takes {', '.join(DTYPES)}")
+        if threads:
+            torch.set_num_threads(threads)
+        self.model_path, self.dtype, self.device = model, dtype, device
+        self.batch_tokens = batch_tokens
+        path = Path(model)
+        kwargs = {}
+        if path.suffix == ".gguf":
+            if not path.is_file():
+                raise EngineError(f"{model}: no such GGUF file")
+            kwargs["gguf_file"] = path.name
+            source = str(path.parent)
+        else:
+            source = model
+            if not path.exists() and os.sep in model:
+                raise EngineError(f"{model}: no such model directory")
+        try:
+            self.tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
+            self.model = AutoModelForCausalLM.from_pretrained(source, dtype=getattr(torch, dtype), **kwargs)
+            self.model.to(device).eval()
+        except (OSError, ValueError) as e:
+            raise EngineError(f"{model}: transformers could not load it: {str(e).splitlines()[0]}") from None
+        self.n_vocab = int(self.model.get_output_embeddings().weight.shape[0])
+        probe = self.tokenizer("a", add_special_tokens=True)["input_ids"]
+        bos = self.tokenizer.bos_token_id
+        self.bos_id = bos if bos is not None and probe and probe[0] == bos else None
+        self._versions = {"transformers": transformers.__version__, "torch": torch.__version__}
+
+    def tokenize(self, text: bytes) -> np.ndarray:
+        ids = self.tokenizer(text.decode("utf-8"), add_special_tokens=True)["input_ids"]
+        eos = self.tokenizer.eos_token_id
+        if ids and eos is not None and ids[-1] == eos and self.bos_id != eos:
+            ids = ids[:-1]
+        return np.asarray(ids, dtype=np.int32)
+
+    def token_strings(self):
+        vocab = self.tokenizer.convert_ids_to_tokens(list(range(len(self.tokenizer))))
+        for i in range(self.n_vocab):
+            t = vocab[i] if i < len(vocab) else None
+            yield (t or "").encode("utf-8")
+
+    def windows_per_call(self, n_ctx: int) -> int:
+        return max(1, self.batch_tokens // n_ctx)
+
+    def logits(self, windows: list[Window]) -> list:
+        import torch
+
+        ids = torch.from_numpy(np.stack([w.tokens for w in windows]).astype(np.int64)).to(self.device)
+        first, n_scored = windows[0].first, windows[0].n_scored
+        keep = ids.shape[1] - first
+        with torch.inference_mode():
+            out = self.model(input_ids=ids, logits_to_keep=keep, use_cache=False)
+        lg = out.logits[:, :n_scored, :].to(torch.float32)
+        return [lg[i] for i in range(len(windows))]
+
+    def describe(self) -> dict:
+        return {"engine": self.name, "model": self.model_path, "dtype": self.dtype, "device": self.device,
+                "versions": self._versions}

@@ -1,0 +1,46 @@
+"""Base files: llama.cpp's raw layout and kldtool's compressed container, behind one reader API.
+
+A reader has ``header``, ``tokens`` (int32, n_ctx*n_chunk), ``metadata`` (dict),
+``file_size``, ``format_name``, ``read_chunk(i)`` -> uint16 rows (thread-safe) and ``close()``.
+A writer has ``write_chunk(rows)``, ``finish(metadata)`` and ``abort()``.
+"""
+
+from __future__ import annotations
+
+import os
+
+from kldtool.errors import BaseFileError, UsageError
+from kldtool.logitsfile import container, raw
+from kldtool.logitsfile.header import BaseHeader
+from kldtool.logitsfile.prefetch import iter_chunks
+
+FORMATS = ("kldtool", "llamacpp")
+
+__all__ = ["BaseHeader", "open_base_file", "create_writer", "iter_chunks", "FORMATS"]
+
+
+def open_base_file(path: str | os.PathLike):
+    """Open a base file of either format, validating it before anything is sized from it."""
+    p = os.fspath(path)
+    try:
+        with open(p, "rb") as f:
+            magic = f.read(8)
+    except FileNotFoundError:
+        raise BaseFileError(f"{p}: no such file") from None
+    except IsADirectoryError:
+        raise BaseFileError(f"{p}: is a directory, not a base file") from None
+    except OSError as e:
+        raise BaseFileError(f"{p}: cannot read ({e.strerror})") from None
+    if not magic:
+        raise BaseFileError(f"{p}: empty file")
+    if container.MAGIC.startswith(magic):
+        return container.ContainerReader(p)
+    return raw.RawReader(p)
+
+
+def create_writer(path, fmt: str, header: BaseHeader, tokens, metadata: dict | None = None):
+    if fmt == "kldtool":
+        return container.ContainerWriter(path, header, tokens, metadata)
+    if fmt == "llamacpp":
+        return raw.RawWriter(path, header, tokens, metadata)
+    raise UsageError(f"--format {fmt!r}: expected one of {', '.join(FORMATS)}")

@@ -1,0 +1,46 @@
+"""Small pieces both phases share: output sinks, batching of windows, run metadata."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import platform
+import sys
+from dataclasses import dataclass, field
+from typing import Callable, Iterator
+
+from kldtool import __version__
+from kldtool.logitsfile.atomic import AtomicFile
+
+
+@dataclass
+class Sinks:
+    """Where text goes: ``out`` for the llama.cpp-layout results (stdout), ``info`` for
+    progress and notes (stderr)."""
+
+    out: Callable[[str], None] = field(default=lambda s: (sys.stdout.write(s), sys.stdout.flush()))
+    info: Callable[[str], None] = field(default=lambda s: (sys.stderr.write(s + "\n"), sys.stderr.flush()))
+
+    def line(self, s: str = "") -> None:
+        self.out(s + "\n")
+
+
+def groups(items: list, size: int) -> Iterator[list]:
+    for a in range(0, len(items), size):
+        yield items[a:a + size]
+
+
+def run_metadata(command: str) -> dict:
+    return {
+        "kldtool_version": __version__,
+        "command": command,
+        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "python": platform.python_version(),
+        "host": platform.node(),
+    }
+
+
+def write_json(path: str, payload: dict) -> None:
+    f = AtomicFile(path)
+    f.write((json.dumps(payload, indent=2, sort_keys=False, allow_nan=True) + "\n").encode("utf-8"))
+    f.commit()

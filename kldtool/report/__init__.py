@@ -1,0 +1,1 @@
+"""Outputs: llama.cpp-layout console text and JSON."""

@@ -1,0 +1,77 @@
+"""Console text laid out exactly as llama-perplexity prints it (FORMAT.md §4.2, §6, §7)."""
+
+from __future__ import annotations
+
+import math
+
+from kldtool.stats.summary import DP_PERCENTILES, KLD_PERCENTILES, KldSummary
+
+TABLE_HEADER = ("chunk             PPL               ln(PPL(Q)/PPL(base))          KL Divergence"
+                "              Δp RMS            Same top p")
+
+
+def cf(spec: str, x: float) -> str:
+    """printf-style float formatting with glibc's spelling of NaN and infinities."""
+    if math.isnan(x) or math.isinf(x):
+        neg = math.copysign(1.0, x) < 0
+        word = ("-" if neg else "") + ("nan" if math.isnan(x) else "inf")
+        width = spec[1:].split(".")[0]
+        return word.rjust(int(width)) if width else word
+    return spec % x
+
+
+def ppl_progress(k: int, ppl: float) -> str:
+    return f"[{k}]{ppl:.4f},"
+
+
+def final_estimate(ppl: float, unc: float) -> str:
+    return f"Final estimate: PPL = {ppl:.4f} +/- {unc:.5f}"
+
+
+def chunk_line(k: int, s: KldSummary) -> str:
+    return (f"{k:4d}"
+            f"    {cf('%9.4f', s.ppl_q[0])} ± {cf('%9.4f', s.ppl_q[1])}"
+            f"    {cf('%10.5f', s.ln_ratio[0])} ± {cf('%10.5f', s.ln_ratio[1])}"
+            f"    {cf('%10.5f', s.kld_mean[0])} ± {cf('%10.5f', s.kld_mean[1])}"
+            f"    {cf('%6.3f', 100 * s.rms_dp[0])} ± {cf('%6.3f', 100 * s.rms_dp[1])} %"
+            f"    {cf('%6.3f', 100 * s.same_top[0])} ± {cf('%6.3f', 100 * s.same_top[1])} %")
+
+
+def _pm(label: str, pair, fmt: str = "%10.6f") -> str:
+    return f"{label}: {cf(fmt, pair[0])} ± {cf(fmt, pair[1])}"
+
+
+def final_blocks(s: KldSummary) -> list[str]:
+    """The three statistic blocks, each followed by an empty line."""
+    q, d = s.kld_quantiles, s.dp_quantiles
+    lines = ["====== Perplexity statistics ======",
+             _pm("Mean PPL(Q)                   ", s.ppl_q),
+             _pm("Mean PPL(base)                ", s.ppl_base),
+             f"Cor(ln(PPL(Q)), ln(PPL(base))): {cf('%6.2f', 100 * s.cor)}%",
+             _pm("Mean ln(PPL(Q)/PPL(base))     ", s.ln_ratio),
+             _pm("Mean PPL(Q)/PPL(base)         ", s.ratio),
+             _pm("Mean PPL(Q)-PPL(base)         ", s.diff),
+             "",
+             "====== KL divergence statistics ======",
+             _pm("Mean    KLD", s.kld_mean),
+             f"Maximum KLD: {cf('%10.6f', q['max'])}"]
+    for label, _ in KLD_PERCENTILES[:4]:
+        lines.append(f"{label}   KLD: {cf('%10.6f', q[label.strip()])}")
+    lines.append(f"Median  KLD: {cf('%10.6f', q['median'])}")
+    for label, _ in KLD_PERCENTILES[4:]:
+        lines.append(f"{label}   KLD: {cf('%10.6f', q[label.strip()])}")
+    lines += [f"Minimum KLD: {cf('%10.6f', q['min'])}",
+              "",
+              "====== Token probability statistics ======",
+              f"Mean    Δp: {cf('%6.3f', 100 * s.dp_mean[0])} ± {cf('%5.3f', 100 * s.dp_mean[1])} %",
+              f"Maximum Δp: {cf('%6.3f', 100 * d['max'])}%"]
+    for label, _ in DP_PERCENTILES[:5]:
+        lines.append(f"{label}   Δp: {cf('%6.3f', 100 * d[label.strip()])}%")
+    lines.append(f"Median  Δp: {cf('%6.3f', 100 * d['median'])}%")
+    for label, _ in DP_PERCENTILES[5:]:
+        lines.append(f"{label}   Δp: {cf('%6.3f', 100 * d[label.strip()])}%")
+    lines += [f"Minimum Δp: {cf('%6.3f', 100 * d['min'])}%",
+              f"RMS Δp    : {cf('%6.3f', 100 * s.rms_dp[0])} ± {cf('%5.3f', 100 * s.rms_dp[1])} %",
+              f"Same top p: {cf('%6.3f', 100 * s.same_top[0])} ± {cf('%5.3f', 100 * s.same_top[1])} %",
+              ""]
+    return lines

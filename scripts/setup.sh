@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Create .venv in the repository root and install kldtool with every engine it tests.
+# Idempotent: a second run only checks that everything is there.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+VPY=.venv/bin/python
+"$VPY" -m pip install -q --upgrade pip
+# The CPU build of torch first (pip finds it locally where the machine provides it), so
+# nothing below pulls a CUDA build in.
+"$VPY" -m pip install -q "torch==2.13.0"
+echo "torch==2.13.0" > .venv/constraints.txt
+# llama-cpp-python builds llama.cpp from source on first install (several minutes on 2 cores).
+CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)} \
+  "$VPY" -m pip install -q -c .venv/constraints.txt -e ".[transformers,llamacpp,models,test]"
+"$VPY" -c "import kldtool, torch, transformers, llama_cpp; print('kldtool', kldtool.__version__, '| torch', torch.__version__, '| transformers', transformers.__version__, '| llama-cpp-python', llama_cpp.__version__)"

