@@ -8,7 +8,6 @@ import os
 import sys
 from typing import Optional
 
-import click
 import typer
 
 from kldtool.errors import KldError, UsageError
@@ -176,15 +175,25 @@ def convert(
     print(f"{src} ({reader.format_name}) -> {dst} ({target})", file=sys.stderr)
 
 
+def _click_exceptions():
+    # typer 0.2x vendors click as typer._click; earlier releases use click itself.
+    try:
+        from typer._click import exceptions
+    except ImportError:
+        from click import exceptions
+    return exceptions
+
+
 def main(argv: list[str] | None = None) -> None:
+    cx = _click_exceptions()
     try:
         rv = app(args=argv, standalone_mode=False, prog_name="kldtool")
-    except click.exceptions.Exit as e:
+    except typer.Exit as e:
         sys.exit(e.exit_code)
-    except click.ClickException as e:
+    except cx.ClickException as e:
         e.show()
         sys.exit(UsageError.exit_code if e.exit_code == 2 else e.exit_code)
-    except (KeyboardInterrupt, click.exceptions.Abort):
+    except (KeyboardInterrupt, typer.Abort, getattr(cx, "Abort", typer.Abort)):
         print("kldtool: interrupted; no partial output was left in place", file=sys.stderr)
         sys.exit(130)
     except KldError as e:

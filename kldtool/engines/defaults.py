@@ -49,7 +49,14 @@ def default_transformers_model() -> str:
     tmp.mkdir(parents=True)
     try:
         tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-        model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+        loaded = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+        # transformers marks GGUF-loaded models as quantized and refuses to save them; the
+        # weights are plain fp32 by now, so move them into a model built from a clean config.
+        config = loaded.config
+        if hasattr(config, "quantization_config"):
+            del config.quantization_config
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        model.load_state_dict(loaded.state_dict())
         model.save_pretrained(tmp)
         tok.save_pretrained(tmp)
         (tmp / _DONE_MARKER).write_text(f"dequantized from {gguf}\n")

@@ -23,10 +23,13 @@ class TransformersEngine(Engine):
         import transformers
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
+        transformers.utils.logging.disable_progress_bar()
         if dtype not in DTYPES:
             raise UsageError(f"--dtype {dtype!r}: the transformers engine takes {', '.join(DTYPES)}")
         if threads:
             torch.set_num_threads(threads)
+        if device.startswith("cuda") and not torch.cuda.is_available():
+            raise EngineError(f"--device {device}: this torch build sees no CUDA device")
         self.model_path, self.dtype, self.device = model, dtype, device
         self.batch_tokens = batch_tokens
         path = Path(model)

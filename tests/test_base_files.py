@@ -1,0 +1,158 @@
+"""Base-file formats against the files llama-perplexity wrote."""
+
+import hashlib
+import os
+
+import numpy as np
+import pytest
+
+from conftest import FIXTURES, SHA, run_cli, sha256
+from kldtool.codec import decode_np
+from kldtool.errors import BaseFileError
+from kldtool.logitsfile import create_writer, iter_chunks, open_base_file
+from kldtool.stats.summary import mean_unc
+
+
+def _printed_base_ppl(name="compare-Q2_K.txt"):
+    for line in (FIXTURES / name).read_text().splitlines():
+        if line.startswith("Mean PPL(base)"):
+            v, u = line.split(":")[1].split("±")
+            return float(v), float(u)
+
+
+def test_reads_llamacpp_header_and_tokens(fixture_base):
+    r = open_base_file(fixture_base)
+    assert (r.header.n_ctx, r.header.n_vocab, r.header.n_chunk) == (128, 49152, 8)
+    assert r.format_name == "llamacpp"
+    assert r.tokens[0] == 18682  # "\r\n\r\n", the text's first token (FORMAT.md §2)
+    assert r.file_size == 49_553_364
+    r.close()
+
+
+def test_mean_ppl_base_from_the_file_alone(fixture_base):
+    """Header, row layout, row/target alignment and the MU formula, checked in one number."""
+    r = open_base_file(fixture_base)
+    h = r.header
+    nll = []
+    for c in range(h.n_chunk):
+        rows = r.read_chunk(c)
+        targets = r.tokens[c * h.n_ctx + h.first + 1:(c + 1) * h.n_ctx]
+        lp = decode_np(rows, h.n_vocab)
+        nll.append(-lp[np.arange(len(targets)), targets])
+    nll = np.concatenate(nll).astype(np.float32)
+    m, u = mean_unc(float(nll.astype(np.float64).sum()), float((nll * nll).astype(np.float64).sum()), len(nll))
+    value, unc = _printed_base_ppl()
+    assert f"{np.exp(m):10.6f}".strip() == f"{value:.6f}"
+    assert f"{np.exp(m) * u:10.6f}".strip() == f"{unc:.6f}"
+    r.close()
+
+
+def test_raw_writer_reproduces_llamacpp_bytes(fixture_base, tmp_path):
+    r = open_base_file(fixture_base)
+    out = tmp_path / "copy.kld"
+    w = create_writer(out, "llamacpp", r.header, r.tokens)
+    for _, rows in iter_chunks(r, range(r.header.n_chunk)):
+        w.write_chunk(rows)
+    w.finish()
+    assert sha256(out) == SHA["base"]
+    r.close()
+
+
+def test_container_is_small_and_lossless_and_convert_round_trips(fixture_base, tmp_path):
+    packed, back = tmp_path / "base.kldt", tmp_path / "back.kld"
+    run_cli("convert", fixture_base, packed)
+    run_cli("convert", packed, back)
+    ratio = os.path.getsize(packed) / os.path.getsize(fixture_base)
+    print(f"container / raw = {ratio:.4f}")
+    assert ratio <= 0.50
+    assert sha256(back) == SHA["base"]
+    a, b = open_base_file(fixture_base), open_base_file(packed)
+    assert np.array_equal(a.tokens, b.tokens)
+    for c in range(a.header.n_chunk):
+        assert np.array_equal(a.read_chunk(c), b.read_chunk(c))
+    assert b.metadata["converted_from"]["format"] == "llamacpp"
+    info = run_cli("info", packed, "--json").stdout
+    assert '"complete": true' in info and '"n_chunk": 8' in info
+
+
+def _bad(tmp_path, name, data: bytes):
+    p = tmp_path / name
+    p.write_bytes(data)
+    return p
+
+
+@pytest.mark.parametrize("mutate, message", [
+    (lambda b: b"", "empty file"),
+    (lambda b: b[:5], "truncated header"),
+    (lambda b: b"_logits_" + b[8:12], "truncated header"),
+    (lambda b: b"NOTLOGIT" + b[8:], "not a base file"),
+    (lambda b: b[:20 + 4 * 100], "truncated token table"),
+    (lambda b: b[:-1000], "truncated rows: header promises 8 chunks"),
+    (lambda b: b + b"xx", "unexpected bytes after the last chunk"),
+    (lambda b: b[:16] + np.int32(2**31 - 1).tobytes() + b[20:], "truncated"),
+    (lambda b: b[:8] + np.int32(-5).tobytes() + b[12:], "invalid header"),
+])
+def test_raw_reader_rejects_bad_files(fixture_base, tmp_path, mutate, message):
+    data = fixture_base.read_bytes()
+    p = _bad(tmp_path, "bad.kld", mutate(data))
+    with pytest.raises(BaseFileError, match=message) as e:
+        open_base_file(p)
+    assert str(p) in str(e.value)
+
+
+def test_lying_header_is_rejected_without_allocating(tmp_path):
+    p = _bad(tmp_path, "liar.kld", b"_logits_" + np.array([512, 49152, 2**31 - 1], "<i4").tobytes() + b"\0" * 64)
+    with pytest.raises(BaseFileError, match="truncated token table"):
+        open_base_file(p)
+
+
+@pytest.fixture(scope="module")
+def small_container(fixture_base, tmp_path_factory):
+    r = open_base_file(fixture_base)
+    p = tmp_path_factory.mktemp("c") / "small.kldt"
+    from kldtool.logitsfile.header import BaseHeader
+
+    h = BaseHeader(r.header.n_ctx, r.header.n_vocab, 2)
+    w = create_writer(p, "kldtool", h, r.tokens[:h.n_tokens], {"note": "two chunks"})
+    for c in range(2):
+        w.write_chunk(r.read_chunk(c))
+    w.finish()
+    r.close()
+    return p
+
+
+@pytest.mark.parametrize("mutate, message", [
+    (lambda b: b[:-1], "incomplete container"),
+    (lambda b: b[:len(b) // 2], "incomplete container"),
+    (lambda b: b[:20], "truncated header"),
+    (lambda b: b[:8] + np.uint32(9).tobytes() + b[12:], "container version 9"),
+    (lambda b: b[:-40] + bytes([b[-40] ^ 0xFF]) + b[-39:], "checksum mismatch"),
+])
+def test_container_reader_rejects_bad_files(small_container, tmp_path, mutate, message):
+    p = _bad(tmp_path, "bad.kldt", mutate(small_container.read_bytes()))
+    with pytest.raises(BaseFileError, match=message):
+        open_base_file(p)
+
+
+def test_corrupt_frame_is_reported_with_its_chunk(small_container, tmp_path):
+    data = bytearray(small_container.read_bytes())
+    r = open_base_file(small_container)
+    off, length = (int(x) for x in r.index[1])
+    r.close()
+    data[off + length // 2] ^= 0x55
+    p = _bad(tmp_path, "corrupt.kldt", bytes(data))
+    r = open_base_file(p)
+    r.read_chunk(0)
+    with pytest.raises(BaseFileError, match="chunk 1"):
+        r.read_chunk(1)
+    r.close()
+
+
+def test_writer_abort_leaves_nothing(tmp_path, fixture_base):
+    r = open_base_file(fixture_base)
+    out = tmp_path / "never.kldt"
+    w = create_writer(out, "kldtool", r.header, r.tokens)
+    w.write_chunk(r.read_chunk(0))
+    w.abort()
+    assert list(tmp_path.iterdir()) == []
+    r.close()

@@ -1,0 +1,68 @@
+"""The uint16 codec against llama.cpp's rules (FORMAT.md §4.1) and its own torch/numpy twins."""
+
+import numpy as np
+import pytest
+import torch
+
+from kldtool.codec import decode_np, decode_torch, encode_np, encode_torch, row_params_np, row_width, rows_to_numpy, rows_to_torch
+
+
+def _rows(seed=0, n=7, v=1001):
+    rng = np.random.default_rng(seed)
+    x = (rng.standard_normal((n, v)) * 4).astype(np.float32)
+    x[1] = 0.5  # all logits equal: scale 0, every code 0
+    x[2, :] = rng.uniform(-3, 3, v).astype(np.float32)  # spread < 16: no clamp
+    x[3, [5, 17]] = x[3].max() + 1  # tie for the top logit
+    return x
+
+
+def test_row_width_matches_llamacpp():
+    assert row_width(49152) == 49156
+    assert row_width(1001) == 1006  # odd V: one pad slot
+
+
+def test_numpy_and_torch_encoders_agree_bit_for_bit():
+    x = _rows()
+    a, na = encode_np(x)
+    b, nb = encode_torch(torch.from_numpy(x))
+    assert np.array_equal(a, rows_to_numpy(b))
+    assert np.array_equal(na, nb.numpy())
+
+
+def test_encoding_follows_the_rules():
+    x = _rows()
+    rows, _ = encode_np(x)
+    scale, mlp = row_params_np(rows)
+    mx = x.max(1)
+    mn = np.maximum(x.min(1), mx - np.float32(16))
+    assert np.array_equal(scale, (mx - mn) / np.float32(65535))
+    q = rows[:, 4:4 + x.shape[1]].astype(np.int64)
+    live = scale != 0
+    assert (q[live].max(1) == 65535).all()
+    assert (q[~live] == 0).all()
+    assert (q[x <= mn[:, None]] == 0).all()
+    assert (rows[:, -1] == 0).all()  # pad slot of the odd vocabulary
+    # decoded log-probs are within half a step of the exact float64 log-softmax above the floor
+    ref = x.astype(np.float64) - mx[:, None] - np.log(np.exp(x.astype(np.float64) - mx[:, None]).sum(1))[:, None]
+    dec = decode_np(rows, x.shape[1])
+    above = (x > mn[:, None]) & live[:, None]
+    err = np.abs(dec - ref)[above]
+    assert err.max() <= (scale[live].max() * 0.5 + 1e-5)
+
+
+def test_torch_decode_equals_numpy_decode():
+    rows, _ = encode_np(_rows(3))
+    assert np.array_equal(decode_np(rows, 1001), decode_torch(rows_to_torch(rows), 1001).numpy())
+
+
+def test_fixture_rows_have_llamacpp_shape(fixture_base):
+    from kldtool.logitsfile import open_base_file
+
+    r = open_base_file(fixture_base)
+    rows = r.read_chunk(3)
+    scale, mlp = row_params_np(rows)
+    # every row of a real model spans more than 16 nats: scale is exactly 16/65535
+    assert np.all(scale == np.float32(16) / np.float32(65535))
+    assert np.all((mlp <= -16.0) & (mlp > -30))
+    assert np.all(rows[:, 4:].max(1) == 65535)
+    r.close()

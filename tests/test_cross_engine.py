@@ -1,0 +1,52 @@
+"""A base written by transformers (fp32 SmolLM2), compared by llama.cpp and by transformers."""
+
+import json
+
+import pytest
+
+from conftest import WIKI, run_cli
+
+
+@pytest.fixture(scope="module")
+def hf_base(tmp_path_factory):
+    d = tmp_path_factory.mktemp("hf")
+    out = d / "hf-f32.kldt"
+    p = run_cli("base", "--engine", "transformers", "--dtype", "float32", "-f", WIKI, "-c", 128, "--chunks", 8,
+                "--kl-divergence-base", out, "--json", d / "base.json")
+    assert "Final estimate: PPL = " in p.stderr
+    return out
+
+
+def _stats(base, tmp_path, *args):
+    j = tmp_path / "r.json"
+    run_cli("compare", "--kl-divergence-base", base, "--json", j, *args)
+    return json.loads(j.read_text())
+
+
+def test_llamacpp_q4_1_against_transformers_f32_base(hf_base, q4_1_gguf, tmp_path):
+    r = _stats(hf_base, tmp_path, "-m", q4_1_gguf)
+    s = r["statistics"]
+    print("mean KLD", s["kld_mean"], "same top", s["same_top_p"])
+    assert r["model"]["engine"] == "llamacpp" and r["base_file"]["metadata"]["model"]["engine"] == "transformers"
+    assert r["tokenizer_identity"]["model"] == r["tokenizer_identity"]["base"]
+    assert 0 <= s["kld_mean"]["value"] < 0.01
+    assert s["same_top_p"]["value"] > 0.95
+
+
+def test_transformers_against_its_own_base(hf_base, tmp_path):
+    s = _stats(hf_base, tmp_path, "--engine", "transformers")["statistics"]
+    assert abs(s["kld_mean"]["value"]) < 1e-4
+    assert s["same_top_p"]["value"] == 1.0
+
+
+def test_json_has_the_run_metadata(hf_base, q4_1_gguf, tmp_path):
+    r = _stats(hf_base, tmp_path, "-m", q4_1_gguf)
+    for key in ("protocol", "n_ctx", "chunks", "scored_tokens", "model", "base_file", "tokenizer_identity",
+                "wall_time_s", "kldtool_version"):
+        assert key in r
+    assert r["protocol"]["name"] == "llamacpp" and r["n_ctx"] == 128 and r["scored_tokens"] == 8 * 63
+    assert "llama-cpp-python" in r["model"]["versions"]
+    for stat in ("ppl_q", "ppl_base", "ln_ppl_ratio", "ppl_ratio", "ppl_diff", "kld_mean", "dp_mean", "rms_dp",
+                 "same_top_p"):
+        assert set(r["statistics"][stat]) == {"value", "uncertainty"}
+    assert set(r["statistics"]["kld_quantiles"]) >= {"max", "99.9%", "median", "0.1%", "min"}

@@ -1,0 +1,94 @@
+"""Numeric and byte parity with llama-perplexity's own files and printed output.
+
+The requantized models are rebuilt here with llama-cpp-python and must hash as documented,
+so any difference below is ours, not the model's.
+"""
+
+import re
+
+import numpy as np
+import pytest
+
+from conftest import FIXTURES, SHA, WIKI, chunk_table_lines, final_block_lines, run_cli, sha256
+from kldtool.logitsfile import open_base_file
+
+NUM = re.compile(r"-?nan|-?\d+\.\d+|-?\d+")
+
+
+def assert_lines_match(ours: list[str], theirs: list[str], ulps: int = 2):
+    """Same text; every number equal to `ulps` units of its last printed digit."""
+    assert len(ours) == len(theirs), "\n".join(ours)
+    for a, b in zip(ours, theirs):
+        assert NUM.sub("#", a) == NUM.sub("#", b), f"layout differs:\n{a}\n{b}"
+        for x, y in zip(NUM.findall(a), NUM.findall(b)):
+            if "nan" in x or "nan" in y:
+                assert x == y, f"{a}\n{b}"
+                continue
+            decimals = len(y.split(".")[1]) if "." in y else 0
+            assert abs(float(x) - float(y)) <= ulps * 10 ** -decimals + 1e-12, f"\nours:   {a}\ntheirs: {b}"
+
+
+@pytest.mark.parametrize("type_name, fixture", [("Q2_K", "compare-Q2_K.txt"), ("Q8_0", "compare-Q8_0.txt")])
+def test_compare_reproduces_llama_perplexity(requant, fixture_base, type_name, fixture, tmp_path):
+    model = requant(type_name)
+    assert sha256(model) == SHA[type_name]
+    out = run_cli("compare", "--kl-divergence-base", fixture_base, "-m", model, "--kl-divergence",
+                  "--json", tmp_path / "r.json").stdout
+    theirs = (FIXTURES / fixture).read_text()
+    assert_lines_match(final_block_lines(out), final_block_lines(theirs))
+    assert_lines_match(chunk_table_lines(out), chunk_table_lines(theirs))
+    import json
+
+    stats = json.loads((tmp_path / "r.json").read_text())["statistics"]
+    assert stats["count"] == 8 * 63
+
+
+def test_compare_self_matches_including_nan(q4_1_gguf, fixture_base):
+    out = run_cli("compare", "--kl-divergence-base", fixture_base, "-m", q4_1_gguf).stdout
+    theirs = (FIXTURES / "compare-self.txt").read_text()
+    assert_lines_match(chunk_table_lines(out), chunk_table_lines(theirs))
+    assert_lines_match(final_block_lines(out), final_block_lines(theirs))
+
+
+def test_compare_with_bos_model(q4_1_bos_gguf, fixture_base_bos, artefacts):
+    from kldtool.gguf_tools import quantize
+
+    q2k_bos = artefacts / "requant-Q2_K-bos.gguf"
+    quantize(str(q4_1_bos_gguf), str(q2k_bos), "Q2_K")
+    assert sha256(q2k_bos) == SHA["Q2_K-bos"]
+    out = run_cli("compare", "--kl-divergence-base", fixture_base_bos, "-m", q2k_bos).stdout
+    theirs = (FIXTURES / "compare-Q2_K-bos.txt").read_text()
+    assert_lines_match(final_block_lines(out), final_block_lines(theirs))
+
+
+def _base_run_matches(model, fixture_file, printed, tmp_path):
+    out = tmp_path / "base.kld"
+    p = run_cli("base", "-m", model, "-f", WIKI, "-c", 128, "--chunks", 8, "--save-all-logits", out,
+                "--format", "llamacpp")
+    lines = printed.read_text().splitlines()
+    progress = next(l for l in lines if l.startswith("[1]"))
+    final = next(l for l in lines if "Final estimate" in l).split(" I ", 1)[1]
+    assert p.stdout.strip() == progress.strip()
+    assert final in p.stderr
+    ours, theirs = open_base_file(out), open_base_file(fixture_file)
+    assert ours.header == theirs.header
+    assert np.array_equal(ours.tokens, theirs.tokens)
+    differing = total = 0
+    for c in range(theirs.header.n_chunk):
+        a, b = ours.read_chunk(c).astype(np.int64), theirs.read_chunk(c).astype(np.int64)
+        assert np.abs(a[:, 4:] - b[:, 4:]).max() <= 1
+        differing += int(np.count_nonzero(a != b))
+        total += a.size
+    print(f"{differing} of {total} uint16 slots differ from llama-perplexity's file")
+    return out, differing
+
+
+def test_base_reproduces_llama_perplexity_file(q4_1_gguf, fixture_base, tmp_path):
+    out, differing = _base_run_matches(q4_1_gguf, fixture_base, FIXTURES / "base.txt", tmp_path)
+    # the same batching as llama-perplexity makes the logits, hence the file, identical
+    assert differing == 0 and sha256(out) == SHA["base"]
+
+
+def test_base_with_bos_reproduces_llama_perplexity_file(q4_1_bos_gguf, fixture_base_bos, tmp_path):
+    out, differing = _base_run_matches(q4_1_bos_gguf, fixture_base_bos, FIXTURES / "base-bos.txt", tmp_path)
+    assert differing == 0 and sha256(out) == SHA["base-bos"]
