@@ -185,6 +185,9 @@ def _click_exceptions():
 
 
 def main(argv: list[str] | None = None) -> None:
+    from kldtool.memory import pin_mmap_threshold
+
+    pin_mmap_threshold()
     cx = _click_exceptions()
     try:
         rv = app(args=argv, standalone_mode=False, prog_name="kldtool")

@@ -15,8 +15,8 @@ import numpy as np
 from kldtool.codec import decode_torch, normalizer_torch
 
 KLD_FLOOR = -16.0
-# Rows reduced at once: bounds the (block, V) float32 temporaries.
-ROW_BLOCK = 128
+# Rows reduced at once: bounds the (block, V) float32 temporaries (~6 of them).
+ROW_BLOCK = 32
 
 
 @dataclass

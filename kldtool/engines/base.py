@@ -9,7 +9,9 @@ from typing import Iterable
 
 import numpy as np
 
+from kldtool.codec import encode_torch, rows_to_numpy, rows_to_torch
 from kldtool.protocols import Window
+from kldtool.reduce import TokenRecords, reduce_rows
 
 
 class Engine(ABC):
@@ -33,7 +35,28 @@ class Engine(ABC):
     @abstractmethod
     def logits(self, windows: list[Window]) -> list:
         """Per window, a float32 torch tensor (n_scored, n_vocab) on ``self.device``: the
-        logits at offsets first .. first+n_scored-1."""
+        logits at offsets first .. first+n_scored-1. The tensors may be views of the engine's
+        own buffers (no copy of a batch's logits): they are valid until the next call."""
+
+    def score(self, windows: list[Window], base) -> list[TokenRecords]:
+        """Compare mode: per window, its per-token records against the base rows.
+
+        ``base`` gives ``rows(chunk_index)`` (uint16, prefetched, asked for in order) and
+        ``path``; an engine whose workers read the base file themselves uses the latter."""
+        return [reduce_rows(lg, rows_to_torch(base.rows(w.index), lg.device), w.targets)
+                for w, lg in zip(windows, self.logits(windows))]
+
+    def encode(self, windows: list[Window]) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Base mode: per window, (uint16 base rows, float32 NLL of each target)."""
+        import torch
+
+        out = []
+        for w, lg in zip(windows, self.logits(windows)):
+            rows, norm = encode_torch(lg)
+            target = torch.as_tensor(w.targets, device=lg.device)[:, None]
+            nll = norm - lg.gather(1, target)[:, 0].to(torch.float32)
+            out.append((rows_to_numpy(rows), nll.cpu().numpy()))
+        return out
 
     @abstractmethod
     def describe(self) -> dict:
@@ -44,8 +67,11 @@ class Engine(ABC):
 
     def tokenizer_identity(self) -> str:
         """sha256 over the token texts, NUL-separated: equal vocabularies hash equal across engines."""
-        h = hashlib.sha256()
-        for t in self.token_strings():
-            h.update(t)
-            h.update(b"\0")
-        return "sha256:" + h.hexdigest()
+        cached = getattr(self, "_identity", None)
+        if cached is None:
+            h = hashlib.sha256()
+            for t in self.token_strings():
+                h.update(t)
+                h.update(b"\0")
+            cached = self._identity = "sha256:" + h.hexdigest()
+        return cached

@@ -116,14 +116,15 @@ class LlamaCppEngine(Engine):
             b.seq_id[i][0] = int(arr[i, 2])
         b.n_tokens = n
 
-    def _decode(self, items) -> np.ndarray:
+    def _decode(self, items) -> np.ndarray | None:
+        """Decode and return llama.cpp's own logits buffer (a view: valid until the next decode)."""
         self._fill(items)
         rc = self.lib.llama_decode(self.ctx, self.batch)
         if rc != 0:
             raise EngineError(f"{self.model_path}: llama_decode failed with code {rc}")
         n_out = sum(1 for it in items if it[3])
         ptr = self.lib.llama_get_logits(self.ctx)
-        return np.ctypeslib.as_array(ptr, shape=(n_out, self.n_vocab)).copy() if n_out else None
+        return np.ctypeslib.as_array(ptr, shape=(n_out, self.n_vocab)) if n_out else None
 
     def logits(self, windows: list[Window]) -> list:
         import torch
@@ -147,7 +148,7 @@ class LlamaCppEngine(Engine):
                 items = [(int(w.tokens[k]), k, 0, k >= first) for k in range(a, min(a + self.n_batch, n_ctx))]
                 got = self._decode(items)
                 if got is not None:
-                    parts.append(got)
+                    parts.append(got.copy())
             results.append(torch.from_numpy(np.concatenate(parts)[:w.n_scored]))
         return results
 

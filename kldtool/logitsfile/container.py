@@ -29,9 +29,9 @@ import numpy as np
 import zstandard
 
 from kldtool.codec import HEADER_SLOTS
-from kldtool.errors import BaseFileError
 from kldtool.logitsfile.atomic import AtomicFile
 from kldtool.logitsfile.header import BaseHeader
+from kldtool.logitsfile.reader_base import BaseFileReader
 
 MAGIC = b"KLDTOOL\x00"
 END_MAGIC = b"KLDDONE\x00"
@@ -77,23 +77,11 @@ def _from_frame_bytes(data: bytes, transform: int, shape: tuple[int, int]) -> np
     return out
 
 
-class ContainerReader:
+class ContainerReader(BaseFileReader):
     format_name = "kldtool"
 
-    def __init__(self, path: str | os.PathLike):
-        self.path = os.fspath(path)
-        self.fd = os.open(self.path, os.O_RDONLY)
-        try:
-            self._parse()
-        except BaseException:
-            os.close(self.fd)
-            raise
-
-    def _fail(self, msg: str):
-        raise BaseFileError(f"{self.path}: {msg}")
-
     def _parse(self) -> None:
-        self.file_size = size = os.fstat(self.fd).st_size
+        size = self.file_size
         head = os.pread(self.fd, PREAMBLE, 0)
         if len(head) < PREAMBLE:
             self._fail(f"truncated header: {len(head)} bytes, need {PREAMBLE}")
@@ -135,11 +123,7 @@ class ContainerReader:
             self._fail(f"metadata at offset {index_offset + index_len} does not parse: {e}")
         if not isinstance(self.metadata, dict):
             self._fail(f"metadata at offset {index_offset + index_len} is not a JSON object")
-        self.tokens = np.frombuffer(os.pread(self.fd, 4 * h.n_tokens, PREAMBLE), dtype="<i4").astype(np.int32)
-        bad = np.nonzero((self.tokens < 0) | (self.tokens >= h.n_vocab))[0]
-        if bad.size:
-            i = int(bad[0])
-            self._fail(f"token {int(self.tokens[i])} at offset {PREAMBLE + 4 * i} (chunk {i // h.n_ctx}) is outside the vocabulary")
+        self.tokens = self._read_tokens(PREAMBLE)
 
     def read_chunk(self, index: int) -> np.ndarray:
         h = self.header
@@ -159,12 +143,6 @@ class ContainerReader:
             return _from_frame_bytes(raw, self.transform, (h.rows_per_chunk, h.row_width))
         except ValueError as e:
             self._fail(f"corrupt chunk {index} at offset {offset}: {e}")
-
-    def close(self) -> None:
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
-
 
 class ContainerWriter:
     """Compresses chunks on worker threads (zstd releases the GIL) and appends them in order."""

@@ -24,3 +24,21 @@ def iter_chunks(reader, indices: Iterable[int], ahead: int = 4, threads: int = 2
             if nxt is not None:
                 queue.append((nxt, pool.submit(reader.read_chunk, nxt)))
             yield i, fut.result()
+
+
+class PrefetchedChunks:
+    """Base rows for an engine's ``score``: chunks asked for in order are read ``ahead``."""
+
+    def __init__(self, reader, indices: Iterable[int], ahead: int = 4, threads: int = 2):
+        self.path = reader.path
+        self.header = reader.header
+        self._it = iter_chunks(reader, indices, ahead=ahead, threads=threads)
+
+    def rows(self, index: int) -> np.ndarray:
+        got, rows = next(self._it)
+        if got != index:
+            raise RuntimeError(f"chunk {index} asked for out of order (next is {got})")
+        return rows
+
+    def close(self) -> None:
+        self._it.close()

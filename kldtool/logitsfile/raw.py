@@ -12,66 +12,43 @@ import os
 
 import numpy as np
 
-from kldtool.errors import BaseFileError
 from kldtool.logitsfile.atomic import AtomicFile
 from kldtool.logitsfile.header import BaseHeader
+from kldtool.logitsfile.reader_base import BaseFileReader
 
 MAGIC = b"_logits_"
 PREAMBLE = 20
 
 
-class RawReader:
+class RawReader(BaseFileReader):
     format_name = "llamacpp"
 
-    def __init__(self, path: str | os.PathLike):
-        self.path = os.fspath(path)
-        self.fd = os.open(self.path, os.O_RDONLY)
-        try:
-            self._parse()
-        except BaseException:
-            os.close(self.fd)
-            raise
-
     def _parse(self) -> None:
-        p = self.path
-        self.file_size = os.fstat(self.fd).st_size
         head = os.pread(self.fd, PREAMBLE, 0)
         if head[:8] != MAGIC:
             if len(head) < 8 and MAGIC.startswith(head):
-                raise BaseFileError(f"{p}: truncated header: {len(head)} bytes, need {PREAMBLE}")
-            raise BaseFileError(f"{p}: not a base file (bytes 0-7 are {head[:8]!r}, expected {MAGIC!r})")
+                self._fail(f"truncated header: {len(head)} bytes, need {PREAMBLE}")
+            self._fail(f"not a base file (bytes 0-7 are {head[:8]!r}, expected {MAGIC!r})")
         if len(head) < PREAMBLE:
-            raise BaseFileError(f"{p}: truncated header: {len(head)} bytes, need {PREAMBLE}")
+            self._fail(f"truncated header: {len(head)} bytes, need {PREAMBLE}")
         n_ctx, n_vocab, n_chunk = (int(x) for x in np.frombuffer(head, dtype="<i4", count=3, offset=8))
         self.header = h = BaseHeader(n_ctx, n_vocab, n_chunk)
         if h.problems():
-            raise BaseFileError(f"{p}: invalid header at offset 8: {'; '.join(h.problems())}")
+            self._fail(f"invalid header at offset 8: {'; '.join(h.problems())}")
         self.rows_offset = PREAMBLE + 4 * h.n_tokens
-        if self.file_size < self.rows_offset:
-            raise BaseFileError(
-                f"{p}: truncated token table: header promises {h.n_tokens} tokens ending at offset "
-                f"{self.rows_offset}, file has {self.file_size} bytes"
-            )
+        size = self.file_size
+        if size < self.rows_offset:
+            self._fail(f"truncated token table: header promises {h.n_tokens} tokens ending at offset "
+                       f"{self.rows_offset}, file has {size} bytes")
         expected = self.rows_offset + h.n_chunk * h.chunk_nbytes
-        if self.file_size < expected:
-            have = (self.file_size - self.rows_offset) // h.chunk_nbytes
-            raise BaseFileError(
-                f"{p}: truncated rows: header promises {h.n_chunk} chunks ({expected} bytes), file has "
-                f"{self.file_size} bytes, i.e. {have} complete chunks; chunk {have} is cut at offset {self.file_size}"
-            )
-        if self.file_size > expected:
-            raise BaseFileError(
-                f"{p}: {self.file_size - expected} unexpected bytes after the last chunk (offset {expected}); "
-                f"row layout does not match n_ctx={h.n_ctx}, n_vocab={h.n_vocab}"
-            )
-        self.tokens = np.frombuffer(os.pread(self.fd, 4 * h.n_tokens, PREAMBLE), dtype="<i4").astype(np.int32)
-        bad = np.nonzero((self.tokens < 0) | (self.tokens >= h.n_vocab))[0]
-        if bad.size:
-            i = int(bad[0])
-            raise BaseFileError(
-                f"{p}: token {int(self.tokens[i])} at offset {PREAMBLE + 4 * i} (chunk {i // h.n_ctx}) "
-                f"is outside the vocabulary of {h.n_vocab}"
-            )
+        if size < expected:
+            have = (size - self.rows_offset) // h.chunk_nbytes
+            self._fail(f"truncated rows: header promises {h.n_chunk} chunks ({expected} bytes), file has {size} "
+                       f"bytes, i.e. {have} complete chunks; chunk {have} is cut at offset {size}")
+        if size > expected:
+            self._fail(f"{size - expected} unexpected bytes after the last chunk (offset {expected}); "
+                       f"row layout does not match n_ctx={h.n_ctx}, n_vocab={h.n_vocab}")
+        self.tokens = self._read_tokens(PREAMBLE)
         self.metadata = {"protocol": {"name": "llamacpp", "n_ctx": h.n_ctx}}
 
     def read_chunk(self, index: int) -> np.ndarray:
@@ -81,14 +58,8 @@ class RawReader:
         offset = self.rows_offset + index * h.chunk_nbytes
         data = os.pread(self.fd, h.chunk_nbytes, offset)
         if len(data) != h.chunk_nbytes:
-            raise BaseFileError(f"{self.path}: chunk {index} cut short at offset {offset + len(data)}")
+            self._fail(f"chunk {index} cut short at offset {offset + len(data)}")
         return np.frombuffer(data, dtype="<u2").reshape(h.rows_per_chunk, h.row_width)
-
-    def close(self) -> None:
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
-
 
 class RawWriter:
     """Streams chunks into a llama.cpp raw file; renamed into place by :meth:`finish`."""

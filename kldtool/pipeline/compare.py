@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import time
 
-from kldtool.codec import rows_to_torch
 from kldtool.engines.base import Engine
 from kldtool.errors import MismatchError
-from kldtool.logitsfile import iter_chunks
+from kldtool.logitsfile.prefetch import PrefetchedChunks
 from kldtool.pipeline.common import Sinks, groups, run_metadata, write_json
 from kldtool.protocols import llamacpp_windows
-from kldtool.reduce import reduce_rows
 from kldtool.report.console import TABLE_HEADER, chunk_line, final_blocks
 from kldtool.stats import KldAccumulator, summarize
 from kldtool.stats.summary import MIN_TOKENS_FOR_STATS
@@ -52,21 +50,22 @@ def run_compare(engine: Engine, reader, force: bool = False, json_path: str | No
     sinks.info(f"compare: {h.n_chunk} chunks, n_ctx={h.n_ctx}, n_seq={n_seq}, engine {engine.name}, "
                f"base {reader.path} ({reader.format_name})")
     acc = KldAccumulator()
-    chunks = iter_chunks(reader, range(h.n_chunk))
-    for gi, group in enumerate(groups(windows, n_seq)):
-        t_pass = time.time()
-        logits = engine.logits(group)
-        if gi == 0:
-            per_pass = time.time() - t_pass
-            sinks.info(f"compare: {per_pass:.2f} seconds per pass - ETA "
-                       f"{per_pass * h.n_chunk / n_seq / 60:.2f} minutes")
-            sinks.line()
-            sinks.line(TABLE_HEADER)
-        for w, lg in zip(group, logits):
-            index, rows = next(chunks)
-            assert index == w.index
-            acc.add(reduce_rows(lg, rows_to_torch(rows, lg.device), w.targets))
-            sinks.line(chunk_line(w.index + 1, summarize(acc, with_quantiles=False)))
+    source = PrefetchedChunks(reader, range(h.n_chunk))
+    try:
+        for gi, group in enumerate(groups(windows, n_seq)):
+            t_pass = time.time()
+            records = engine.score(group, source)
+            if gi == 0:
+                per_pass = time.time() - t_pass
+                sinks.info(f"compare: {per_pass:.2f} seconds per pass - ETA "
+                           f"{per_pass * h.n_chunk / n_seq / 60:.2f} minutes")
+                sinks.line()
+                sinks.line(TABLE_HEADER)
+            for w, rec in zip(group, records):
+                acc.add(rec)
+                sinks.line(chunk_line(w.index + 1, summarize(acc, with_quantiles=False)))
+    finally:
+        source.close()
     sinks.line()
     summary = summarize(acc, with_quantiles=acc.count >= MIN_TOKENS_FOR_STATS)
     if acc.count >= MIN_TOKENS_FOR_STATS:

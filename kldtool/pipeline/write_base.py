@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import time
 
-import numpy as np
-
-from kldtool.codec import DEFAULT_CLAMP, encode_torch, rows_to_numpy
+from kldtool.codec import DEFAULT_CLAMP
 from kldtool.engines.base import Engine
 from kldtool.logitsfile import BaseHeader, create_writer
 from kldtool.pipeline.common import Sinks, groups, run_metadata
@@ -18,8 +16,6 @@ from kldtool.stats import PplAccumulator
 
 def run_base(engine: Engine, corpus_name: str, text: bytes, n_ctx: int, chunks: int | None,
              out_path: str | None, fmt: str = "kldtool", sinks: Sinks | None = None) -> dict:
-    import torch
-
     sinks = sinks or Sinks()
     t0 = time.time()
     tokens = engine.tokenize(text)
@@ -42,12 +38,9 @@ def run_base(engine: Engine, corpus_name: str, text: bytes, n_ctx: int, chunks: 
     ppl = PplAccumulator()
     try:
         for group in groups(windows, n_seq):
-            for w, lg in zip(group, engine.logits(group)):
-                rows, norm = encode_torch(lg)
-                target = torch.as_tensor(w.targets, device=lg.device)[:, None]
-                nll = (norm - lg.gather(1, target)[:, 0]).cpu().numpy().astype(np.float32)
+            for w, (rows, nll) in zip(group, engine.encode(group)):
                 if writer:
-                    writer.write_chunk(rows_to_numpy(rows))
+                    writer.write_chunk(rows)
                 ppl.add(nll)
                 sinks.out(ppl_progress(w.index + 1, ppl.ppl))
         sinks.line()
