@@ -22,7 +22,7 @@ app = typer.Typer(
 
 ModelOpt = typer.Option(None, "-m", "--model", help="Model: a .gguf file (llamacpp) or a transformers directory. "
                                                     "Default: the built-in SmolLM2-135M.")
-EngineOpt = typer.Option(None, "--engine", help="transformers or llamacpp (default: from the model path; .gguf -> llamacpp).")
+EngineOpt = typer.Option(None, "--engine", help="transformers, llamacpp or vllm (default: from the model path; .gguf -> llamacpp).")
 DtypeOpt = typer.Option(None, "--dtype", help="transformers: float32 (default), bfloat16 or float16.")
 DeviceOpt = typer.Option(None, "--device", help="transformers: cpu (default), cuda, cuda:N.")
 ThreadsOpt = typer.Option(None, "-t", "--threads", help="CPU threads (default: all cores).")
@@ -30,14 +30,32 @@ BatchOpt = typer.Option(2048, "-b", "--batch-size", help="Tokens per engine call
                                                          "llama-perplexity's n_seq = batch / ctx.")
 
 
-def _engine(engine, model, dtype, device, threads, batch):
-    from kldtool.engines import make_engine
+TpOpt = typer.Option(None, "--tensor-parallel-size", help="vLLM: tensor-parallel ranks.")
+GpuMemOpt = typer.Option(None, "--gpu-memory-utilization", help="vLLM: memory share it may reserve (CPU default 0.3).")
+MaxLenOpt = typer.Option(None, "--max-model-len", help="vLLM: context length (default: the window + 1).")
+QuantOpt = typer.Option(None, "--quantization", help="vLLM: quantization method (default: from the checkpoint).")
+KvOpt = typer.Option(None, "--kv-cache-dtype", help="vLLM: KV-cache dtype.")
+EagerOpt = typer.Option(False, "--enforce-eager", help="vLLM: no CUDA graphs / compilation.")
+RemoteOpt = typer.Option(False, "--trust-remote-code", help="vLLM: allow the model's own code.")
+VllmArgOpt = typer.Option(None, "--vllm-arg", help="vLLM: any other LLM(...) argument, KEY=VALUE (repeatable).")
+
+
+def _engine(n_ctx, engine, model, dtype, device, threads, batch, tp=None, gpu_mem=None, max_len=None, quant=None,
+            kv_dtype=None, eager=False, remote=False, vllm_arg=None):
+    from kldtool.engines import EngineOptions, make_engine
+    from kldtool.engines.vllm import parse_vllm_args
 
     if threads is not None and threads < 1:
         raise UsageError(f"--threads {threads}: must be at least 1")
     if batch < 1:
         raise UsageError(f"--batch-size {batch}: must be at least 1")
-    return make_engine(engine, model, dtype=dtype, device=device, threads=threads, batch_tokens=batch)
+    given = {"tensor_parallel_size": tp, "gpu_memory_utilization": gpu_mem, "max_model_len": max_len,
+             "quantization": quant, "kv_cache_dtype": kv_dtype, "enforce_eager": eager or None,
+             "trust_remote_code": remote or None}
+    vllm = {k: v for k, v in given.items() if v is not None}
+    vllm.update(parse_vllm_args(vllm_arg or []))
+    opts = EngineOptions(engine, model, dtype, device, threads, batch, vllm)
+    return make_engine(opts, n_ctx)
 
 
 @app.command()
@@ -55,6 +73,9 @@ def base(
     threads: Optional[int] = ThreadsOpt,
     batch: int = BatchOpt,
     json_out: Optional[str] = typer.Option(None, "--json", help="Also write the result as JSON here."),
+    tp: Optional[int] = TpOpt, gpu_mem: Optional[float] = GpuMemOpt, max_len: Optional[int] = MaxLenOpt,
+    quant: Optional[str] = QuantOpt, kv_dtype: Optional[str] = KvOpt, eager: bool = EagerOpt,
+    remote: bool = RemoteOpt, vllm_arg: Optional[list[str]] = VllmArgOpt,
 ):
     """Phase 1: run the base model over a text, print its PPL and store its log-probs."""
     from kldtool.corpus import load_corpus
@@ -65,7 +86,8 @@ def base(
     if fmt not in FORMATS:
         raise UsageError(f"--format {fmt!r}: expected one of {', '.join(FORMATS)}")
     corpus_name, text = load_corpus(file)
-    eng = _engine(engine, model, dtype, device, threads, batch)
+    eng = _engine(ctx_size, engine, model, dtype, device, threads, batch, tp, gpu_mem, max_len, quant, kv_dtype,
+                  eager, remote, vllm_arg)
     try:
         result = run_base(eng, corpus_name, text, ctx_size, chunks, out, fmt)
     finally:
@@ -89,6 +111,9 @@ def compare(
     batch: int = BatchOpt,
     json_out: Optional[str] = typer.Option(None, "--json", help="Write every statistic and the run's metadata here."),
     force: bool = typer.Option(False, "--force", help="Compare even when the tokenizer or BOS policy differ (noted in every output)."),
+    tp: Optional[int] = TpOpt, gpu_mem: Optional[float] = GpuMemOpt, max_len: Optional[int] = MaxLenOpt,
+    quant: Optional[str] = QuantOpt, kv_dtype: Optional[str] = KvOpt, eager: bool = EagerOpt,
+    remote: bool = RemoteOpt, vllm_arg: Optional[list[str]] = VllmArgOpt,
 ):
     """Phase 2: run a model over a base file's tokens and print llama-perplexity's KLD statistics."""
     from kldtool.logitsfile import open_base_file
@@ -103,7 +128,8 @@ def compare(
             raise UsageError(f"-c {ctx_size} contradicts {base_file}, written with -c {reader.header.n_ctx}; drop -c")
         if file is not None:
             print(f"note: -f {file} ignored: the tokens come from {base_file}", file=sys.stderr)
-        eng = _engine(engine, model, dtype, device, threads, batch)
+        eng = _engine(reader.header.n_ctx, engine, model, dtype, device, threads, batch, tp, gpu_mem, max_len, quant,
+                      kv_dtype, eager, remote, vllm_arg)
         try:
             run_compare(eng, reader, force=force, json_path=json_out)
         finally:

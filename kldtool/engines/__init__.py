@@ -2,12 +2,24 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from kldtool.engines.base import Engine
 from kldtool.errors import UsageError
 
-ENGINES = ("transformers", "llamacpp")
+ENGINES = ("transformers", "llamacpp", "vllm")
+
+
+@dataclass
+class EngineOptions:
+    engine: str | None = None
+    model: str | None = None
+    dtype: str | None = None
+    device: str | None = None
+    threads: int | None = None
+    batch_tokens: int = 2048
+    vllm: dict = field(default_factory=dict)  # passed through to vllm.LLM(...)
 
 
 def guess_engine(model: str | None) -> str:
@@ -16,26 +28,36 @@ def guess_engine(model: str | None) -> str:
     return "transformers"
 
 
-def make_engine(engine: str | None, model: str | None, dtype: str | None = None, device: str | None = None,
-                threads: int | None = None, batch_tokens: int = 2048) -> Engine:
-    """Build an engine; with no model, the built-in default model in the engine's format."""
+def make_engine(opts: EngineOptions, n_ctx: int) -> Engine:
+    """Build an engine for windows of ``n_ctx`` tokens; with no model, the built-in default."""
     from kldtool.engines import defaults
 
-    engine = engine or guess_engine(model)
+    engine = opts.engine or guess_engine(opts.model)
+    if engine not in ENGINES:
+        raise UsageError(f"--engine {engine!r}: expected one of {', '.join(ENGINES)}")
+    if opts.vllm and engine != "vllm":
+        raise UsageError(f"{', '.join('--' + k.replace('_', '-') for k in opts.vllm)}: only for --engine vllm")
     if engine == "llamacpp":
         from kldtool.engines.llamacpp import LlamaCppEngine
 
-        if dtype not in (None, "gguf"):
-            raise UsageError(f"--dtype {dtype}: the llamacpp engine runs the GGUF's own types; drop --dtype")
-        if device not in (None, "cpu"):
-            raise UsageError(f"--device {device}: this llamacpp engine build runs on the CPU")
-        return LlamaCppEngine(model or defaults.default_gguf(), threads=threads, batch_tokens=batch_tokens)
+        if opts.dtype not in (None, "gguf"):
+            raise UsageError(f"--dtype {opts.dtype}: the llamacpp engine runs the GGUF's own types; drop --dtype")
+        if opts.device not in (None, "cpu"):
+            raise UsageError(f"--device {opts.device}: this llamacpp engine build runs on the CPU")
+        return LlamaCppEngine(opts.model or defaults.default_gguf(), threads=opts.threads,
+                              batch_tokens=opts.batch_tokens)
     if engine == "transformers":
         from kldtool.engines.transformers import TransformersEngine
 
-        return TransformersEngine(model or defaults.default_transformers_model(), dtype=dtype or "float32",
-                                  device=device or "cpu", threads=threads, batch_tokens=batch_tokens)
-    raise UsageError(f"--engine {engine!r}: expected one of {', '.join(ENGINES)}")
+        return TransformersEngine(opts.model or defaults.default_transformers_model(), dtype=opts.dtype or "float32",
+                                  device=opts.device or "cpu", threads=opts.threads, batch_tokens=opts.batch_tokens)
+    from kldtool.engines.vllm import VllmEngine
+
+    if opts.device not in (None, "cuda", "cpu"):
+        raise UsageError(f"--device {opts.device}: vLLM picks its devices itself (see --tensor-parallel-size)")
+    return VllmEngine(opts.model or defaults.default_transformers_model(), dtype=opts.dtype,
+                      max_model_len=opts.vllm.pop("max_model_len", None) or n_ctx + 1,
+                      windows_per_call=max(4, 65536 // n_ctx), vllm_args=opts.vllm)
 
 
-__all__ = ["Engine", "ENGINES", "guess_engine", "make_engine"]
+__all__ = ["Engine", "EngineOptions", "ENGINES", "guess_engine", "make_engine"]

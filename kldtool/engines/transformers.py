@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
+from kldtool.engines import hf_tokenizer
 from kldtool.engines.base import Engine
 from kldtool.errors import EngineError, UsageError
 from kldtool.protocols import Window
@@ -50,23 +51,14 @@ class TransformersEngine(Engine):
         except (OSError, ValueError) as e:
             raise EngineError(f"{model}: transformers could not load it: {str(e).splitlines()[0]}") from None
         self.n_vocab = int(self.model.get_output_embeddings().weight.shape[0])
-        probe = self.tokenizer("a", add_special_tokens=True)["input_ids"]
-        bos = self.tokenizer.bos_token_id
-        self.bos_id = bos if bos is not None and probe and probe[0] == bos else None
+        self.bos_id = hf_tokenizer.bos_to_substitute(self.tokenizer)
         self._versions = {"transformers": transformers.__version__, "torch": torch.__version__}
 
     def tokenize(self, text: bytes) -> np.ndarray:
-        ids = self.tokenizer(text.decode("utf-8"), add_special_tokens=True)["input_ids"]
-        eos = self.tokenizer.eos_token_id
-        if ids and eos is not None and ids[-1] == eos and self.bos_id != eos:
-            ids = ids[:-1]
-        return np.asarray(ids, dtype=np.int32)
+        return hf_tokenizer.tokenize(self.tokenizer, text, self.bos_id)
 
     def token_strings(self):
-        vocab = self.tokenizer.convert_ids_to_tokens(list(range(len(self.tokenizer))))
-        for i in range(self.n_vocab):
-            t = vocab[i] if i < len(vocab) else None
-            yield (t or "").encode("utf-8")
+        return hf_tokenizer.token_strings(self.tokenizer, self.n_vocab)
 
     def windows_per_call(self, n_ctx: int) -> int:
         return max(1, self.batch_tokens // n_ctx)

