@@ -67,6 +67,8 @@ def base(
     out: Optional[str] = typer.Option(None, "--kl-divergence-base", "--save-all-logits",
                                       help="Write the base file here (without it: perplexity only)."),
     fmt: str = typer.Option("kldtool", "--format", help="kldtool (compressed container) or llamacpp (raw, for llama-perplexity)."),
+    codec: Optional[str] = typer.Option(None, "--codec", help="Row rounding: llamacpp (llama-perplexity's, default for "
+                                                              "--format llamacpp) or grid (2^-12 steps, exact for bf16 logits; default otherwise)."),
     engine: Optional[str] = EngineOpt,
     dtype: Optional[str] = DtypeOpt,
     device: Optional[str] = DeviceOpt,
@@ -78,6 +80,7 @@ def base(
     remote: bool = RemoteOpt, vllm_arg: Optional[list[str]] = VllmArgOpt,
 ):
     """Phase 1: run the base model over a text, print its PPL and store its log-probs."""
+    from kldtool.codec import CODECS
     from kldtool.corpus import load_corpus
     from kldtool.logitsfile import FORMATS
     from kldtool.pipeline import run_base
@@ -85,11 +88,13 @@ def base(
 
     if fmt not in FORMATS:
         raise UsageError(f"--format {fmt!r}: expected one of {', '.join(FORMATS)}")
+    if codec is not None and codec not in CODECS:
+        raise UsageError(f"--codec {codec!r}: expected one of {', '.join(CODECS)}")
     corpus_name, text = load_corpus(file)
     eng = _engine(ctx_size, engine, model, dtype, device, threads, batch, tp, gpu_mem, max_len, quant, kv_dtype,
                   eager, remote, vllm_arg)
     try:
-        result = run_base(eng, corpus_name, text, ctx_size, chunks, out, fmt)
+        result = run_base(eng, corpus_name, text, ctx_size, chunks, out, fmt, codec=codec)
     finally:
         eng.close()
     if json_out:

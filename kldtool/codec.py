@@ -5,10 +5,19 @@ slots, then one code per vocabulary entry (and one zero pad slot when V is odd).
 Decoding is ``log p[i] = scale * q[i] + min_log_prob``; entries at or below the clamp floor
 (``max_logit - clamp``) are stored as 0.
 
-Every operation is spelled out in float32 with the same association as llama.cpp, because
-the codes must be byte-identical to llama.cpp's when the logits are. The only deviation is
-``expf``: we use float64 ``exp`` rounded to float32 (the correctly rounded value), which can
-move ``min_log_prob`` by one ulp on another libm but never changes a code.
+Two encoders write that same layout (every reader, llama.cpp's included, decodes both):
+
+- ``llamacpp``: llama-perplexity's own rule, step ``(max - min) / 65535`` over a 16-nat window.
+  Every operation is spelled out in float32 with llama.cpp's association, so the codes are
+  byte-identical to llama.cpp's when the logits are. The only deviation is ``expf``: we use
+  float64 ``exp`` rounded to float32 (the correctly rounded value), which can move
+  ``min_log_prob`` by one ulp on another libm but never changes a code.
+- ``grid``: a power-of-two step, 2^-12 nats, over a 65535-step window (15.99976 nats). Logits
+  of bf16/fp16 models sit on a binary grid; 16/65535 is not a power of two, so llama.cpp's
+  rule rounds them with a systematic bias (every entry within 8 nats of the top decodes
+  low): about -2e-5 nats of mean KLD for a bf16 model against itself. On the 2^-12 grid
+  such logits are represented exactly, and fp32 logits are no worse off. kldtool's own
+  container uses it by default.
 """
 
 from __future__ import annotations
@@ -17,6 +26,8 @@ import numpy as np
 
 DEFAULT_CLAMP = 16.0
 CODE_MAX = 65535
+GRID_STEP = 2.0 ** -12
+CODECS = ("llamacpp", "grid")
 HEADER_SLOTS = 4
 # Rows handled at once: bounds the float64 temporaries to ~ block * V * 8 bytes.
 ROW_BLOCK = 64
@@ -25,6 +36,25 @@ ROW_BLOCK = 64
 def row_width(n_vocab: int) -> int:
     """uint16 slots per row: 2*ceil(V/2) + 4 (the odd-V pad keeps rows 4-byte aligned)."""
     return 2 * ((n_vocab + 1) // 2) + HEADER_SLOTS
+
+
+def _window(xp, lowest, mx, lse, codec: str):
+    """Per row (floor mn, step scale), in float32, for numpy or torch (``xp``).
+
+    llama.cpp: mn = max(lowest, mx - 16), scale = (mx - mn) / 65535. grid: mn = max(lowest,
+    mx - 65535 * 2^-12), scale = 2^-12 - except in rows where that would let the clamped tail
+    (code 0, decoded as mn - mx - lse) rise above -16, the absolute floor above which readers
+    (llama-perplexity too) count an entry in the KLD: that happens when the top token holds
+    all but 2^-12 of the mass, and such rows keep llama.cpp's rule.
+    """
+    # Python scalars do not widen float32 arrays (NumPy >= 2 and torch alike).
+    mn = xp.maximum(lowest, mx - DEFAULT_CLAMP)
+    scale = (mx - mn) / CODE_MAX
+    if codec != "grid":
+        return mn, scale
+    g_mn = xp.maximum(lowest, mx - GRID_STEP * CODE_MAX)
+    tail_visible = (lowest < g_mn) & (((g_mn - mx) - lse) > -DEFAULT_CLAMP)
+    return xp.where(tail_visible, mn, g_mn), xp.where(tail_visible, scale, xp.full_like(scale, GRID_STEP))
 
 
 # ---------------------------------------------------------------- numpy
@@ -38,8 +68,8 @@ def normalizer_np(logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return mx, lse
 
 
-def encode_np(logits: np.ndarray, clamp: float = DEFAULT_CLAMP) -> tuple[np.ndarray, np.ndarray]:
-    """Encode float32 logits (R, V) into uint16 rows (R, row_width(V)).
+def encode_np(logits: np.ndarray, codec: str = "llamacpp") -> tuple[np.ndarray, np.ndarray]:
+    """Encode float32 logits (R, V) into uint16 rows (R, row_width(V)) with ``codec``.
 
     Returns the rows and ``M = max + lse`` per row (float32), so the caller gets the
     target NLL as ``M - logits[r, t]`` without a second pass.
@@ -50,15 +80,14 @@ def encode_np(logits: np.ndarray, clamp: float = DEFAULT_CLAMP) -> tuple[np.ndar
     norm = np.empty(n_rows, dtype=np.float32)
     for a in range(0, n_rows, ROW_BLOCK):
         b = min(a + ROW_BLOCK, n_rows)
-        rows[a:b], norm[a:b] = _encode_block_np(logits[a:b], np.float32(clamp), n_vocab)
+        rows[a:b], norm[a:b] = _encode_block_np(logits[a:b], codec, n_vocab)
     return rows, norm
 
 
-def _encode_block_np(l: np.ndarray, clamp: np.float32, n_vocab: int):
+def _encode_block_np(l: np.ndarray, codec: str, n_vocab: int):
     mx, lse = normalizer_np(l)
-    mn = np.maximum(l.min(axis=1), mx - clamp)
+    mn, scale = _window(np, l.min(axis=1), mx, lse, codec)
     min_log_prob = (mn - mx) - lse
-    scale = (mx - mn) / np.float32(CODE_MAX)
     out = np.zeros((l.shape[0], row_width(n_vocab)), dtype=np.uint16)
     out[:, :HEADER_SLOTS] = np.stack([scale, min_log_prob], axis=1).astype(np.float32).view(np.uint16)
     live = scale != 0
@@ -104,16 +133,15 @@ def normalizer_torch(logits, exact: bool = False):
     return mx, imax, lse
 
 
-def encode_torch(logits, clamp: float = DEFAULT_CLAMP):
+def encode_torch(logits, codec: str = "llamacpp"):
     """Torch twin of :func:`encode_np`; returns (int16 rows on the logits' device, M)."""
     import torch
 
     logits = logits.to(torch.float32)
     n_rows, n_vocab = logits.shape
     mx, _, lse = normalizer_torch(logits, exact=True)
-    mn = torch.maximum(logits.min(dim=1).values, mx - clamp)
+    mn, scale = _window(torch, logits.min(dim=1).values, mx, lse, codec)
     min_log_prob = (mn - mx) - lse
-    scale = (mx - mn) / CODE_MAX
     inv = torch.where(scale != 0, 1.0 / scale, torch.zeros_like(scale))
     q = torch.round(inv[:, None] * (logits - mn[:, None]))
     q = torch.where(logits <= mn[:, None], torch.zeros_like(q), q).to(torch.int32)

