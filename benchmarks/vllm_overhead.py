@@ -75,6 +75,7 @@ def main() -> None:
                 t0 = time.perf_counter()
                 fn()
                 times[name].append(time.perf_counter() - t0)
+                print(f"round {r}: {name} {times[name][-1]:.2f} s", flush=True)
         engine.close()
         reader.close()
     best = {k: min(v) for k, v in times.items()}
