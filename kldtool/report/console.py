@@ -41,6 +41,18 @@ def _pm(label: str, pair, fmt: str = "%10.6f") -> str:
     return f"{label}: {cf(fmt, pair[0])} ± {cf(fmt, pair[1])}"
 
 
+def _distribution(name: str, table, q: dict, fmt: str, scale: float, unit: str) -> list[str]:
+    """Maximum, the upper percentiles, median, the lower ones, minimum (llama.cpp's order)."""
+    def row(label, key):
+        return f"{label} {name}: {cf(fmt, scale * q[key])}{unit}"
+
+    upper = [(label, f) for label, f in table if f > 0.5]
+    lower = [(label, f) for label, f in table if f < 0.5]
+    return [row("Maximum", "max"), *(row(f"{label}  ", label.strip()) for label, _ in upper),
+            row("Median ", "median"), *(row(f"{label}  ", label.strip()) for label, _ in lower),
+            row("Minimum", "min")]
+
+
 def final_blocks(s: KldSummary) -> list[str]:
     """The three statistic blocks, each followed by an empty line."""
     q, d = s.kld_quantiles, s.dp_quantiles
@@ -54,24 +66,12 @@ def final_blocks(s: KldSummary) -> list[str]:
              "",
              "====== KL divergence statistics ======",
              _pm("Mean    KLD", s.kld_mean),
-             f"Maximum KLD: {cf('%10.6f', q['max'])}"]
-    for label, _ in KLD_PERCENTILES[:4]:
-        lines.append(f"{label}   KLD: {cf('%10.6f', q[label.strip()])}")
-    lines.append(f"Median  KLD: {cf('%10.6f', q['median'])}")
-    for label, _ in KLD_PERCENTILES[4:]:
-        lines.append(f"{label}   KLD: {cf('%10.6f', q[label.strip()])}")
-    lines += [f"Minimum KLD: {cf('%10.6f', q['min'])}",
-              "",
-              "====== Token probability statistics ======",
-              f"Mean    Δp: {cf('%6.3f', 100 * s.dp_mean[0])} ± {cf('%5.3f', 100 * s.dp_mean[1])} %",
-              f"Maximum Δp: {cf('%6.3f', 100 * d['max'])}%"]
-    for label, _ in DP_PERCENTILES[:5]:
-        lines.append(f"{label}   Δp: {cf('%6.3f', 100 * d[label.strip()])}%")
-    lines.append(f"Median  Δp: {cf('%6.3f', 100 * d['median'])}%")
-    for label, _ in DP_PERCENTILES[5:]:
-        lines.append(f"{label}   Δp: {cf('%6.3f', 100 * d[label.strip()])}%")
-    lines += [f"Minimum Δp: {cf('%6.3f', 100 * d['min'])}%",
-              f"RMS Δp    : {cf('%6.3f', 100 * s.rms_dp[0])} ± {cf('%5.3f', 100 * s.rms_dp[1])} %",
-              f"Same top p: {cf('%6.3f', 100 * s.same_top[0])} ± {cf('%5.3f', 100 * s.same_top[1])} %",
-              ""]
+             *_distribution("KLD", KLD_PERCENTILES, q, "%10.6f", 1.0, ""),
+             "",
+             "====== Token probability statistics ======",
+             f"Mean    Δp: {cf('%6.3f', 100 * s.dp_mean[0])} ± {cf('%5.3f', 100 * s.dp_mean[1])} %",
+             *_distribution("Δp", DP_PERCENTILES, d, "%6.3f", 100.0, "%"),
+             f"RMS Δp    : {cf('%6.3f', 100 * s.rms_dp[0])} ± {cf('%5.3f', 100 * s.rms_dp[1])} %",
+             f"Same top p: {cf('%6.3f', 100 * s.same_top[0])} ± {cf('%5.3f', 100 * s.same_top[1])} %",
+             ""]
     return lines
