@@ -1,6 +1,5 @@
 """Base-file formats against the files llama-perplexity wrote."""
 
-import hashlib
 import os
 
 import numpy as np

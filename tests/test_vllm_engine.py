@@ -5,10 +5,8 @@ W8A8 checkpoint made with llm-compressor in its own environment (.venv-quant).
 """
 
 import json
-import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
