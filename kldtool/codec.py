@@ -152,6 +152,18 @@ def encode_torch(logits, codec: str = "llamacpp"):
 
 
 
+def encode_base_rows(logits, targets, codec: str) -> tuple[np.ndarray, np.ndarray]:
+    """Base mode for one window on any device: (uint16 host rows, float32 NLL of each target),
+    the NLL as llama.cpp's phase 1 computes it, ``(max + lse) - logit[target]``."""
+    import torch
+
+    logits = logits.to(torch.float32)
+    rows, norm = encode_torch(logits, codec)
+    target = torch.as_tensor(targets, dtype=torch.int64, device=logits.device)[:, None]
+    nll = norm - logits.gather(1, target)[:, 0]
+    return rows_to_numpy(rows), nll.cpu().numpy()
+
+
 def decode_torch(rows, n_vocab: int):
     """Decode int16 (or uint16-bit) rows on any device to float32 log-probs."""
     import torch

@@ -9,7 +9,7 @@ from typing import Iterable
 
 import numpy as np
 
-from kldtool.codec import encode_torch, rows_to_numpy, rows_to_torch
+from kldtool.codec import encode_base_rows, rows_to_torch
 from kldtool.protocols import Window
 from kldtool.reduce import TokenRecords, reduce_rows
 
@@ -48,15 +48,7 @@ class Engine(ABC):
 
     def encode(self, windows: list[Window], codec: str) -> list[tuple[np.ndarray, np.ndarray]]:
         """Base mode: per window, (uint16 base rows made with ``codec``, float32 NLL of each target)."""
-        import torch
-
-        out = []
-        for w, lg in zip(windows, self.logits(windows)):
-            rows, norm = encode_torch(lg, codec)
-            target = torch.as_tensor(w.targets, device=lg.device)[:, None]
-            nll = norm - lg.gather(1, target)[:, 0].to(torch.float32)
-            out.append((rows_to_numpy(rows), nll.cpu().numpy()))
-        return out
+        return [encode_base_rows(lg, w.targets, codec) for w, lg in zip(windows, self.logits(windows))]
 
     @abstractmethod
     def describe(self) -> dict:

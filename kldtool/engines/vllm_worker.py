@@ -78,11 +78,9 @@ class WorkerState:
             for f in RECORD_FIELDS:
                 res.arrays[f][j0:j1] = getattr(rec, f)
         else:
-            from kldtool.codec import encode_torch, rows_to_numpy
+            from kldtool.codec import encode_base_rows
 
-            rows, norm = encode_torch(logits, spec["codec"])
-            res.arrays["rows"][j0:j1] = rows_to_numpy(rows)
-            res.arrays["nll"][j0:j1] = (norm - logits.gather(1, targets[:, None])[:, 0]).cpu().numpy()
+            res.arrays["rows"][j0:j1], res.arrays["nll"][j0:j1] = encode_base_rows(logits, targets, spec["codec"])
         res.filled[j0:j1] += 1
 
     def pop(self, keys: list[str]) -> dict:
