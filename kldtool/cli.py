@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 from typing import Optional
 
@@ -75,6 +76,8 @@ def base(
     threads: Optional[int] = ThreadsOpt,
     batch: int = BatchOpt,
     json_out: Optional[str] = typer.Option(None, "--json", help="Also write the result as JSON here."),
+    resume: bool = typer.Option(False, "--resume", help="Continue the interrupted run that left the base file's "
+                                                        "hidden partial beside it (same flags)."),
     tp: Optional[int] = TpOpt, gpu_mem: Optional[float] = GpuMemOpt, max_len: Optional[int] = MaxLenOpt,
     quant: Optional[str] = QuantOpt, kv_dtype: Optional[str] = KvOpt, eager: bool = EagerOpt,
     remote: bool = RemoteOpt, vllm_arg: Optional[list[str]] = VllmArgOpt,
@@ -94,7 +97,9 @@ def base(
     eng = _engine(ctx_size, engine, model, dtype, device, threads, batch, tp, gpu_mem, max_len, quant, kv_dtype,
                   eager, remote, vllm_arg)
     try:
-        result = run_base(eng, corpus_name, text, ctx_size, chunks, out, fmt, codec=codec)
+        if resume and not out:
+            raise UsageError("--resume needs --kl-divergence-base FILE (the base file to continue)")
+        result = run_base(eng, corpus_name, text, ctx_size, chunks, out, fmt, codec=codec, resume=resume)
     finally:
         eng.close()
     if json_out:
@@ -116,6 +121,14 @@ def compare(
     batch: int = BatchOpt,
     json_out: Optional[str] = typer.Option(None, "--json", help="Write every statistic and the run's metadata here."),
     force: bool = typer.Option(False, "--force", help="Compare even when the tokenizer or BOS policy differ (noted in every output)."),
+    chunks: Optional[int] = typer.Option(None, "--chunks", help="Use only the base file's first N chunks."),
+    chunk_range: Optional[str] = typer.Option(None, "--chunk-range", help="Use chunks A:B only (0-based, end excluded: "
+                                                                          "printed as A+1..B); for shards, see `merge`."),
+    state: Optional[str] = typer.Option(None, "--state", help="Checkpoint the accumulators here (atomically) while "
+                                                              "running and at the end; a shard for `kldtool merge`."),
+    checkpoint_every: Optional[str] = typer.Option(None, "--checkpoint-every", help="With --state: every N chunks "
+                                                                                    "(10) or seconds (60s, default)."),
+    resume: bool = typer.Option(False, "--resume", help="Continue from the --state checkpoint (if there is one)."),
     tp: Optional[int] = TpOpt, gpu_mem: Optional[float] = GpuMemOpt, max_len: Optional[int] = MaxLenOpt,
     quant: Optional[str] = QuantOpt, kv_dtype: Optional[str] = KvOpt, eager: bool = EagerOpt,
     remote: bool = RemoteOpt, vllm_arg: Optional[list[str]] = VllmArgOpt,
@@ -123,24 +136,39 @@ def compare(
     """Phase 2: run a model over a base file's tokens and print llama-perplexity's KLD statistics."""
     from kldtool.logitsfile import open_base_file
     from kldtool.pipeline import run_compare
+    from kldtool.pipeline.compare import Checkpoints, parse_chunk_range
 
     del kl_divergence
     if base_file is None:
         raise UsageError("compare needs --kl-divergence-base FILE (written by `kldtool base` or llama-perplexity)")
+    checkpoints = Checkpoints.parse(state, checkpoint_every, resume)
     reader = open_base_file(base_file)
     try:
         if ctx_size is not None and ctx_size != reader.header.n_ctx:
             raise UsageError(f"-c {ctx_size} contradicts {base_file}, written with -c {reader.header.n_ctx}; drop -c")
+        span = parse_chunk_range(chunk_range, chunks, reader.header.n_chunk, base_file)
         if file is not None:
             print(f"note: -f {file} ignored: the tokens come from {base_file}", file=sys.stderr)
         eng = _engine(reader.header.n_ctx, engine, model, dtype, device, threads, batch, tp, gpu_mem, max_len, quant,
                       kv_dtype, eager, remote, vllm_arg)
         try:
-            run_compare(eng, reader, force=force, json_path=json_out)
+            run_compare(eng, reader, force=force, json_path=json_out, chunk_range=span, checkpoints=checkpoints)
         finally:
             eng.close()
     finally:
         reader.close()
+
+
+@app.command()
+def merge(
+    states: list[str] = typer.Argument(..., help="State files of compare shards (compare --chunk-range A:B --state FILE)."),
+    json_out: Optional[str] = typer.Option(None, "--json", help="Write every statistic and the shards' metadata here."),
+    force: bool = typer.Option(False, "--force", help="Merge shards even when their models' names differ."),
+):
+    """Combine compare shards into the statistics of one run over all their chunks."""
+    from kldtool.pipeline.merge import run_merge
+
+    run_merge(states, json_path=json_out, force=force)
 
 
 @app.command()
@@ -219,6 +247,8 @@ def main(argv: list[str] | None = None) -> None:
     from kldtool.memory import pin_mmap_threshold
 
     pin_mmap_threshold()
+    # A scheduler's SIGTERM gets the same orderly stop as Ctrl-C: checkpoints saved, partials kept.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     cx = _click_exceptions()
     try:
         rv = app(args=argv, standalone_mode=False, prog_name="kldtool")
@@ -228,7 +258,7 @@ def main(argv: list[str] | None = None) -> None:
         e.show()
         sys.exit(UsageError.exit_code if e.exit_code == 2 else e.exit_code)
     except (KeyboardInterrupt, typer.Abort, getattr(cx, "Abort", typer.Abort)):
-        print("kldtool: interrupted; no partial output was left in place", file=sys.stderr)
+        print("kldtool: interrupted; no output file was completed", file=sys.stderr)
         sys.exit(130)
     except KldError as e:
         print(f"kldtool: error: {e}", file=sys.stderr)

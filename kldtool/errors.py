@@ -41,3 +41,9 @@ class OutputError(KldError):
     """An output file could not be written (full disk, permissions)."""
 
     exit_code = 7
+
+
+class StateError(KldError):
+    """A compare state file (checkpoint or shard) that is unreadable or does not fit the run."""
+
+    exit_code = 8

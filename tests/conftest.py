@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -144,3 +145,19 @@ def chunk_table_lines(text: str) -> list[str]:
             break
         out.append(l)
     return out
+
+
+NUM = re.compile(r"-?nan|-?\d+\.\d+|-?\d+")
+
+
+def assert_lines_match(ours: list[str], theirs: list[str], ulps: int = 2):
+    """Same text; every number equal to `ulps` units of its last printed digit."""
+    assert len(ours) == len(theirs), "\n".join(ours)
+    for a, b in zip(ours, theirs):
+        assert NUM.sub("#", a) == NUM.sub("#", b), f"layout differs:\n{a}\n{b}"
+        for x, y in zip(NUM.findall(a), NUM.findall(b)):
+            if "nan" in x or "nan" in y:
+                assert x == y, f"{a}\n{b}"
+                continue
+            decimals = len(y.split(".")[1]) if "." in y else 0
+            assert abs(float(x) - float(y)) <= ulps * 10 ** -decimals + 1e-12, f"\nours:   {a}\ntheirs: {b}"

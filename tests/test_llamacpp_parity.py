@@ -4,29 +4,11 @@ The requantized models are rebuilt here with llama-cpp-python and must hash as d
 so any difference below is ours, not the model's.
 """
 
-import re
-
 import numpy as np
 import pytest
 
-from conftest import FIXTURES, SHA, WIKI, chunk_table_lines, final_block_lines, run_cli, sha256
+from conftest import FIXTURES, SHA, WIKI, assert_lines_match, chunk_table_lines, final_block_lines, run_cli, sha256
 from kldtool.logitsfile import open_base_file
-
-NUM = re.compile(r"-?nan|-?\d+\.\d+|-?\d+")
-
-
-def assert_lines_match(ours: list[str], theirs: list[str], ulps: int = 2):
-    """Same text; every number equal to `ulps` units of its last printed digit."""
-    assert len(ours) == len(theirs), "\n".join(ours)
-    for a, b in zip(ours, theirs):
-        assert NUM.sub("#", a) == NUM.sub("#", b), f"layout differs:\n{a}\n{b}"
-        for x, y in zip(NUM.findall(a), NUM.findall(b)):
-            if "nan" in x or "nan" in y:
-                assert x == y, f"{a}\n{b}"
-                continue
-            decimals = len(y.split(".")[1]) if "." in y else 0
-            assert abs(float(x) - float(y)) <= ulps * 10 ** -decimals + 1e-12, f"\nours:   {a}\ntheirs: {b}"
-
 
 @pytest.mark.parametrize("type_name, fixture", [("Q2_K", "compare-Q2_K.txt"), ("Q8_0", "compare-Q8_0.txt")])
 def test_compare_reproduces_llama_perplexity(requant, fixture_base, type_name, fixture, tmp_path):

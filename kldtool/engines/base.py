@@ -19,6 +19,7 @@ class Engine(ABC):
     n_vocab: int
     bos_id: int | None  # set when the model wants a BOS first (llama.cpp's add_bos)
     device: str = "cpu"
+    n_ctx_train: int | None = None  # the longest context the model was trained for, if known
 
     @abstractmethod
     def tokenize(self, text: bytes) -> np.ndarray:

@@ -49,6 +49,7 @@ class LlamaCppEngine(Engine):
             raise EngineError(f"{model}: llama.cpp could not load it (not a GGUF model, or an unsupported one)")
         self.vocab = lib.llama_model_get_vocab(self.model)
         self.n_vocab = int(lib.llama_vocab_n_tokens(self.vocab))
+        self.n_ctx_train = int(lib.llama_model_n_ctx_train(self.model)) or None
         self.bos_id = int(lib.llama_vocab_bos(self.vocab)) if lib.llama_vocab_get_add_bos(self.vocab) else None
         if lib.llama_vocab_get_add_eos(self.vocab):
             raise EngineError(f"{model}: the model asks for EOS after every text; llama-perplexity's protocol has none")

@@ -51,6 +51,7 @@ class TransformersEngine(Engine):
         except (OSError, ValueError) as e:
             raise EngineError(f"{model}: transformers could not load it: {str(e).splitlines()[0]}") from None
         self.n_vocab = int(self.model.get_output_embeddings().weight.shape[0])
+        self.n_ctx_train = getattr(self.model.config, "max_position_embeddings", None)
         self.bos_id = hf_tokenizer.bos_to_substitute(self.tokenizer)
         self._versions = {"transformers": transformers.__version__, "torch": torch.__version__}
 

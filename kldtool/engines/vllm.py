@@ -86,6 +86,7 @@ class VllmEngine(Engine):
             raise EngineError(f"vLLM {vllm.__version__}: the kldtool hook could not be installed: {e}") from None
         self.tokenizer = self.llm.get_tokenizer()
         self.n_vocab = int(self.llm.llm_engine.model_config.get_vocab_size())
+        self.n_ctx_train = getattr(self.llm.llm_engine.model_config.hf_text_config, "max_position_embeddings", None)
         self.bos_id = hf_tokenizer.bos_to_substitute(self.tokenizer)
         self._versions = {"vllm": vllm.__version__, "hook": vllm_seam.TESTED_VERSIONS[-1]}
 

@@ -38,9 +38,14 @@ def open_base_file(path: str | os.PathLike):
     return raw.RawReader(p)
 
 
-def create_writer(path, fmt: str, header: BaseHeader, tokens, metadata: dict | None = None):
-    if fmt == "kldtool":
-        return container.ContainerWriter(path, header, tokens, metadata)
-    if fmt == "llamacpp":
-        return raw.RawWriter(path, header, tokens, metadata)
-    raise UsageError(f"--format {fmt!r}: expected one of {', '.join(FORMATS)}")
+def create_writer(path, fmt: str, header: BaseHeader, tokens, metadata: dict | None = None,
+                  settings: dict | None = None, resume: bool = False):
+    """A writer on the locked partial file beside ``path``. Started afresh (with ``settings``
+    journaled for a later resume) unless ``resume``: then the caller recovers and keeps."""
+    kinds = {"kldtool": container.ContainerWriter, "llamacpp": raw.RawWriter}
+    if fmt not in kinds:
+        raise UsageError(f"--format {fmt!r}: expected one of {', '.join(FORMATS)}")
+    writer = kinds[fmt](path, header, tokens, metadata)
+    if not resume:
+        writer.start(settings)
+    return writer

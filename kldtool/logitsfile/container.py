@@ -29,9 +29,9 @@ import numpy as np
 import zstandard
 
 from kldtool.codec import HEADER_SLOTS
-from kldtool.logitsfile.atomic import AtomicFile
 from kldtool.logitsfile.header import BaseHeader
 from kldtool.logitsfile.reader_base import BaseFileReader
+from kldtool.logitsfile.writer_base import ResumableWriter
 
 MAGIC = b"KLDTOOL\x00"
 END_MAGIC = b"KLDDONE\x00"
@@ -144,32 +144,52 @@ class ContainerReader(BaseFileReader):
         except ValueError as e:
             self._fail(f"corrupt chunk {index} at offset {offset}: {e}")
 
-class ContainerWriter:
+class ContainerWriter(ResumableWriter):
     """Compresses chunks on worker threads (zstd releases the GIL) and appends them in order."""
 
     format_name = "kldtool"
 
     def __init__(self, path, header: BaseHeader, tokens: np.ndarray, metadata: dict | None = None,
                  level: int = DEFAULT_LEVEL, transform: int = MASKED_PLANES, threads: int = 2):
-        self.header = header
-        self.metadata = dict(metadata or {})
         self.level, self.transform = level, transform
-        self.out = AtomicFile(path)
-        pre = np.array([VERSION, header.n_ctx, header.n_vocab, header.n_chunk, transform, 0], dtype="<u4")
-        self.out.write(MAGIC + pre.tobytes())
-        self.out.write(np.ascontiguousarray(tokens, dtype="<i4").tobytes())
+        super().__init__(path, header, tokens, metadata)
         self.pool = ThreadPoolExecutor(max_workers=max(1, threads))
         self.pending = []
         self.index: list[tuple[int, int]] = []
+
+    def _preamble(self, token_bytes: bytes) -> bytes:
+        h = self.header
+        pre = np.array([VERSION, h.n_ctx, h.n_vocab, h.n_chunk, self.transform, 0], dtype="<u4")
+        return MAGIC + pre.tobytes() + token_bytes
+
+    def _chunk_ends(self, start: int, size: int) -> list[int]:
+        """Walk the frames an interrupted run left; the first cut or damaged one ends the walk."""
+        ends, pos = [], start
+        while pos < size and len(ends) < self.header.n_chunk:
+            d = zstandard.ZstdDecompressor().decompressobj()
+            off = pos
+            try:
+                while off < size and not d.eof:
+                    block = self.out.read(off, min(1 << 22, size - off))
+                    d.decompress(block)
+                    off += len(block)
+            except zstandard.ZstdError:
+                break
+            if not d.eof:
+                break
+            pos = off - len(d.unused_data)
+            ends.append(pos)
+        return ends
+
+    def _kept(self, ends: list[int]) -> None:
+        starts = [len(self.preamble)] + ends[:-1]
+        self.index = [(a, b - a) for a, b in zip(starts, ends)]
 
     def _compress(self, rows: np.ndarray) -> bytes:
         cctx = zstandard.ZstdCompressor(level=self.level, write_checksum=True, write_content_size=True)
         return cctx.compress(_to_frame_bytes(rows, self.transform))
 
-    def write_chunk(self, rows: np.ndarray) -> None:
-        h = self.header
-        if rows.shape != (h.rows_per_chunk, h.row_width):
-            raise ValueError(f"chunk rows of shape {rows.shape}, expected {(h.rows_per_chunk, h.row_width)}")
+    def _append(self, rows: np.ndarray) -> None:
         self.pending.append(self.pool.submit(self._compress, np.array(rows, dtype="<u2")))
         while len(self.pending) > 4 or (self.pending and self.pending[0].done()):
             self._drain_one()
@@ -179,14 +199,10 @@ class ContainerWriter:
         self.index.append((self.out.tell(), len(frame)))
         self.out.write(frame)
 
-    def finish(self, metadata: dict | None = None) -> None:
+    def _finish(self) -> None:
         while self.pending:
             self._drain_one()
         self.pool.shutdown()
-        if len(self.index) != self.header.n_chunk:
-            self.abort()
-            raise ValueError(f"wrote {len(self.index)} of {self.header.n_chunk} chunks")
-        self.metadata.update(metadata or {})
         index = np.array(self.index, dtype="<u8").tobytes()
         meta = json.dumps(self.metadata, sort_keys=True).encode("utf-8")
         index_offset = self.out.tell()
@@ -194,10 +210,15 @@ class ContainerWriter:
         trailer = np.array([index_offset, len(meta)], dtype="<u8").tobytes()
         trailer += np.array([zlib.crc32(index + meta), 0], dtype="<u4").tobytes() + END_MAGIC
         self.out.write(trailer)
-        self.out.commit()
 
-    def abort(self) -> None:
+    def abort(self, keep: bool = False) -> None:
+        # Frames already compressed are written first, so Ctrl-C keeps as much as it can.
+        try:
+            while keep and self.pending:
+                self._drain_one()
+        except Exception:
+            pass
         for f in self.pending:
             f.cancel()
         self.pool.shutdown(wait=True)
-        self.out.abort()
+        super().abort(keep)

@@ -12,9 +12,9 @@ import os
 
 import numpy as np
 
-from kldtool.logitsfile.atomic import AtomicFile
 from kldtool.logitsfile.header import BaseHeader
 from kldtool.logitsfile.reader_base import BaseFileReader
+from kldtool.logitsfile.writer_base import ResumableWriter
 
 MAGIC = b"_logits_"
 PREAMBLE = 20
@@ -61,33 +61,18 @@ class RawReader(BaseFileReader):
             self._fail(f"chunk {index} cut short at offset {offset + len(data)}")
         return np.frombuffer(data, dtype="<u2").reshape(h.rows_per_chunk, h.row_width)
 
-class RawWriter:
-    """Streams chunks into a llama.cpp raw file; renamed into place by :meth:`finish`."""
+class RawWriter(ResumableWriter):
+    """Streams chunks into a llama.cpp raw file (which has nowhere to keep metadata)."""
 
     format_name = "llamacpp"
 
-    def __init__(self, path, header: BaseHeader, tokens: np.ndarray, metadata: dict | None = None):
-        del metadata  # the raw layout has nowhere to keep it
-        self.header = header
-        self.out = AtomicFile(path)
-        self.out.write(MAGIC)
-        self.out.write(np.array([header.n_ctx, header.n_vocab, header.n_chunk], dtype="<i4").tobytes())
-        self.out.write(np.ascontiguousarray(tokens, dtype="<i4").tobytes())
-        self.n_written = 0
-
-    def write_chunk(self, rows: np.ndarray) -> None:
+    def _preamble(self, token_bytes: bytes) -> bytes:
         h = self.header
-        if rows.shape != (h.rows_per_chunk, h.row_width):
-            raise ValueError(f"chunk rows of shape {rows.shape}, expected {(h.rows_per_chunk, h.row_width)}")
+        return MAGIC + np.array([h.n_ctx, h.n_vocab, h.n_chunk], dtype="<i4").tobytes() + token_bytes
+
+    def _chunk_ends(self, start: int, size: int) -> list[int]:
+        n = min((size - start) // self.header.chunk_nbytes, self.header.n_chunk)
+        return [start + (i + 1) * self.header.chunk_nbytes for i in range(n)]
+
+    def _append(self, rows: np.ndarray) -> None:
         self.out.write(np.ascontiguousarray(rows, dtype="<u2").tobytes())
-        self.n_written += 1
-
-    def finish(self, metadata: dict | None = None) -> None:
-        del metadata
-        if self.n_written != self.header.n_chunk:
-            self.abort()
-            raise ValueError(f"wrote {self.n_written} of {self.header.n_chunk} chunks")
-        self.out.commit()
-
-    def abort(self) -> None:
-        self.out.abort()

@@ -1,13 +1,21 @@
-"""Phase 2: run a (quantized) model over a base file's tokens and stream llama.cpp's KLD statistics."""
+"""Phase 2: run a (quantized) model over a base file's tokens and stream llama.cpp's KLD statistics.
+
+With ``state_path`` the accumulators are checkpointed atomically (every few chunks, on Ctrl-C
+and at the end); ``resume`` continues from that checkpoint. Checkpoints fall on the engine's
+batch boundaries, so a resumed run evaluates the same batches and prints the same numbers.
+"""
 
 from __future__ import annotations
 
+import os
 import time
+from dataclasses import dataclass
 
 from kldtool.engines.base import Engine
-from kldtool.errors import MismatchError
+from kldtool.errors import MismatchError, UsageError
 from kldtool.logitsfile.prefetch import PrefetchedChunks
 from kldtool.pipeline.common import Sinks, groups, run_metadata, write_json
+from kldtool.pipeline.state import RunState, base_identity, check_fits, load_state, model_identity, save_state
 from kldtool.protocols import llamacpp_windows
 from kldtool.report.console import TABLE_HEADER, chunk_line, final_blocks
 from kldtool.stats import KldAccumulator, summarize
@@ -19,6 +27,9 @@ def check_compatible(engine: Engine, reader, force: bool) -> list[str]:
     h, meta, where = reader.header, reader.metadata, reader.path
     if engine.n_vocab != h.n_vocab:
         raise MismatchError(f"{where}: base file has a vocabulary of {h.n_vocab}, the model {engine.n_vocab}")
+    n_train = engine.n_ctx_train
+    if n_train and h.n_ctx > n_train:
+        raise MismatchError(f"{where}: chunks of {h.n_ctx} tokens exceed the model's context of {n_train}")
     warnings = []
     stored = meta.get("tokenizer_identity")
     if stored is not None and stored != engine.tokenizer_identity():
@@ -37,35 +48,65 @@ def check_compatible(engine: Engine, reader, force: bool) -> list[str]:
     return warnings
 
 
-def run_compare(engine: Engine, reader, force: bool = False, json_path: str | None = None,
-                sinks: Sinks | None = None) -> dict:
-    sinks = sinks or Sinks()
-    t0 = time.time()
-    warnings = check_compatible(engine, reader, force)
-    for w in warnings:
-        sinks.info("warning: " + w)
-    h = reader.header
-    n_seq = engine.windows_per_call(h.n_ctx)
-    windows = llamacpp_windows(reader.tokens, h.n_ctx, h.n_chunk, engine.bos_id)
-    sinks.info(f"compare: {h.n_chunk} chunks, n_ctx={h.n_ctx}, n_seq={n_seq}, engine {engine.name}, "
-               f"base {reader.path} ({reader.format_name})")
-    acc = KldAccumulator()
-    source = PrefetchedChunks(reader, range(h.n_chunk))
+def parse_chunk_range(spec: str | None, chunks: int | None, n_chunk: int, where: str) -> tuple[int, int]:
+    """``--chunk-range A:B`` (0-based, end exclusive: chunks printed A+1..B) and ``--chunks N``."""
+    if spec is not None and chunks is not None:
+        raise UsageError("--chunks and --chunk-range contradict each other; give one")
+    if chunks is not None:
+        if chunks < 1:
+            raise UsageError(f"--chunks {chunks}: must be at least 1")
+        return 0, min(chunks, n_chunk)
+    if spec is None:
+        return 0, n_chunk
+    a_s, sep, b_s = spec.partition(":")
     try:
-        for gi, group in enumerate(groups(windows, n_seq)):
-            t_pass = time.time()
-            records = engine.score(group, source)
-            if gi == 0:
-                per_pass = time.time() - t_pass
-                sinks.info(f"compare: {per_pass:.2f} seconds per pass - ETA "
-                           f"{per_pass * h.n_chunk / n_seq / 60:.2f} minutes")
-                sinks.line()
-                sinks.line(TABLE_HEADER)
-            for w, rec in zip(group, records):
-                acc.add(rec)
-                sinks.line(chunk_line(w.index + 1, summarize(acc, with_quantiles=False)))
-    finally:
-        source.close()
+        a = int(a_s) if a_s.strip() else 0
+        b = int(b_s) if b_s.strip() else n_chunk
+    except ValueError:
+        a = b = -1
+    if not sep or not 0 <= a < b or b > n_chunk:
+        raise UsageError(f"--chunk-range {spec}: expected A:B with 0 <= A < B <= {n_chunk} (the chunks of {where})")
+    return a, b
+
+
+@dataclass
+class Checkpoints:
+    """Where and how often the accumulators are saved: every ``chunks`` chunks or ``seconds``."""
+
+    path: str | None = None
+    chunks: int | None = None
+    seconds: float = 60.0
+    resume: bool = False
+
+    @classmethod
+    def parse(cls, path: str | None, every: str | None, resume: bool) -> "Checkpoints":
+        if resume and not path:
+            raise UsageError("--resume needs --state FILE (the checkpoint to continue from)")
+        if every is not None and not path:
+            raise UsageError("--checkpoint-every needs --state FILE")
+        spec = (every or "60s").strip()
+        try:
+            value = float(spec[:-1]) if spec.endswith("s") else int(spec)
+        except ValueError:
+            value = 0
+        if value <= 0:
+            raise UsageError(f"--checkpoint-every {every}: expected a number of chunks (10) or seconds (60s)")
+        if spec.endswith("s"):
+            return cls(path, None, value, resume)
+        return cls(path, int(value), float("inf"), resume)
+
+
+def replay(source: KldAccumulator, sinks: Sinks) -> KldAccumulator:
+    """Add ``source``'s chunks again one by one, printing each running line as the run did."""
+    acc = KldAccumulator()
+    for chunk, vector, kld, dp in source.iter_chunks():
+        acc.add_chunk(chunk, vector, kld, dp)
+        sinks.line(chunk_line(chunk + 1, summarize(acc, with_quantiles=False)))
+    return acc
+
+
+def final_report(acc: KldAccumulator, sinks: Sinks, warnings: list[str]) -> dict:
+    """The three statistic blocks (and any --force warning again), returning the statistics."""
     sinks.line()
     summary = summarize(acc, with_quantiles=acc.count >= MIN_TOKENS_FOR_STATS)
     if acc.count >= MIN_TOKENS_FOR_STATS:
@@ -73,20 +114,99 @@ def run_compare(engine: Engine, reader, force: bool = False, json_path: str | No
             sinks.line(line)
     else:
         sinks.info(f"compare: only {acc.count} tokens scored (< {MIN_TOKENS_FOR_STATS}); no final statistics, as llama.cpp")
+    for w in warnings:
+        sinks.line("warning: " + w)
+    return summary.as_dict()
+
+
+def _start_state(ck: Checkpoints, meta: dict, sinks: Sinks) -> RunState:
+    fresh = RunState(meta, KldAccumulator())
+    if not ck.resume:
+        return fresh
+    if not os.path.exists(ck.path):
+        sinks.info(f"compare: no checkpoint at {ck.path} yet; starting from chunk {meta['chunk_range'][0] + 1}")
+        return fresh
+    state = load_state(ck.path)
+    check_fits(state, ck.path, meta["base"], model_identity(meta["model"]), tuple(meta["chunk_range"]))
+    if state.meta.get("n_seq") != meta["n_seq"]:
+        sinks.info(f"compare: note: the checkpoint was made with {state.meta.get('n_seq')} chunks per pass, "
+                   f"this run uses {meta['n_seq']}; batching can change the last digits")
+    sinks.info(f"compare: resuming {ck.path} at chunk {state.next_chunk + 1}")
+    return RunState(meta | {"resumed": state.meta.get("resumed", []) + [state.next_chunk]}, state.acc)
+
+
+def run_compare(engine: Engine, reader, force: bool = False, json_path: str | None = None,
+                sinks: Sinks | None = None, chunk_range: tuple[int, int] | None = None,
+                checkpoints: Checkpoints | None = None) -> dict:
+    sinks = sinks or Sinks()
+    ck = checkpoints or Checkpoints()
+    t0 = time.time()
+    warnings = check_compatible(engine, reader, force)
+    for w in warnings:
+        sinks.info("warning: " + w)
+    h = reader.header
+    a, b = chunk_range or (0, h.n_chunk)
+    n_seq = engine.windows_per_call(h.n_ctx)
+    meta = {"base": base_identity(reader), "base_path": reader.path, "model": engine.describe(),
+            "chunk_range": [a, b], "n_seq": n_seq, "warnings": warnings,
+            "protocol": reader.metadata.get("protocol", {"name": "llamacpp", "n_ctx": h.n_ctx})}
+    state = _start_state(ck, meta, sinks)
+    start = state.next_chunk
+    windows = llamacpp_windows(reader.tokens, h.n_ctx, b, engine.bos_id)[start:]
+    sinks.info(f"compare: chunks {start + 1}..{b} of {h.n_chunk}, n_ctx={h.n_ctx}, n_seq={n_seq}, "
+               f"engine {engine.name}, base {reader.path} ({reader.format_name})")
+    sinks.line()
+    sinks.line(TABLE_HEADER)
+    acc = replay(state.acc, sinks)
+    state.acc = acc
+    source = PrefetchedChunks(reader, range(start, b))
+    last_save, saved_at = time.time(), len(acc.chunks)
+    try:
+        for gi, group in enumerate(groups(windows, n_seq)):
+            t_pass = time.time()
+            records = engine.score(group, source)
+            if gi == 0:
+                per_pass = time.time() - t_pass
+                sinks.info(f"compare: {per_pass:.2f} seconds per pass - ETA "
+                           f"{per_pass * len(windows) / n_seq / 60:.2f} minutes")
+            for w, rec in zip(group, records):
+                acc.add(rec, w.index)
+                sinks.line(chunk_line(w.index + 1, summarize(acc, with_quantiles=False)))
+            due = (ck.chunks is not None and len(acc.chunks) - saved_at >= ck.chunks) or \
+                  time.time() - last_save >= ck.seconds
+            if ck.path and due and not state.complete:
+                save_state(ck.path, state)
+                last_save, saved_at = time.time(), len(acc.chunks)
+    except BaseException:
+        if ck.path:
+            # Keep whole batches only: a resumed run must evaluate the same batches.
+            acc.truncate(len(acc.chunks) - (len(acc.chunks) - (start - a)) % n_seq if acc.chunks else 0)
+            if len(acc.chunks) > saved_at:
+                save_state(ck.path, state)
+            sinks.info(f"compare: stopped after chunk {state.next_chunk}; checkpoint in {ck.path}, "
+                       f"--resume continues it")
+        raise
+    finally:
+        source.close()
+    if ck.path:
+        save_state(ck.path, state)
     result = run_metadata("compare") | {
-        "protocol": reader.metadata.get("protocol", {"name": "llamacpp", "n_ctx": h.n_ctx}),
+        "protocol": meta["protocol"],
         "n_ctx": h.n_ctx,
-        "chunks": h.n_chunk,
+        "chunks": b - a,
+        "chunk_range": [a, b],
         "scored_tokens": acc.count,
         "base_file": {"path": reader.path, "format": reader.format_name, "n_vocab": h.n_vocab,
                       "metadata": reader.metadata},
         "model": engine.describe(),
         "tokenizer_identity": {"model": engine.tokenizer_identity(),
                                "base": reader.metadata.get("tokenizer_identity")},
+        "state": ck.path,
+        "resumed_at_chunks": state.meta.get("resumed", []),
         "warnings": warnings,
-        "wall_time_s": round(time.time() - t0, 3),
-        "statistics": summary.as_dict(),
     }
+    result["statistics"] = final_report(acc, sinks, warnings)
+    result["wall_time_s"] = round(time.time() - t0, 3)
     if json_path:
         write_json(json_path, result)
     return result

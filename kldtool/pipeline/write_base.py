@@ -1,13 +1,20 @@
 """Phase 1: run the base model over a corpus, print its perplexity like llama-perplexity, and
-optionally store every scored position's log-probabilities in a base file."""
+optionally store every scored position's log-probabilities in a base file.
+
+The file is written beside its target under a hidden partial name; an interrupted run leaves
+that partial (and its journal of per-chunk NLL) for ``resume``, which continues after the
+last whole batch of chunks, so the finished file equals an uninterrupted run's.
+"""
 
 from __future__ import annotations
 
 import time
 
 from kldtool.engines.base import Engine
+from kldtool.errors import MismatchError
 from kldtool.logitsfile import BaseHeader, create_writer
 from kldtool.pipeline.common import Sinks, groups, run_metadata
+from kldtool.pipeline.state import model_identity
 from kldtool.protocols import describe_llamacpp, llamacpp_chunk_count, llamacpp_windows
 from kldtool.report.console import final_estimate, ppl_progress
 from kldtool.stats import PplAccumulator
@@ -19,11 +26,38 @@ def default_codec(fmt: str) -> str:
     return "llamacpp" if fmt == "llamacpp" else "grid"
 
 
+def _open_writer(out_path, fmt, header, tokens, metadata, settings, n_seq, resume, sinks, ppl):
+    writer = create_writer(out_path, fmt, header, tokens, metadata, settings, resume=resume)
+    if not resume:
+        if writer.found_stale:
+            sinks.info(f"base: note: replaced an interrupted earlier run's partial file {writer.out.tmp_path} "
+                       f"(--resume would have continued it)")
+        return writer, 0
+    try:
+        records = writer.recover(settings)
+        records = records[:len(records) - len(records) % n_seq]  # whole batches: same logits as uninterrupted
+        writer.keep(records, settings)
+    except BaseException:
+        writer.abort(keep=True)
+        raise
+    if records:
+        sinks.info(f"base: resuming {writer.out.tmp_path} after chunk {len(records)}")
+    else:
+        sinks.info(f"base: nothing to resume for {out_path}; starting from chunk 1")
+    for k, nll in enumerate(records):
+        ppl.add(nll)
+        sinks.out(ppl_progress(k + 1, ppl.ppl))
+    return writer, len(records)
+
+
 def run_base(engine: Engine, corpus_name: str, text: bytes, n_ctx: int, chunks: int | None,
-             out_path: str | None, fmt: str = "kldtool", sinks: Sinks | None = None, codec: str | None = None) -> dict:
+             out_path: str | None, fmt: str = "kldtool", sinks: Sinks | None = None, codec: str | None = None,
+             resume: bool = False) -> dict:
     sinks = sinks or Sinks()
     codec = codec or default_codec(fmt)
     t0 = time.time()
+    if engine.n_ctx_train and n_ctx > engine.n_ctx_train:
+        raise MismatchError(f"--ctx-size {n_ctx} exceeds the model's context of {engine.n_ctx_train}")
     tokens = engine.tokenize(text)
     n_chunk = llamacpp_chunk_count(len(tokens), n_ctx, chunks)
     windows = llamacpp_windows(tokens, n_ctx, n_chunk, engine.bos_id)
@@ -40,13 +74,16 @@ def run_base(engine: Engine, corpus_name: str, text: bytes, n_ctx: int, chunks: 
         "n_vocab": engine.n_vocab,
         "codec": codec,
     }
-    writer = create_writer(out_path, fmt, header, tokens[:header.n_tokens], metadata) if out_path else None
+    settings = {"format": fmt, "codec": codec, "protocol": protocol, "n_seq": n_seq,
+                "model": model_identity(engine.describe()), "tokenizer_identity": engine.tokenizer_identity()}
     ppl = PplAccumulator()
+    writer, done = (_open_writer(out_path, fmt, header, tokens[:header.n_tokens], metadata, settings, n_seq,
+                                 resume, sinks, ppl) if out_path else (None, 0))
     try:
-        for group in groups(windows, n_seq):
+        for group in groups(windows[done:], n_seq):
             for w, (rows, nll) in zip(group, engine.encode(group, codec)):
                 if writer:
-                    writer.write_chunk(rows)
+                    writer.write_chunk(rows, nll)
                 ppl.add(nll)
                 sinks.out(ppl_progress(w.index + 1, ppl.ppl))
         sinks.line()
@@ -55,10 +92,14 @@ def run_base(engine: Engine, corpus_name: str, text: bytes, n_ctx: int, chunks: 
         result = {"ppl": value, "ppl_uncertainty": unc, "scored_tokens": ppl.count, "chunks": n_chunk,
                   "wall_time_s": round(time.time() - t0, 3)}
         if writer:
-            writer.finish({"result": result})
+            writer.finish({"result": result, "resumed_after_chunk": done} if done else {"result": result})
             sinks.info(f"base: wrote {out_path} ({writer.format_name} format)")
     except BaseException:
         if writer:
-            writer.abort()
+            kept = writer.n_written > 0
+            writer.abort(keep=kept)
+            if kept:
+                sinks.info(f"base: stopped; {writer.n_written} chunks kept in {writer.out.tmp_path}; "
+                           f"--resume continues it")
         raise
     return result

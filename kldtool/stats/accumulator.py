@@ -1,56 +1,98 @@
 """Running sums as llama-perplexity keeps them (FORMAT.md §5), plus the per-token values
-the percentiles need. Accumulators merge exactly, so shards can be combined."""
+the percentiles need.
+
+The sums are kept per chunk as well as in total. That costs 12 floats a chunk and makes a
+run's state exact to save and restore (``--resume``) and exact to merge (``kldtool merge``):
+replaying the chunk sums in chunk order repeats the very additions the uninterrupted run
+made, so every printed digit, including each chunk's running line, comes out the same.
+"""
 
 from __future__ import annotations
+
+from typing import Iterator
 
 import numpy as np
 
 from kldtool.reduce import TokenRecords
 
 _SUMS = ("nll", "nll2", "base", "base2", "nll_base", "kld", "kld2", "dp", "dp2", "dp4")
+N_SAME, COUNT = len(_SUMS), len(_SUMS) + 1
+VECTOR_LEN = len(_SUMS) + 2
 
 
 def _fsum(x: np.ndarray) -> float:
     return float(np.sum(x, dtype=np.float64))
 
 
+def chunk_vector(r: TokenRecords) -> np.ndarray:
+    """One chunk's contribution: the ten sums, the same-top count and the token count."""
+    nll = r.nll.astype(np.float32)
+    nb = r.nll_base.astype(np.float32)
+    dp = r.dp.astype(np.float32)
+    # The squares and the cross product are float32 products, as in llama.cpp.
+    dp2 = (dp * dp).astype(np.float64)
+    return np.array([
+        _fsum(nll), _fsum(nll * nll), _fsum(nb), _fsum(nb * nb), _fsum(nll * nb),
+        _fsum(r.kld), _fsum(r.kld.astype(np.float64) ** 2),
+        _fsum(dp), _fsum(dp2), _fsum(dp2 * dp2),
+        float(np.count_nonzero(r.same_top)), float(len(r)),
+    ], dtype=np.float64)
+
+
 class KldAccumulator:
     def __init__(self):
-        self.sums = dict.fromkeys(_SUMS, 0.0)
-        self.n_same = 0
-        self.count = 0
+        self.total = np.zeros(VECTOR_LEN, np.float64)
+        self.chunks: list[int] = []
+        self.chunk_vectors: list[np.ndarray] = []
         self._kld: list[np.ndarray] = []
         self._dp: list[np.ndarray] = []
 
-    def add(self, r: TokenRecords) -> None:
-        nll = r.nll.astype(np.float32)
-        nb = r.nll_base.astype(np.float32)
-        dp = r.dp.astype(np.float32)
-        # The squares and the cross product are float32 products, as in llama.cpp.
-        dp2 = (dp * dp).astype(np.float64)
-        s = self.sums
-        s["nll"] += _fsum(nll)
-        s["nll2"] += _fsum(nll * nll)
-        s["base"] += _fsum(nb)
-        s["base2"] += _fsum(nb * nb)
-        s["nll_base"] += _fsum(nll * nb)
-        s["kld"] += _fsum(r.kld)
-        s["kld2"] += _fsum(r.kld.astype(np.float64) ** 2)
-        s["dp"] += _fsum(dp)
-        s["dp2"] += _fsum(dp2)
-        s["dp4"] += _fsum(dp2 * dp2)
-        self.n_same += int(np.count_nonzero(r.same_top))
-        self.count += len(r)
-        self._kld.append(r.kld.astype(np.float32))
+    @property
+    def sums(self) -> dict[str, float]:
+        return {k: float(v) for k, v in zip(_SUMS, self.total)}
+
+    @property
+    def n_same(self) -> int:
+        return int(self.total[N_SAME])
+
+    @property
+    def count(self) -> int:
+        return int(self.total[COUNT])
+
+    def add(self, r: TokenRecords, chunk: int = -1) -> None:
+        self.add_chunk(chunk, chunk_vector(r), r.kld.astype(np.float32), r.dp.astype(np.float32))
+
+    def add_chunk(self, chunk: int, vector: np.ndarray, kld: np.ndarray, dp: np.ndarray) -> None:
+        if len(kld) != int(vector[COUNT]) or len(dp) != len(kld):
+            raise ValueError(f"chunk {chunk}: {len(kld)} values for {int(vector[COUNT])} tokens")
+        self.total += vector
+        self.chunks.append(int(chunk))
+        self.chunk_vectors.append(np.asarray(vector, np.float64))
+        self._kld.append(kld)
         self._dp.append(dp)
 
     def merge(self, other: "KldAccumulator") -> None:
-        for k in _SUMS:
-            self.sums[k] += other.sums[k]
-        self.n_same += other.n_same
-        self.count += other.count
-        self._kld.extend(other._kld)
-        self._dp.extend(other._dp)
+        for chunk, vector, kld, dp in other.iter_chunks():
+            self.add_chunk(chunk, vector, kld, dp)
+
+    def truncate(self, n_chunks: int) -> None:
+        """Keep only the first ``n_chunks`` chunks. The total is rebuilt by the same additions
+        in the same order, so it equals the total the run had after those chunks."""
+        kld, dp = self.values()
+        n_tokens = int(sum(int(v[COUNT]) for v in self.chunk_vectors[:n_chunks]))
+        del self.chunks[n_chunks:], self.chunk_vectors[n_chunks:]
+        self._kld, self._dp = [kld[:n_tokens]], [dp[:n_tokens]]
+        self.total = np.zeros(VECTOR_LEN, np.float64)
+        for v in self.chunk_vectors:
+            self.total += v
+
+    def iter_chunks(self) -> Iterator[tuple[int, np.ndarray, np.ndarray, np.ndarray]]:
+        """(chunk, vector, kld values, dp values) in the order they were added."""
+        kld, dp = self.values()
+        ends = np.cumsum([int(v[COUNT]) for v in self.chunk_vectors], dtype=np.int64)
+        starts = ends - np.array([int(v[COUNT]) for v in self.chunk_vectors], dtype=np.int64)
+        for chunk, vector, a, b in zip(self.chunks, self.chunk_vectors, starts, ends):
+            yield chunk, vector, kld[a:b], dp[a:b]
 
     def values(self) -> tuple[np.ndarray, np.ndarray]:
         """All per-token (kld, dp) float32 values in scoring order."""
@@ -59,6 +101,26 @@ class KldAccumulator:
         self._kld = [np.concatenate(self._kld)]
         self._dp = [np.concatenate(self._dp)]
         return self._kld[0], self._dp[0]
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        """Everything needed to rebuild this accumulator exactly (see :meth:`from_arrays`)."""
+        kld, dp = self.values()
+        vectors = np.array(self.chunk_vectors, np.float64).reshape(-1, VECTOR_LEN)
+        return {"chunks": np.array(self.chunks, np.int64), "chunk_vectors": vectors, "kld": kld, "dp": dp}
+
+    @classmethod
+    def from_arrays(cls, a: dict[str, np.ndarray]) -> "KldAccumulator":
+        chunks, vectors = np.asarray(a["chunks"]), np.asarray(a["chunk_vectors"], np.float64)
+        kld, dp = np.asarray(a["kld"], np.float32), np.asarray(a["dp"], np.float32)
+        if vectors.ndim != 2 or vectors.shape != (len(chunks), VECTOR_LEN):
+            raise ValueError(f"chunk vectors of shape {vectors.shape} for {len(chunks)} chunks")
+        counts = vectors[:, COUNT].astype(np.int64)
+        if (counts < 0).any() or int(counts.sum()) != len(kld) or len(dp) != len(kld):
+            raise ValueError(f"{len(kld)} per-token values for {int(counts.sum())} tokens")
+        acc = cls()
+        for chunk, vector, a_, b_ in zip(chunks, vectors, np.cumsum(counts) - counts, np.cumsum(counts)):
+            acc.add_chunk(int(chunk), vector, kld[a_:b_], dp[a_:b_])
+        return acc
 
 
 class PplAccumulator:

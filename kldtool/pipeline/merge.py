@@ -1,0 +1,66 @@
+"""``kldtool merge``: combine the state files of compare shards (``--chunk-range`` runs on
+several machines) into the statistics of one run over all their chunks.
+
+The shards' per-chunk sums are replayed in chunk order, so the result is not merely close to
+a single run's: it is the same arithmetic, and every printed line matches.
+"""
+
+from __future__ import annotations
+
+from kldtool.errors import StateError
+from kldtool.pipeline.common import Sinks, run_metadata, write_json
+from kldtool.pipeline.compare import final_report, replay
+from kldtool.pipeline.state import load_state, model_identity
+from kldtool.report.console import TABLE_HEADER
+from kldtool.stats import KldAccumulator
+
+
+def run_merge(paths: list[str], json_path: str | None = None, sinks: Sinks | None = None,
+              force: bool = False) -> dict:
+    sinks = sinks or Sinks()
+    if not paths:
+        raise StateError("merge needs at least one state file (compare --state FILE)")
+    shards = sorted(((load_state(p), p) for p in paths), key=lambda sp: sp[0].chunk_range)
+    first, first_path = shards[0]
+    warnings = []
+    for s, p in shards:
+        a, b = s.chunk_range
+        if not s.complete:
+            raise StateError(f"{p}: shard {a}:{b} stopped after chunk {s.next_chunk}; "
+                             f"finish it with `compare --resume --state {p}`")
+        if s.meta["base"] != first.meta["base"]:
+            raise StateError(f"{p}: computed on another base file than {first_path} (header/tokens differ)")
+        if model_identity(s.meta["model"], False) != model_identity(first.meta["model"], False):
+            msg = (f"{p}: model {model_identity(s.meta['model'], False)} differs from {first_path}'s "
+                   f"{model_identity(first.meta['model'], False)}")
+            if not force:
+                raise StateError(msg + "; --force merges anyway")
+            warnings.append("FORCED: " + msg)
+        warnings.extend(w for w in s.meta.get("warnings", []) if w not in warnings)
+    for (s, p), (t, q) in zip(shards, shards[1:]):
+        if t.chunk_range[0] < s.chunk_range[1]:
+            raise StateError(f"{q}: chunks {t.chunk_range[0]}:{t.chunk_range[1]} overlap {p}'s "
+                             f"{s.chunk_range[0]}:{s.chunk_range[1]}")
+        if t.chunk_range[0] > s.chunk_range[1]:
+            sinks.info(f"merge: note: chunks {s.chunk_range[1]}:{t.chunk_range[0]} are in no shard")
+    whole = KldAccumulator()
+    for s, _ in shards:
+        whole.merge(s.acc)
+    sinks.info(f"merge: {len(shards)} shards, {len(whole.chunks)} chunks, {whole.count} tokens")
+    sinks.line()
+    sinks.line(TABLE_HEADER)
+    acc = replay(whole, sinks)
+    result = run_metadata("merge") | {
+        "protocol": first.meta.get("protocol"),
+        "chunks": len(acc.chunks),
+        "chunk_ranges": [list(s.chunk_range) for s, _ in shards],
+        "scored_tokens": acc.count,
+        "base": first.meta["base"],
+        "model": first.meta["model"],
+        "shards": [p for _, p in shards],
+        "warnings": warnings,
+    }
+    result["statistics"] = final_report(acc, sinks, warnings)
+    if json_path:
+        write_json(json_path, result)
+    return result

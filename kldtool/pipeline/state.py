@@ -1,0 +1,114 @@
+"""A compare run's state: its accumulators, the chunks they cover and what they were computed
+from. Written atomically every few chunks (the checkpoint ``--resume`` continues from) and at
+the end (a shard that ``kldtool merge`` combines with others).
+
+Stored as an ``.npz`` (no pickles): ``meta`` (UTF-8 JSON) plus the accumulator's arrays.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import zipfile
+from dataclasses import dataclass
+
+import numpy as np
+
+from kldtool.errors import StateError
+from kldtool.logitsfile.atomic import AtomicFile
+from kldtool.stats import KldAccumulator
+
+KIND = "kldtool-compare-state"
+VERSION = 1
+
+
+def base_identity(reader) -> dict:
+    """What makes two base files interchangeable: the header and the tokens (not the path or
+    the format: a converted copy holds the same codes)."""
+    h = reader.header
+    return {"n_ctx": h.n_ctx, "n_vocab": h.n_vocab, "n_chunk": h.n_chunk,
+            "tokens_sha256": hashlib.sha256(np.ascontiguousarray(reader.tokens, "<i4").tobytes()).hexdigest()}
+
+
+def model_identity(described: dict, full_path: bool = True) -> dict:
+    """The parts of an engine's description that change the numbers. Shards may come from
+    machines with other paths, so merging compares only the model's file or directory name."""
+    model = str(described.get("model"))
+    return {"engine": described.get("engine"), "dtype": described.get("dtype"),
+            "model": model if full_path else os.path.basename(model.rstrip("/"))}
+
+
+@dataclass
+class RunState:
+    meta: dict
+    acc: KldAccumulator
+
+    @property
+    def chunk_range(self) -> tuple[int, int]:
+        a, b = self.meta["chunk_range"]
+        return int(a), int(b)
+
+    @property
+    def next_chunk(self) -> int:
+        return self.chunk_range[0] + len(self.acc.chunks)
+
+    @property
+    def complete(self) -> bool:
+        return self.next_chunk >= self.chunk_range[1]
+
+
+def save_state(path: str, state: RunState) -> None:
+    buf = io.BytesIO()
+    meta = state.meta | {"kind": KIND, "version": VERSION, "complete": state.complete}
+    arrays = state.acc.arrays()
+    np.savez(buf, meta=np.frombuffer(json.dumps(meta).encode("utf-8"), np.uint8), **arrays)
+    f = AtomicFile(path)
+    f.write(buf.getbuffer())
+    f.commit()
+
+
+def load_state(path: str) -> RunState:
+    def fail(msg: str):
+        raise StateError(f"{path}: {msg}")
+
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            arrays = {k: z[k] for k in z.files}
+    except FileNotFoundError:
+        fail("no such file")
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
+        fail(f"not a kldtool state file ({type(e).__name__}: {e})")
+    try:
+        meta = json.loads(arrays.pop("meta").tobytes().decode("utf-8"))
+    except (KeyError, UnicodeDecodeError, json.JSONDecodeError):
+        fail("not a kldtool state file (no readable 'meta')")
+    if not isinstance(meta, dict) or meta.get("kind") != KIND:
+        fail("not a kldtool state file")
+    if meta.get("version") != VERSION:
+        fail(f"state version {meta.get('version')} is not supported (this kldtool reads {VERSION})")
+    try:
+        acc = KldAccumulator.from_arrays(arrays)
+        state = RunState(meta, acc)
+        a, b = state.chunk_range
+    except (KeyError, ValueError, TypeError) as e:
+        fail(f"corrupt state ({e})")
+    expected = list(range(a, a + len(acc.chunks)))
+    if acc.chunks != expected or state.next_chunk > b:
+        fail(f"corrupt state: chunks {acc.chunks[:3]}... do not run from {a} within {a}:{b}")
+    return state
+
+
+def check_fits(state: RunState, path: str, base: dict, model: dict, chunk_range: tuple[int, int]) -> None:
+    """Refuse to continue a checkpoint written for another base file, model or chunk range."""
+    m = state.meta
+    if m.get("base") != base:
+        raise StateError(f"{path}: written for another base file (header/tokens differ); "
+                         f"remove it or pass another --state")
+    if model_identity(m.get("model", {})) != model:
+        raise StateError(f"{path}: written for model {m.get('model', {}).get('model')} "
+                         f"({m.get('model', {}).get('engine')}), this run uses {model['model']} ({model['engine']})")
+    if state.chunk_range != tuple(chunk_range):
+        a, b = state.chunk_range
+        raise StateError(f"{path}: covers chunks {a}:{b}, this run asks for {chunk_range[0]}:{chunk_range[1]}")

@@ -1,0 +1,132 @@
+"""Crash safety: `base` and `compare` killed (SIGINT, SIGKILL) at a random chunk, then run
+again with --resume, end exactly as an uninterrupted run: byte-identical base files, the same
+printed lines, the same statistics."""
+
+import json
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import WIKI, run_cli
+from kldtool.logitsfile import container
+
+N_CHUNKS = 40
+BASE_FLAGS = ["-f", WIKI, "-c", 128, "--chunks", N_CHUNKS, "-b", 256]  # 2 chunks a pass
+
+
+def run_until(args, pattern: str, sig: int):
+    """Start kldtool, send ``sig`` once ``pattern`` appears on stdout; returns (rc, stdout, stderr)."""
+    p = subprocess.Popen([sys.executable, "-m", "kldtool", *map(str, args)], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE)
+    out = b""
+    rx = re.compile(pattern.encode(), re.M)
+    while not rx.search(out):
+        block = os.read(p.stdout.fileno(), 4096)
+        if not block:
+            break
+        out += block
+    p.send_signal(sig)
+    rest, err = p.communicate(timeout=120)
+    return p.returncode, (out + rest).decode(), err.decode()
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(q4_1_gguf, tmp_path_factory):
+    """Reference runs: base files in both formats and their printed lines."""
+    d = tmp_path_factory.mktemp("uninterrupted")
+    runs = {}
+    for fmt, name in (("llamacpp", "full.kld"), ("kldtool", "full.kldt")):
+        p = run_cli("base", "-m", q4_1_gguf, *BASE_FLAGS, "--format", fmt, "--kl-divergence-base", d / name)
+        runs[fmt] = (d / name, p)
+    return runs
+
+
+def container_parts(path):
+    """(bytes before the index, index, metadata without the run's timing and resume notes)."""
+    data = path.read_bytes()
+    index_offset, meta_len = (int(x) for x in np.frombuffer(data[-container.TRAILER:], "<u8", 2))
+    n_index = len(data) - container.TRAILER - meta_len - index_offset
+    meta = json.loads(data[index_offset + n_index:len(data) - container.TRAILER])
+    for k in ("created", "resumed_after_chunk", "host"):
+        meta.pop(k, None)
+    meta["result"].pop("wall_time_s")
+    return data[:index_offset], data[index_offset:index_offset + n_index], meta
+
+
+@pytest.mark.parametrize("fmt, sig, seed", [("llamacpp", signal.SIGKILL, 1), ("llamacpp", signal.SIGINT, 2),
+                                            ("kldtool", signal.SIGKILL, 3), ("kldtool", signal.SIGINT, 4)])
+def test_base_resume_gives_the_same_file(uninterrupted, q4_1_gguf, tmp_path, fmt, sig, seed):
+    ref_path, ref = uninterrupted[fmt]
+    k = random.Random(seed).randrange(2, N_CHUNKS - 12)
+    out = tmp_path / ref_path.name
+    args = ["base", "-m", q4_1_gguf, *BASE_FLAGS, "--format", fmt, "--kl-divergence-base", out]
+    rc, stdout, stderr = run_until(args, rf"\[{k}\]", sig)
+    print(f"killed with {sig.name} after chunk {k}: rc {rc}")
+    assert rc == (130 if sig == signal.SIGINT else -9), stderr
+    assert not out.exists(), "an interrupted run left a file that looks complete"
+    assert (tmp_path / f".{out.name}.partial").exists()
+    if sig == signal.SIGINT:
+        assert "Traceback" not in stderr and "--resume continues it" in stderr
+    p = run_cli(*args, "--resume")
+    assert "resuming" in p.stderr
+    assert p.stdout == ref.stdout  # every [k]ppl, value, the recovered ones included
+    final = [l for l in ref.stderr.splitlines() if l.startswith("Final estimate")]
+    assert final and final[0] in p.stderr
+    if fmt == "llamacpp":
+        assert out.read_bytes() == ref_path.read_bytes()
+    else:
+        assert container_parts(out) == container_parts(ref_path)
+    assert sorted(x.name for x in tmp_path.iterdir()) == [out.name]
+
+
+def test_base_resume_refuses_other_settings(uninterrupted, q4_1_gguf, tmp_path):
+    out = tmp_path / "b.kld"
+    args = ["base", "-m", q4_1_gguf, *BASE_FLAGS, "--format", "llamacpp", "--kl-divergence-base", out]
+    run_until(args, r"\[3\]", signal.SIGKILL)
+    p = run_cli(*args[:-2], "--codec", "grid", "--kl-divergence-base", out, "--resume", check_rc=2)
+    assert "codec: 'llamacpp' then, 'grid' now" in p.stderr.splitlines()[-1]
+    p = run_cli(*args)  # without --resume: starts over, says so
+    assert "replaced an interrupted" in p.stderr
+    assert out.read_bytes() == uninterrupted["llamacpp"][0].read_bytes()
+
+
+@pytest.mark.parametrize("sig, seed", [(signal.SIGKILL, 5), (signal.SIGINT, 6)])
+def test_compare_resume_gives_the_same_statistics(uninterrupted, requant, tmp_path, sig, seed):
+    base = uninterrupted["llamacpp"][0]
+    model = requant("Q2_K")
+    common = ["compare", "--kl-divergence-base", base, "-m", model, "-b", 256, "--checkpoint-every", 1]
+    ref = run_cli(*common, "--state", tmp_path / "ref.state", "--json", tmp_path / "ref.json")
+    plain = run_cli("compare", "--kl-divergence-base", base, "-m", model, "-b", 256)
+    assert plain.stdout == ref.stdout  # checkpointing changes nothing
+
+    k = random.Random(seed).randrange(2, N_CHUNKS - 12)
+    args = [*common, "--state", tmp_path / "run.state", "--json", tmp_path / "run.json"]
+    rc, stdout, stderr = run_until(args, rf"^\s+{k} ", sig)
+    print(f"killed with {sig.name} after chunk {k}: rc {rc}")
+    assert rc == (130 if sig == signal.SIGINT else -9), stderr
+    assert not (tmp_path / "run.json").exists()
+    assert (tmp_path / "run.state").exists()
+    p = run_cli(*args, "--resume")
+    assert "resuming" in p.stderr
+    assert p.stdout == ref.stdout
+    ours, theirs = (json.loads((tmp_path / n).read_text()) for n in ("run.json", "ref.json"))
+    assert ours["statistics"] == theirs["statistics"]
+    assert ours["resumed_at_chunks"] and ours["resumed_at_chunks"][0] % 2 == 0
+
+    again = run_cli(*args, "--resume")  # a finished state: only replays
+    assert again.stdout == ref.stdout
+
+
+def test_compare_resume_refuses_another_model(uninterrupted, requant, q4_1_gguf, tmp_path):
+    base = uninterrupted["llamacpp"][0]
+    state = tmp_path / "s.state"
+    run_cli("compare", "--kl-divergence-base", base, "-m", requant("Q2_K"), "--chunks", 4, "--state", state)
+    p = run_cli("compare", "--kl-divergence-base", base, "-m", q4_1_gguf, "--chunks", 4, "--state", state,
+                "--resume", check_rc=8)
+    assert "s.state" in p.stderr and "written for model" in p.stderr and "Traceback" not in p.stderr
