@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-from kldtool.errors import CorpusError
+from kldtool.errors import CorpusError, EmptyText, UndecodableText
 
 DEFAULT_CORPUS_NAME = "builtin:pydoc_data.topics"
 
@@ -24,7 +24,7 @@ def read_text_file(path: str | os.PathLike) -> bytes:
     if data.endswith(b"\n"):
         data = data[:-1]
     if not data.strip():
-        raise CorpusError(f"{p}: empty text")
+        raise EmptyText(f"{p}: empty text")
     check_utf8(data, p)
     return data
 
@@ -33,7 +33,7 @@ def check_utf8(data: bytes, where: str) -> str:
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise CorpusError(
+        raise UndecodableText(
             f"{where}: bytes at offset {e.start} are not valid UTF-8 ({data[e.start:e.start + 4]!r}); "
             "convert the file to UTF-8"
         ) from None

@@ -47,3 +47,76 @@ class StateError(KldError):
     """A compare state file (checkpoint or shard) that is unreadable or does not fit the run."""
 
     exit_code = 8
+
+
+# Finer classes: a sweep script can tell a file to rebuild from a model to replace from a text
+# to fix. Each keeps its family's base class, so callers can still catch the family.
+
+class NotABaseFile(BaseFileError):
+    """Wrong magic, an unsupported container version, header numbers no run could produce."""
+
+    exit_code = 10
+
+
+class TruncatedHeader(BaseFileError):
+    """Empty, or cut inside the header or the token table."""
+
+    exit_code = 11
+
+
+class TruncatedRows(BaseFileError):
+    """Fewer rows than the header promises (llama-perplexity leaves these when interrupted)."""
+
+    exit_code = 12
+
+
+class RowLayoutError(BaseFileError):
+    """Bytes that are not whole rows of n_ctx and n_vocab (extra bytes, wrong decoded size)."""
+
+    exit_code = 13
+
+
+class CorruptData(BaseFileError):
+    """A zstd frame, the index, its checksum or a token id that cannot be right."""
+
+    exit_code = 14
+
+
+class MetadataError(BaseFileError):
+    """Container metadata that is intact (checksum holds) but does not parse."""
+
+    exit_code = 15
+
+
+class IncompleteFile(BaseFileError):
+    """A container without its completion marker: the run writing it did not finish."""
+
+    exit_code = 16
+
+
+class VocabMismatch(MismatchError):
+    exit_code = 20
+
+
+class TokenizerMismatch(MismatchError):
+    """Different token texts, or a different BOS rule, than the base model's."""
+
+    exit_code = 21
+
+
+class ContextTooLong(MismatchError):
+    """Chunks longer than the model's trained context."""
+
+    exit_code = 22
+
+
+class TextTooShort(CorpusError):
+    exit_code = 30
+
+
+class EmptyText(CorpusError):
+    exit_code = 31
+
+
+class UndecodableText(CorpusError):
+    exit_code = 32

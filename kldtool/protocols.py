@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kldtool.errors import CorpusError, UsageError
+from kldtool.errors import TextTooShort, UsageError
 
 
 @dataclass(frozen=True)
@@ -30,7 +30,7 @@ def llamacpp_chunk_count(n_tokens: int, n_ctx: int, chunks: int | None) -> int:
     if n_ctx < 4:
         raise UsageError(f"--ctx-size {n_ctx}: must be at least 4")
     if n_tokens < 2 * n_ctx:
-        raise CorpusError(
+        raise TextTooShort(
             f"the text tokenizes to {n_tokens} tokens; at least {2 * n_ctx} (2 x --ctx-size {n_ctx}) are needed"
         )
     n_chunk = n_tokens // n_ctx

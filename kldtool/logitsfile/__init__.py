@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 
-from kldtool.errors import BaseFileError, UsageError
+from kldtool.errors import BaseFileError, TruncatedHeader, UsageError
 from kldtool.logitsfile import container, raw
 from kldtool.logitsfile.header import BaseHeader
 from kldtool.logitsfile.prefetch import iter_chunks
@@ -32,7 +32,7 @@ def open_base_file(path: str | os.PathLike):
     except OSError as e:
         raise BaseFileError(f"{p}: cannot read ({e.strerror})") from None
     if not magic:
-        raise BaseFileError(f"{p}: empty file")
+        raise TruncatedHeader(f"{p}: empty file (0 bytes)")
     if container.MAGIC.startswith(magic):
         return container.ContainerReader(p)
     return raw.RawReader(p)

@@ -29,6 +29,7 @@ import numpy as np
 import zstandard
 
 from kldtool.codec import HEADER_SLOTS
+from kldtool.errors import CorruptData, IncompleteFile, MetadataError, NotABaseFile, RowLayoutError, TruncatedHeader
 from kldtool.logitsfile.header import BaseHeader
 from kldtool.logitsfile.reader_base import BaseFileReader
 from kldtool.logitsfile.writer_base import ResumableWriter
@@ -84,46 +85,55 @@ class ContainerReader(BaseFileReader):
         size = self.file_size
         head = os.pread(self.fd, PREAMBLE, 0)
         if len(head) < PREAMBLE:
-            self._fail(f"truncated header: {len(head)} bytes, need {PREAMBLE}")
+            self._fail(f"truncated header: {len(head)} bytes, need {PREAMBLE}", TruncatedHeader)
         version, n_ctx, n_vocab, n_chunk, transform, _ = np.frombuffer(head, dtype="<u4", count=6, offset=8)
         if version != VERSION:
-            self._fail(f"container version {version} at offset 8 is not supported (this kldtool reads {VERSION})")
+            self._fail(f"container version {version} at offset 8 is not supported (this kldtool reads {VERSION})", NotABaseFile)
         self.header = h = BaseHeader(int(n_ctx), int(n_vocab), int(n_chunk))
         if h.problems():
-            self._fail(f"invalid header at offset 12: {'; '.join(h.problems())}")
+            self._fail(f"invalid header at offset 12: {'; '.join(h.problems())}", NotABaseFile)
         if transform not in (PLAIN, MASKED_PLANES):
-            self._fail(f"unknown row transform {transform} at offset 24")
+            self._fail(f"unknown row transform {transform} at offset 24", NotABaseFile)
         self.transform = int(transform)
         tokens_end = PREAMBLE + 4 * h.n_tokens
         if size < tokens_end:
-            self._fail(f"truncated token table: {h.n_tokens} tokens end at offset {tokens_end}, file has {size} bytes")
+            self._fail(f"truncated token table: {h.n_tokens} tokens end at offset {tokens_end}, file has {size} bytes", TruncatedHeader)
         trailer = os.pread(self.fd, TRAILER, size - TRAILER) if size >= tokens_end + TRAILER else b""
         if trailer[-8:] != END_MAGIC:
             self._fail(
                 f"incomplete container: no completion marker at offset {max(size - 8, 0)} "
-                f"(the run that wrote it did not finish)"
+                f"(the run that wrote it did not finish)", IncompleteFile
             )
         index_offset, meta_len = (int(x) for x in np.frombuffer(trailer, dtype="<u8", count=2))
         crc = int(np.frombuffer(trailer, dtype="<u4", count=1, offset=16)[0])
         index_len = 16 * h.n_chunk
         if index_offset < tokens_end or index_offset + index_len + meta_len + TRAILER != size:
-            self._fail(f"corrupt trailer at offset {size - TRAILER}: index/metadata do not fit the file")
+            self._fail(f"corrupt trailer at offset {size - TRAILER}: index/metadata do not fit the file", CorruptData)
         tail = os.pread(self.fd, index_len + meta_len, index_offset)
         if zlib.crc32(tail) != crc:
-            self._fail(f"corrupt index or metadata (checksum mismatch) at offset {index_offset}")
+            self._fail(f"corrupt index or metadata (checksum mismatch) at offset {index_offset}", CorruptData)
         index = np.frombuffer(tail[:index_len], dtype="<u8").reshape(h.n_chunk, 2).astype(np.int64)
         ends = index[:, 0] + index[:, 1]
         if (index[:, 0] < tokens_end).any() or (ends > index_offset).any():
             bad = int(np.nonzero((index[:, 0] < tokens_end) | (ends > index_offset))[0][0])
-            self._fail(f"corrupt index entry for chunk {bad} at offset {index_offset + 16 * bad}")
+            self._fail(f"corrupt index entry for chunk {bad} at offset {index_offset + 16 * bad}", CorruptData)
         self.index = index
         try:
             self.metadata = json.loads(tail[index_len:].decode("utf-8"))
         except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            self._fail(f"metadata at offset {index_offset + index_len} does not parse: {e}")
+            self._fail(f"metadata at offset {index_offset + index_len} does not parse: {e}", MetadataError)
         if not isinstance(self.metadata, dict):
-            self._fail(f"metadata at offset {index_offset + index_len} is not a JSON object")
+            self._fail(f"metadata at offset {index_offset + index_len} is not a JSON object", MetadataError)
         self.tokens = self._read_tokens(PREAMBLE)
+
+    def _frame_size_range(self) -> tuple[int, int]:
+        """Smallest and largest decoded frame one chunk can have (-1, unknown, is outside)."""
+        h = self.header
+        if self.transform == PLAIN:
+            return h.chunk_nbytes, h.chunk_nbytes
+        n_codes = h.rows_per_chunk * (h.row_width - HEADER_SLOTS)
+        fixed = h.rows_per_chunk * HEADER_SLOTS * 2 + (n_codes + 7) // 8
+        return fixed, fixed + 2 * n_codes
 
     def read_chunk(self, index: int) -> np.ndarray:
         h = self.header
@@ -131,18 +141,27 @@ class ContainerReader(BaseFileReader):
             raise IndexError(index)
         offset, length = (int(x) for x in self.index[index])
         data = os.pread(self.fd, length, offset)
-        # The masked layout adds at most one bit per code to the raw size.
-        bound = h.chunk_nbytes + (h.rows_per_chunk * h.row_width + 7) // 8
+        # zstd allocates what the frame header declares: check that against what the header
+        # allows first, so neither a damaged frame nor a lying header sizes an allocation.
+        lo, hi = self._frame_size_range()
         try:
-            raw = zstandard.ZstdDecompressor().decompress(data, max_output_size=bound)
+            declared = zstandard.frame_content_size(data)
         except zstandard.ZstdError as e:
-            self._fail(f"corrupt zstd frame for chunk {index} at offset {offset}: {e}")
+            self._fail(f"corrupt zstd frame for chunk {index} at offset {offset}: {e}", CorruptData)
+        if not lo <= declared <= hi:
+            self._fail(f"corrupt zstd frame for chunk {index} at offset {offset}: declares {declared} bytes, "
+                       f"n_ctx={h.n_ctx}, n_vocab={h.n_vocab} allow {lo}..{hi}", CorruptData)
+        try:
+            raw = zstandard.ZstdDecompressor().decompress(data, max_output_size=hi)
+        except zstandard.ZstdError as e:
+            self._fail(f"corrupt zstd frame for chunk {index} at offset {offset}: {e}", CorruptData)
         if self.transform == PLAIN and len(raw) != h.chunk_nbytes:
-            self._fail(f"chunk {index} at offset {offset} decodes to {len(raw)} bytes, expected {h.chunk_nbytes}")
+            self._fail(f"chunk {index} at offset {offset} decodes to {len(raw)} bytes, expected {h.chunk_nbytes}", RowLayoutError)
         try:
             return _from_frame_bytes(raw, self.transform, (h.rows_per_chunk, h.row_width))
         except ValueError as e:
-            self._fail(f"corrupt chunk {index} at offset {offset}: {e}")
+            self._fail(f"corrupt chunk {index} at offset {offset}: {e}", CorruptData)
+
 
 class ContainerWriter(ResumableWriter):
     """Compresses chunks on worker threads (zstd releases the GIL) and appends them in order."""

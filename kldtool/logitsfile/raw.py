@@ -12,6 +12,7 @@ import os
 
 import numpy as np
 
+from kldtool.errors import NotABaseFile, RowLayoutError, TruncatedHeader, TruncatedRows
 from kldtool.logitsfile.header import BaseHeader
 from kldtool.logitsfile.reader_base import BaseFileReader
 from kldtool.logitsfile.writer_base import ResumableWriter
@@ -27,27 +28,27 @@ class RawReader(BaseFileReader):
         head = os.pread(self.fd, PREAMBLE, 0)
         if head[:8] != MAGIC:
             if len(head) < 8 and MAGIC.startswith(head):
-                self._fail(f"truncated header: {len(head)} bytes, need {PREAMBLE}")
-            self._fail(f"not a base file (bytes 0-7 are {head[:8]!r}, expected {MAGIC!r})")
+                self._fail(f"truncated header: {len(head)} bytes, need {PREAMBLE}", TruncatedHeader)
+            self._fail(f"not a base file (bytes 0-7 are {head[:8]!r}, expected {MAGIC!r})", NotABaseFile)
         if len(head) < PREAMBLE:
-            self._fail(f"truncated header: {len(head)} bytes, need {PREAMBLE}")
+            self._fail(f"truncated header: {len(head)} bytes, need {PREAMBLE}", TruncatedHeader)
         n_ctx, n_vocab, n_chunk = (int(x) for x in np.frombuffer(head, dtype="<i4", count=3, offset=8))
         self.header = h = BaseHeader(n_ctx, n_vocab, n_chunk)
         if h.problems():
-            self._fail(f"invalid header at offset 8: {'; '.join(h.problems())}")
+            self._fail(f"invalid header at offset 8: {'; '.join(h.problems())}", NotABaseFile)
         self.rows_offset = PREAMBLE + 4 * h.n_tokens
         size = self.file_size
         if size < self.rows_offset:
             self._fail(f"truncated token table: header promises {h.n_tokens} tokens ending at offset "
-                       f"{self.rows_offset}, file has {size} bytes")
+                       f"{self.rows_offset}, file has {size} bytes", TruncatedHeader)
         expected = self.rows_offset + h.n_chunk * h.chunk_nbytes
         if size < expected:
             have = (size - self.rows_offset) // h.chunk_nbytes
             self._fail(f"truncated rows: header promises {h.n_chunk} chunks ({expected} bytes), file has {size} "
-                       f"bytes, i.e. {have} complete chunks; chunk {have} is cut at offset {size}")
+                       f"bytes, i.e. {have} complete chunks; chunk {have} is cut at offset {size}", TruncatedRows)
         if size > expected:
             self._fail(f"{size - expected} unexpected bytes after the last chunk (offset {expected}); "
-                       f"row layout does not match n_ctx={h.n_ctx}, n_vocab={h.n_vocab}")
+                       f"row layout does not match n_ctx={h.n_ctx}, n_vocab={h.n_vocab}", RowLayoutError)
         self.tokens = self._read_tokens(PREAMBLE)
         self.metadata = {"protocol": {"name": "llamacpp", "n_ctx": h.n_ctx}}
 
@@ -58,7 +59,7 @@ class RawReader(BaseFileReader):
         offset = self.rows_offset + index * h.chunk_nbytes
         data = os.pread(self.fd, h.chunk_nbytes, offset)
         if len(data) != h.chunk_nbytes:
-            self._fail(f"chunk {index} cut short at offset {offset + len(data)}")
+            self._fail(f"chunk {index} cut short at offset {offset + len(data)}", TruncatedRows)
         return np.frombuffer(data, dtype="<u2").reshape(h.rows_per_chunk, h.row_width)
 
 class RawWriter(ResumableWriter):

@@ -6,7 +6,7 @@ import os
 
 import numpy as np
 
-from kldtool.errors import BaseFileError
+from kldtool.errors import BaseFileError, CorruptData
 from kldtool.logitsfile.header import BaseHeader
 
 
@@ -28,8 +28,8 @@ class BaseFileReader:
     def _parse(self) -> None:
         raise NotImplementedError
 
-    def _fail(self, msg: str):
-        raise BaseFileError(f"{self.path}: {msg}")
+    def _fail(self, msg: str, cls: type[BaseFileError] = BaseFileError):
+        raise cls(f"{self.path}: {msg}")
 
     def _read_tokens(self, offset: int) -> np.ndarray:
         """The int32 token table at ``offset``, every id checked against the vocabulary."""
@@ -39,7 +39,7 @@ class BaseFileReader:
         if bad.size:
             i = int(bad[0])
             self._fail(f"token {int(tokens[i])} at offset {offset + 4 * i} (chunk {i // h.n_ctx}) "
-                       f"is outside the vocabulary of {h.n_vocab}")
+                       f"is outside the vocabulary of {h.n_vocab}", CorruptData)
         return tokens
 
     def read_chunk(self, index: int) -> np.ndarray:

@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass
 
 from kldtool.engines.base import Engine
-from kldtool.errors import MismatchError, UsageError
+from kldtool.errors import ContextTooLong, TokenizerMismatch, UsageError, VocabMismatch
 from kldtool.logitsfile.prefetch import PrefetchedChunks
 from kldtool.pipeline.common import Sinks, groups, run_metadata, write_json
 from kldtool.pipeline.state import RunState, base_identity, check_fits, load_state, model_identity, save_state
@@ -26,24 +26,24 @@ def check_compatible(engine: Engine, reader, force: bool) -> list[str]:
     """Refuse a model that does not belong to the base file; returns warnings that --force kept."""
     h, meta, where = reader.header, reader.metadata, reader.path
     if engine.n_vocab != h.n_vocab:
-        raise MismatchError(f"{where}: base file has a vocabulary of {h.n_vocab}, the model {engine.n_vocab}")
+        raise VocabMismatch(f"{where}: base file has a vocabulary of {h.n_vocab}, the model {engine.n_vocab}")
     n_train = engine.n_ctx_train
     if n_train and h.n_ctx > n_train:
-        raise MismatchError(f"{where}: chunks of {h.n_ctx} tokens exceed the model's context of {n_train}")
+        raise ContextTooLong(f"{where}: chunks of {h.n_ctx} tokens exceed the model's context of {n_train}")
     warnings = []
     stored = meta.get("tokenizer_identity")
     if stored is not None and stored != engine.tokenizer_identity():
         msg = (f"{where}: tokenizer differs from the base model's (identity {stored[:19]}... vs "
                f"{engine.tokenizer_identity()[:19]}...)")
         if not force:
-            raise MismatchError(msg + "; --force compares anyway")
+            raise TokenizerMismatch(msg + "; --force compares anyway")
         warnings.append("FORCED: " + msg)
     stored_bos = meta.get("protocol", {}).get("bos_id", engine.bos_id)
     if stored_bos != engine.bos_id:
         msg = (f"{where}: the base model {'replaced each chunk start by BOS ' + str(stored_bos) if stored_bos is not None else 'used no BOS'}"
                f", this model {'wants BOS ' + str(engine.bos_id) if engine.bos_id is not None else 'wants none'}")
         if not force:
-            raise MismatchError(msg + "; --force compares anyway")
+            raise TokenizerMismatch(msg + "; --force compares anyway")
         warnings.append("FORCED: " + msg)
     return warnings
 

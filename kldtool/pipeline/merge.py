@@ -26,7 +26,7 @@ def run_merge(paths: list[str], json_path: str | None = None, sinks: Sinks | Non
     for s, p in shards:
         a, b = s.chunk_range
         if not s.complete:
-            raise StateError(f"{p}: shard {a}:{b} stopped after chunk {s.next_chunk}; "
+            raise StateError(f"{p}: shard {a}:{b} is unfinished (holds chunks {a}:{s.next_chunk}); "
                              f"finish it with `compare --resume --state {p}`")
         if s.meta["base"] != first.meta["base"]:
             raise StateError(f"{p}: computed on another base file than {first_path} (header/tokens differ)")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 
 from kldtool.engines.base import Engine
-from kldtool.errors import MismatchError
+from kldtool.errors import ContextTooLong
 from kldtool.logitsfile import BaseHeader, create_writer
 from kldtool.pipeline.common import Sinks, groups, run_metadata
 from kldtool.pipeline.state import model_identity
@@ -57,7 +57,7 @@ def run_base(engine: Engine, corpus_name: str, text: bytes, n_ctx: int, chunks: 
     codec = codec or default_codec(fmt)
     t0 = time.time()
     if engine.n_ctx_train and n_ctx > engine.n_ctx_train:
-        raise MismatchError(f"--ctx-size {n_ctx} exceeds the model's context of {engine.n_ctx_train}")
+        raise ContextTooLong(f"--ctx-size {n_ctx} exceeds the model's context of {engine.n_ctx_train}")
     tokens = engine.tokenize(text)
     n_chunk = llamacpp_chunk_count(len(tokens), n_ctx, chunks)
     windows = llamacpp_windows(tokens, n_ctx, n_chunk, engine.bos_id)
