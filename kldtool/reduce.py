@@ -8,6 +8,9 @@ decoded log-prob exceeds -16, base probabilities not renormalized, first-index a
 
 from __future__ import annotations
 
+import functools
+import importlib.util
+import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -41,12 +44,34 @@ def reduce_rows(logits, base_rows, targets) -> TokenRecords:
     """Reduce compared logits (R, V) against int16 base rows (R, NV) for target ids (R,)."""
     import torch
 
+    base_rows = base_rows.to(logits.device)
+    if use_triton(logits.device):
+        from kldtool.reduce_triton import reduce_rows_triton
+
+        nll, nll_base, kld, dp, same = reduce_rows_triton(logits, base_rows, targets, KLD_FLOOR).cpu().numpy()
+        f32 = np.float32
+        return TokenRecords(nll.astype(f32), nll_base.astype(f32), kld, dp.astype(f32), same.astype(bool))
     n_vocab = logits.shape[1]
     targets = torch.as_tensor(targets, dtype=torch.int64, device=logits.device)
-    base_rows = base_rows.to(logits.device)
     out = [_reduce_block(logits[a:a + ROW_BLOCK], base_rows[a:a + ROW_BLOCK], targets[a:a + ROW_BLOCK], n_vocab)
            for a in range(0, logits.shape[0], ROW_BLOCK)]
     return TokenRecords(*(torch.cat([o[k] for o in out]).cpu().numpy() for k in range(5)))
+
+
+def use_triton(device) -> bool:
+    """The one-pass Triton kernel on CUDA when Triton is installed; ``KLDTOOL_REDUCER=torch``
+    or ``=triton`` forces a choice (triton on CPU needs ``TRITON_INTERPRET=1``: tests only)."""
+    choice = os.environ.get("KLDTOOL_REDUCER", "auto")
+    if choice in ("torch", "triton"):
+        return choice == "triton"
+    if getattr(device, "type", "cpu") != "cuda":
+        return False
+    return _triton_installed()
+
+
+@functools.cache
+def _triton_installed() -> bool:
+    return importlib.util.find_spec("triton") is not None
 
 
 def _reduce_block(logits, rows, targets, n_vocab):

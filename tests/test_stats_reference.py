@@ -1,5 +1,6 @@
 """Reducer + accumulators + summary against a plain float64 numpy computation of the definitions."""
 
+import importlib
 import math
 
 import numpy as np
@@ -61,6 +62,22 @@ def reference(logits: np.ndarray, rows: np.ndarray, targets: np.ndarray) -> dict
         "same_top": (s, math.sqrt(s * (1 - s) / (n - 1))),
         "kld": kld, "dp": dp, "same": same,
     }
+
+
+@pytest.fixture(params=["torch", "triton"], autouse=True)
+def reducer(request, monkeypatch):
+    """Every reference test runs through both reducers: the torch one (CPU and GPU) and the
+    one-pass Triton kernel (the CUDA default), here executed by Triton's CPU interpreter."""
+    monkeypatch.setenv("KLDTOOL_REDUCER", request.param)
+    if request.param == "triton":
+        monkeypatch.setenv("TRITON_INTERPRET", "1")  # read when the kernel is decorated
+        import kldtool.reduce_triton
+
+        importlib.reload(kldtool.reduce_triton)
+    yield request.param
+    if request.param == "triton":
+        monkeypatch.undo()
+        importlib.reload(kldtool.reduce_triton)
 
 
 def ours(logits, rows, targets):

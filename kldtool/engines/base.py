@@ -35,9 +35,10 @@ class Engine(ABC):
 
     @abstractmethod
     def logits(self, windows: list[Window]) -> list:
-        """Per window, a float32 torch tensor (n_scored, n_vocab) on ``self.device``: the
-        logits at offsets first .. first+n_scored-1. The tensors may be views of the engine's
-        own buffers (no copy of a batch's logits): they are valid until the next call."""
+        """Per window, a float32 (or the model's own float dtype) torch tensor (n_scored,
+        n_vocab) on ``self.device``: the logits at offsets first .. first+n_scored-1. The
+        tensors may be views of the engine's own buffers (no copy of a batch's logits): they
+        are valid until the next call."""
 
     def score(self, windows: list[Window], base) -> list[TokenRecords]:
         """Compare mode: per window, its per-token records against the base rows.

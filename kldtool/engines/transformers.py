@@ -72,7 +72,9 @@ class TransformersEngine(Engine):
         keep = ids.shape[1] - first
         with torch.inference_mode():
             out = self.model(input_ids=ids, logits_to_keep=keep, use_cache=False)
-        lg = out.logits[:, :n_scored, :].to(torch.float32)
+        # In the model's dtype: the reducers and the encoder read it as float32 themselves, so a
+        # bf16 model on a GPU does not pay a float32 copy of the batch's logits.
+        lg = out.logits[:, :n_scored, :]
         return [lg[i] for i in range(len(windows))]
 
     def describe(self) -> dict:

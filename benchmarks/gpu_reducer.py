@@ -1,0 +1,168 @@
+"""GPU: the reducer's throughput on rows of a 128,256-token vocabulary, and its cost beside the
+forward pass of an 8B-shaped model, in one run on one device.
+
+For each logits dtype and each reducer (the torch one, and the one-pass Triton kernel that
+is the CUDA default), times ``reduce_rows`` as the engines call it (records copied back to
+the host included) and reports rows/s and the input bandwidth it reaches: bytes of uint16
+base rows + compared logits, each counted once, per second, divided by the device's peak
+(its data-sheet HBM figure; a device-to-device copy's measured bandwidth is printed beside).
+Both reducers are checked against a float64 reference on the same rows first.
+
+Then builds a Llama-3-8B-shaped model with random bf16 weights on the device, times one
+forward of a 2048-token window, and the reduction of that window's 1023 scored rows (the
+llama.cpp protocol's second half) against base rows: the KLD's share of the model's time.
+
+    python benchmarks/gpu_reducer.py [--rows 2048] [--no-forward] [--results FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from results import append_row  # noqa: E402
+
+from kldtool.codec import encode_torch, row_width  # noqa: E402
+from kldtool.reduce import KLD_FLOOR, reduce_rows  # noqa: E402
+
+# Data-sheet HBM bandwidth, bytes/s; the first name contained in the device name wins.
+PEAK = [("H100 80GB HBM3", 3.35e12), ("H100 NVL", 3.9e12), ("H100 PCIe", 2.0e12), ("H200", 4.8e12),
+        ("A100-SXM4-80GB", 2.039e12), ("A100-SXM4-40GB", 1.555e12), ("A100 80GB PCIe", 1.935e12), ("L40S", 0.864e12)]
+LLAMA_8B = dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+                num_key_value_heads=8, vocab_size=128256, max_position_embeddings=8192, rope_theta=500000.0)
+
+
+def timed_ms(fn, iters: int) -> float:
+    """Median wall time of ``fn`` in ms, after warm-up (Triton compiles on the first call)."""
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(iters):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    return sorted(times)[len(times) // 2]
+
+
+def copy_bandwidth() -> float:
+    x = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+    y = torch.empty_like(x)
+    return 2 * x.numel() / (timed_ms(lambda: y.copy_(x), 10) / 1e3)
+
+
+def inputs(n_rows: int, vocab: int, dtype, base_logits=None):
+    """(compared logits, int16 base rows, targets): the base is the compared model plus noise."""
+    g = torch.Generator(device="cuda").manual_seed(0)
+    if base_logits is None:
+        base_logits = torch.randn(n_rows, vocab, device="cuda", generator=g) * 3
+    base_logits = base_logits.float()
+    rows, _ = encode_torch(base_logits + 0.3 * torch.randn(base_logits.shape, device="cuda", generator=g), "grid")
+    targets = torch.randint(0, vocab, (n_rows,), device="cuda", generator=g)
+    return base_logits.to(dtype), rows, targets
+
+
+def reference_kld(logits, rows, n: int = 64):
+    """Float64 KLD of the first ``n`` rows, straight from the definitions."""
+    v = logits.shape[1]
+    head = rows[:n, :4].contiguous().view(torch.float32).double()
+    b = (rows[:n, 4:4 + v].int() & 0xFFFF).double() * head[:, :1] + head[:, 1:2]
+    logq = torch.log_softmax(logits[:n].double(), dim=1)
+    return torch.where(b > KLD_FLOOR, b.exp() * (b - logq), torch.zeros_like(b)).sum(1).cpu().numpy()
+
+
+def run_reducer(kind: str, logits, rows, targets):
+    os.environ["KLDTOOL_REDUCER"] = kind
+    return reduce_rows(logits, rows, targets)
+
+
+def sweep(n_rows: int, vocab: int, iters: int, peak: float) -> None:
+    """The kernel alone (no host copies) at several tile sizes and warp counts."""
+    from kldtool.reduce_triton import reduce_rows_triton
+
+    for dtype in (torch.bfloat16, torch.float32):
+        logits, rows, targets = inputs(n_rows, vocab, dtype)
+        moved = n_rows * (2 * row_width(vocab) + vocab * logits.element_size())
+        for tile, warps, stages in ((512, 2, 3), (512, 4, 3), (1024, 4, 1), (1024, 4, 3), (1024, 4, 4),
+                                    (2048, 8, 3), (4096, 16, 3)):
+            ms = timed_ms(lambda: reduce_rows_triton(logits, rows, targets, KLD_FLOOR, tile, warps, stages), iters)
+            print(f"  kernel {str(dtype):>14} tile {tile:5d} warps {warps:2d} stages {stages}: {ms:6.3f} ms, "
+                  f"{100 * moved / (ms / 1e3) / peak:5.1f} % of peak")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--vocab", type=int, default=128256)
+    ap.add_argument("--rows", type=int, default=2048)
+    ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--no-forward", action="store_true")
+    ap.add_argument("--sweep", action="store_true", help="also time the bare kernel at other tile sizes and warps")
+    ap.add_argument("--results", default=None, help="RESULTS.md to append to (default: benchmarks/RESULTS.md)")
+    a = ap.parse_args()
+
+    name = torch.cuda.get_device_name()
+    peak = next((bw for key, bw in PEAK if key in name), None)
+    copy_bw = copy_bandwidth()
+    print(f"{name}: data-sheet peak {peak / 1e12 if peak else float('nan'):.2f} TB/s, "
+          f"measured copy {copy_bw / 1e12:.2f} TB/s")
+    peak = peak or copy_bw
+    where = f"{name}, torch {torch.__version__}"
+    figures, best_fraction = [], 0.0
+    for dtype in (torch.bfloat16, torch.float32):
+        logits, rows, targets = inputs(a.rows, a.vocab, dtype)
+        moved = a.rows * (2 * row_width(a.vocab) + a.vocab * logits.element_size())
+        ref = reference_kld(logits, rows)
+        for kind in ("torch", "triton"):
+            err = abs(run_reducer(kind, logits, rows, targets).kld[:len(ref)] - ref).max()
+            ms = timed_ms(lambda: run_reducer(kind, logits, rows, targets), a.iters)
+            bw = moved / (ms / 1e3)
+            frac = bw / peak
+            if kind == "triton":
+                best_fraction = max(best_fraction, frac)
+            dt = str(dtype).split(".")[1]
+            print(f"{dt:>8} logits, {kind:>6}: {ms:7.3f} ms for {a.rows} rows = {a.rows / ms * 1e3:9.0f} rows/s, "
+                  f"{bw / 1e12:.2f} TB/s = {100 * frac:5.1f} % of peak, {100 * bw / copy_bw:5.1f} % of copy; "
+                  f"max |KLD - float64| {err:.1e}")
+            figures.append(f"{dt} {kind} {a.rows / ms * 1e3:,.0f} rows/s {100 * frac:.0f} % of peak")
+        del logits, rows, targets
+    if a.sweep:
+        sweep(a.rows, a.vocab, a.iters, peak)
+    append_row(f"GPU reducer, {a.rows} rows x {a.vocab} vocab (base rows + logits read once)",
+               "; ".join(figures), f"Triton {best_fraction:.2f} of peak HBM (target >= 0.50)", where, a.results)
+
+    if a.no_forward:
+        return
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.set_default_dtype(torch.bfloat16)
+    with torch.device("cuda"):
+        model = LlamaForCausalLM(LlamaConfig(**LLAMA_8B)).eval()
+    torch.set_default_dtype(torch.float32)
+    n_params = sum(p.numel() for p in model.parameters())
+    ids = torch.randint(0, LLAMA_8B["vocab_size"], (1, 2048), device="cuda")
+    with torch.inference_mode():
+        fwd_ms = timed_ms(lambda: model(ids).logits, 5)
+        logits = model(ids).logits[0, 1024:2047]
+        _, rows, targets = inputs(len(logits), LLAMA_8B["vocab_size"], torch.bfloat16, base_logits=logits)
+        shares = []
+        for kind in ("torch", "triton"):
+            ms = timed_ms(lambda: run_reducer(kind, logits, rows, targets), a.iters)
+            shares.append((kind, ms))
+            print(f"8B-shaped forward ({n_params / 1e9:.2f} B params, bf16, 2048 tokens): {fwd_ms:.1f} ms; "
+                  f"{kind} reducer on its 1023 scored rows: {ms:.3f} ms = {100 * ms / fwd_ms:.2f} % of the forward")
+    append_row("GPU reducer vs Llama-8B-shaped forward (random bf16 weights, 2048-token window, 1023 scored rows)",
+               f"forward {fwd_ms:.1f} ms; " + "; ".join(f"{k} reducer {ms:.2f} ms" for k, ms in shares),
+               f"Triton KLD = {shares[1][1] / fwd_ms:.4f} of the forward (target < 0.05)", where, a.results)
+
+
+if __name__ == "__main__":
+    main()

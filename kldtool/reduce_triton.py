@@ -1,0 +1,128 @@
+"""The reducer as one Triton kernel, for CUDA devices.
+
+The torch reducer (``reduce.py``) launches a dozen elementwise kernels per block of rows, each
+reading and writing a (rows, vocab) float32 temporary: on an H100 that is memory traffic many
+times the size of the inputs. Here each program owns one row and streams it once: compared
+logits and base codes are each read a single time, in tiles, and everything else stays in
+registers.
+
+One pass needs the log-sum-exp before it is known. With ``m`` the running max of the logits
+and ``x' = x - m``, llama.cpp's term ``p_b (b - x + M)`` with ``M = m + lse'`` splits into
+``p_b (b - x')`` (summed as ``s1``, small terms like llama.cpp's, no cancellation) plus
+``lse' * Σ p_b``; when ``m`` grows by ``Δ`` the terms already in ``s1`` grow by ``Δ p_b``, so
+``s1 += Δ Σ p_b``. Sums are float64 like llama.cpp's; terms float32.
+
+Tested on CPU under ``TRITON_INTERPRET=1`` against a float64 numpy reference; the GPU
+benchmark (``benchmarks/gpu_reducer.py``) measures it against the torch reducer.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from kldtool.codec import HEADER_SLOTS
+
+TILE = 512
+NUM_WARPS = 4
+STAGES = 3
+
+
+@triton.jit
+def _step(x, b, offs, floor, m, i_max, b_max, i_bmax, s, s1, p_sum):
+    """Fold one tile into every lane's running values."""
+    grew = x > m  # strict: within a lane the first maximum wins
+    i_max = tl.where(grew, offs, i_max)
+    m_new = tl.maximum(m, x)
+    s = s * tl.exp(m - m_new) + tl.exp(x - m_new)
+    s1 += (m_new - m) * p_sum
+    keep = b > floor
+    p = tl.where(keep, tl.exp(b), 0.0)
+    # selected, not multiplied: p = 0 times an -inf logit would be NaN
+    s1 += tl.where(keep, p * (b - x + m_new), 0.0)
+    p_sum += p
+    b_grew = b > b_max
+    i_bmax = tl.where(b_grew, offs, i_bmax)
+    b_max = tl.maximum(b_max, b)
+    return m_new, i_max, b_max, i_bmax, s, s1, p_sum
+
+
+@triton.jit
+def _reduce_kernel(logits_ptr, logits_stride, codes_ptr, codes_stride, head_ptr, targets_ptr, out_ptr,
+                   n_rows, n_vocab, floor, TILE: tl.constexpr, STAGES: tl.constexpr):
+    r = tl.program_id(0).to(tl.int64)
+    lrow = logits_ptr + r * logits_stride
+    crow = codes_ptr + r * codes_stride  # uint16 codes
+    scale = tl.load(head_ptr + 2 * r)
+    lowest = tl.load(head_ptr + 2 * r + 1)
+
+    # Every lane keeps its own running values over the entries it sees (one per tile); the
+    # lanes are combined once, after the loop: cross-lane reductions inside the loop cost
+    # more than the memory traffic.
+    lanes = tl.arange(0, TILE)
+    # A finite start for the max keeps every difference below finite (no -inf - -inf).
+    m = tl.full((TILE,), -3.0e38, tl.float32)  # max of x
+    i_max = tl.zeros((TILE,), tl.int32)
+    b_max = tl.full((TILE,), float("-inf"), tl.float32)
+    i_bmax = tl.zeros((TILE,), tl.int32)
+    s = tl.zeros((TILE,), tl.float32)  # Σ exp(x - m)
+    s1 = tl.zeros((TILE,), tl.float32)  # Σ p_b (b - (x - m)) over kept entries
+    p_sum = tl.zeros((TILE,), tl.float32)  # Σ p_b over kept entries
+    # Whole tiles without masks (the kernel is bound by arithmetic, not memory), then the tail.
+    n_full = (n_vocab // TILE) * TILE
+    for start in tl.range(0, n_full, TILE, num_stages=STAGES):
+        offs = start + lanes
+        x = tl.load(lrow + offs).to(tl.float32)
+        b = tl.load(crow + offs).to(tl.float32) * scale + lowest
+        m, i_max, b_max, i_bmax, s, s1, p_sum = _step(x, b, offs, floor, m, i_max, b_max, i_bmax, s, s1, p_sum)
+    for start in range(n_full, n_vocab, TILE):
+        offs = start + lanes
+        valid = offs < n_vocab
+        x = tl.load(lrow + offs, mask=valid, other=float("-inf")).to(tl.float32)
+        b = tl.where(valid, tl.load(crow + offs, mask=valid, other=0).to(tl.float32) * scale + lowest,
+                     float("-inf"))
+        m, i_max, b_max, i_bmax, s, s1, p_sum = _step(x, b, offs, floor, m, i_max, b_max, i_bmax, s, s1, p_sum)
+
+    # Combine lanes: the first index among the lanes holding the row's maximum, and the sums
+    # moved from each lane's max to the row's.
+    row_m = tl.max(m, 0)
+    first = tl.min(tl.where(m == row_m, i_max, n_vocab), 0)
+    first_b = tl.min(tl.where(b_max == tl.max(b_max, 0), i_bmax, n_vocab), 0)
+    shift = (row_m - m).to(tl.float64)
+    total = tl.sum(s.to(tl.float64) * tl.exp(-shift), 0)
+    kept = p_sum.to(tl.float64)
+    s1_row = tl.sum(s1.to(tl.float64) + shift * kept, 0)
+    p_row = tl.sum(kept, 0)
+
+    lse = tl.log(total).to(tl.float32)
+    big_m = row_m + lse
+    t = tl.load(targets_ptr + r)
+    nll = big_m - tl.load(lrow + t).to(tl.float32)
+    qt = tl.load(crow + t)
+    nll_base = -(qt.to(tl.float32) * scale + lowest)
+    # One float64 record table (float32 values are exact in it): one copy to the host.
+    tl.store(out_ptr + r, nll.to(tl.float64))
+    tl.store(out_ptr + n_rows + r, nll_base.to(tl.float64))
+    tl.store(out_ptr + 2 * n_rows + r, s1_row + lse.to(tl.float64) * p_row)
+    tl.store(out_ptr + 3 * n_rows + r, (tl.exp(-nll) - tl.exp(-nll_base)).to(tl.float64))
+    tl.store(out_ptr + 4 * n_rows + r, (first == first_b).to(tl.float64))
+
+
+def reduce_rows_triton(logits, base_rows, targets, floor: float, tile: int = TILE, num_warps: int = NUM_WARPS,
+                       stages: int = STAGES):
+    """Same contract as ``reduce.reduce_rows`` for int16 ``base_rows`` on the logits' device;
+    returns the (5, rows) float64 record table (nll, nll_base, kld, dp, same_top) on it."""
+    import torch
+
+    n_rows, n_vocab = logits.shape
+    if logits.stride(1) != 1:
+        logits = logits.contiguous()
+    head = base_rows[:, :HEADER_SLOTS].contiguous().view(torch.float32)
+    codes = base_rows[:, HEADER_SLOTS:].view(torch.uint16)  # same bits; loads convert directly
+    targets = torch.as_tensor(targets, dtype=torch.int64, device=logits.device)
+    out = torch.empty((5, n_rows), dtype=torch.float64, device=logits.device)
+    tile = min(tile, triton.next_power_of_2(n_vocab))
+    if n_rows:
+        _reduce_kernel[(n_rows,)](logits, logits.stride(0), codes, codes.stride(0), head, targets, out,
+                                  n_rows, n_vocab, floor, TILE=tile, STAGES=stages, num_warps=num_warps)
+    return out
