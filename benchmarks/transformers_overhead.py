@@ -61,6 +61,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--text", default=str(WIKI))
     ap.add_argument("--results", default=None)
+    ap.add_argument("--profile", action="store_true", help="print where one compare round spends its time")
     a = ap.parse_args()
 
     import numpy as np
@@ -113,6 +114,34 @@ def main() -> None:
 
         def ours() -> None:
             run_compare(engine, reader, sinks=quiet)
+
+        if a.profile:
+            import cProfile
+            import pstats
+
+            from kldtool.logitsfile import create_writer, iter_chunks
+
+            raw = open_base_file(os.path.join(tmp, "base.kld"))
+            w = create_writer(os.path.join(tmp, "converted.kldt"), "kldtool", raw.header, raw.tokens, {})
+            for _, rows in iter_chunks(raw, range(raw.header.n_chunk)):
+                w.write_chunk(rows)
+            w.finish()
+            converted = open_base_file(os.path.join(tmp, "converted.kldt"))
+            runs = [run_compare(engine, r, sinks=quiet)["statistics"] for r in (raw, raw, converted)]
+            for label, other in (("the raw base twice", runs[1]), ("the raw base and its container copy", runs[2])):
+                diff = {k: (runs[0][k], other[k]) for k in runs[0] if runs[0][k] != other[k]}
+                print(f"{label}: identical statistics: {not diff}; differing: {str(diff)[:300]}")
+            converted.close()
+            for label, r in (("raw", raw), ("container", reader)):
+                prof = cProfile.Profile()
+                prof.enable()
+                t0 = time.perf_counter()
+                run_compare(engine, r, sinks=quiet)
+                sync()
+                print(f"profile, {label} base: {time.perf_counter() - t0:.3f} s")
+                prof.disable()
+                pstats.Stats(prof).sort_stats("tottime").print_stats(14)
+            raw.close()
 
         times = {"bare": [], "kldtool": []}
         bare()  # warm-up: first-call allocations and kernels (Triton compiles here too)

@@ -22,6 +22,8 @@ Two encoders write that same layout (every reader, llama.cpp's included, decodes
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 
 DEFAULT_CLAMP = 16.0
@@ -177,7 +179,11 @@ def rows_to_torch(rows: np.ndarray, device=None):
     """uint16 numpy rows -> int16 tensor (same bits) on ``device``."""
     import torch
 
-    t = torch.from_numpy(np.require(rows, requirements=["C", "W"]).view(np.int16))
+    with warnings.catch_warnings():
+        # A read-only array (rows straight from a file's bytes) is shared, not copied: the
+        # reducers only read base rows.
+        warnings.simplefilter("ignore", UserWarning)
+        t = torch.from_numpy(np.ascontiguousarray(rows).view(np.int16))
     return t.to(device, non_blocking=True) if device is not None else t
 
 

@@ -147,6 +147,43 @@ def test_corrupt_frame_is_reported_with_its_chunk(small_container, tmp_path):
     r.close()
 
 
+def test_frames_rebuilt_with_torch_equal_the_rows(small_container, fixture_base):
+    """The GPU path (threads only decompress; the mask and byte planes are rebuilt into rows
+    where the model runs), run here on the CPU: bit for bit the fixture's rows."""
+    import torch
+
+    from kldtool.logitsfile.container import _frame_to_torch
+
+    def on_device(data):  # what frame_to_torch hands over on a GPU: the frame's bytes, copied as they are
+        return torch.frombuffer(bytearray(data), dtype=torch.uint8)
+
+    r, ref = open_base_file(small_container), open_base_file(fixture_base)
+    shape = (r.header.rows_per_chunk, r.header.row_width)
+    for c in range(2):
+        frame = r.read_frame(c)
+        rows = _frame_to_torch(on_device(frame.data), r.transform, shape)
+        assert np.array_equal(rows.numpy().view(np.uint16), ref.read_chunk(c))
+    head_len = shape[0] * 8
+    bad = bytearray(frame.data)
+    bad[head_len] = 0 if bad[head_len] else 0xFF  # the mask now counts other codes than the planes hold
+    with pytest.raises(ValueError, match="masked frame"):
+        _frame_to_torch(on_device(bad), r.transform, shape)
+    r.close()
+    ref.close()
+
+
+def test_chunk_feed_serves_chunks_in_any_order(small_container):
+    """vLLM's workers ask for a request's chunk once per prefill step, requests interleaved."""
+    from kldtool.logitsfile.prefetch import ChunkFeed
+
+    r = open_base_file(small_container)
+    feed = ChunkFeed(r, "cpu")
+    for c in (0, 0, 1, 0, 1, 1):
+        assert np.array_equal(feed.rows(c).numpy().view(np.uint16), r.read_chunk(c))
+    feed.close()
+    r.close()
+
+
 def test_writer_abort_leaves_nothing(tmp_path, fixture_base):
     r = open_base_file(fixture_base)
     out = tmp_path / "never.kldt"

@@ -1,7 +1,7 @@
 """Reducer + accumulators + summary against a plain float64 numpy computation of the definitions."""
 
-import importlib
 import math
+import os
 
 import numpy as np
 import pytest
@@ -64,20 +64,14 @@ def reference(logits: np.ndarray, rows: np.ndarray, targets: np.ndarray) -> dict
     }
 
 
-@pytest.fixture(params=["torch", "triton"], autouse=True)
-def reducer(request, monkeypatch):
-    """Every reference test runs through both reducers: the torch one (CPU and GPU) and the
-    one-pass Triton kernel (the CUDA default), here executed by Triton's CPU interpreter."""
-    monkeypatch.setenv("KLDTOOL_REDUCER", request.param)
-    if request.param == "triton":
-        monkeypatch.setenv("TRITON_INTERPRET", "1")  # read when the kernel is decorated
-        import kldtool.reduce_triton
+def test_the_reducer_under_test():
+    """tests/test_reduce_triton.py runs this module again with KLDTOOL_REDUCER=triton under
+    Triton's CPU interpreter: make sure the kernel, not the torch reducer, is what ran."""
+    if os.environ.get("KLDTOOL_REDUCER") != "triton":
+        pytest.skip("torch reducer: the Triton run happens in test_reduce_triton.py")
+    from kldtool import reduce_triton
 
-        importlib.reload(kldtool.reduce_triton)
-    yield request.param
-    if request.param == "triton":
-        monkeypatch.undo()
-        importlib.reload(kldtool.reduce_triton)
+    assert type(reduce_triton._reduce_kernel).__name__ == "InterpretedFunction"
 
 
 def ours(logits, rows, targets):

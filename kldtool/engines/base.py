@@ -9,7 +9,7 @@ from typing import Iterable
 
 import numpy as np
 
-from kldtool.codec import encode_base_rows, rows_to_torch
+from kldtool.codec import encode_base_rows
 from kldtool.protocols import Window
 from kldtool.reduce import TokenRecords, reduce_rows
 
@@ -43,9 +43,10 @@ class Engine(ABC):
     def score(self, windows: list[Window], base) -> list[TokenRecords]:
         """Compare mode: per window, its per-token records against the base rows.
 
-        ``base`` gives ``rows(chunk_index)`` (uint16, prefetched, asked for in order) and
-        ``path``; an engine whose workers read the base file themselves uses the latter."""
-        return [reduce_rows(lg, rows_to_torch(base.rows(w.index), lg.device), w.targets)
+        ``base`` gives ``rows_torch(chunk_index, device)`` (int16 rows, prefetched, asked for
+        in order) and ``path``; an engine whose workers read the base file themselves uses
+        the latter."""
+        return [reduce_rows(lg, base.rows_torch(w.index, lg.device), w.targets)
                 for w, lg in zip(windows, self.logits(windows))]
 
     def encode(self, windows: list[Window], codec: str) -> list[tuple[np.ndarray, np.ndarray]]:

@@ -41,19 +41,18 @@ class WorkerState:
 
     def __init__(self):
         self.results: dict[str, _RequestResult] = {}
-        self.readers: dict[str, object] = {}
-        self.chunk_cache: tuple | None = None
+        self.feeds: dict[str, object] = {}
         self.rank = vllm_seam.tp_rank()
 
-    def _base_rows(self, path: str, chunk: int) -> np.ndarray:
-        # A request prefilled in several steps asks for the same chunk again: keep the last one.
-        if self.chunk_cache is None or self.chunk_cache[:2] != (path, chunk):
+    def _base_rows(self, path: str, chunk: int, device):
+        # A request prefilled in several steps asks for the same chunk again: the feed keeps
+        # the last one, and reads the next chunks while the model runs.
+        if path not in self.feeds:
             from kldtool.logitsfile import open_base_file
+            from kldtool.logitsfile.prefetch import ChunkFeed
 
-            if path not in self.readers:
-                self.readers[path] = open_base_file(path)
-            self.chunk_cache = (path, chunk, self.readers[path].read_chunk(chunk))
-        return self.chunk_cache[2]
+            self.feeds[path] = ChunkFeed(open_base_file(path), device)
+        return self.feeds[path].rows(chunk)
 
     def on_step(self, spec: dict, prompt, start: int, n_computed: int, logits_fn) -> None:
         import torch
@@ -70,11 +69,10 @@ class WorkerState:
         res = self.results.setdefault(spec["key"], _RequestResult(spec))
         j0, j1 = lo - first, hi - first
         if spec["mode"] == "compare":
-            from kldtool.codec import rows_to_torch
             from kldtool.reduce import reduce_rows
 
-            rows = self._base_rows(spec["base"], spec["chunk"])[j0:j1]
-            rec = reduce_rows(logits, rows_to_torch(rows, logits.device), targets)
+            rows = self._base_rows(spec["base"], spec["chunk"], logits.device)[j0:j1]
+            rec = reduce_rows(logits, rows, targets)
             for f in RECORD_FIELDS:
                 res.arrays[f][j0:j1] = getattr(rec, f)
         else:

@@ -14,7 +14,7 @@ import numpy as np
 
 from kldtool.errors import NotABaseFile, RowLayoutError, TruncatedHeader, TruncatedRows
 from kldtool.logitsfile.header import BaseHeader
-from kldtool.logitsfile.reader_base import BaseFileReader
+from kldtool.logitsfile.reader_base import BaseFileReader, Frame
 from kldtool.logitsfile.writer_base import ResumableWriter
 
 MAGIC = b"_logits_"
@@ -52,7 +52,7 @@ class RawReader(BaseFileReader):
         self.tokens = self._read_tokens(PREAMBLE)
         self.metadata = {"protocol": {"name": "llamacpp", "n_ctx": h.n_ctx}}
 
-    def read_chunk(self, index: int) -> np.ndarray:
+    def read_frame(self, index: int) -> Frame:
         h = self.header
         if not 0 <= index < h.n_chunk:
             raise IndexError(index)
@@ -60,7 +60,11 @@ class RawReader(BaseFileReader):
         data = os.pread(self.fd, h.chunk_nbytes, offset)
         if len(data) != h.chunk_nbytes:
             self._fail(f"chunk {index} cut short at offset {offset + len(data)}", TruncatedRows)
-        return np.frombuffer(data, dtype="<u2").reshape(h.rows_per_chunk, h.row_width)
+        return Frame(index, offset, data)
+
+    def frame_rows(self, frame: Frame) -> np.ndarray:
+        return np.frombuffer(frame.data, dtype="<u2").reshape(self.header.rows_per_chunk, self.header.row_width)
+
 
 class RawWriter(ResumableWriter):
     """Streams chunks into a llama.cpp raw file (which has nowhere to keep metadata)."""

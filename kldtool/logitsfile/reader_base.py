@@ -3,11 +3,39 @@
 from __future__ import annotations
 
 import os
+import warnings
+from typing import NamedTuple
 
 import numpy as np
 
+from kldtool.codec import rows_to_torch
 from kldtool.errors import BaseFileError, CorruptData
 from kldtool.logitsfile.header import BaseHeader
+
+
+class Frame(NamedTuple):
+    """A chunk as stored, before it is rebuilt into rows: where it came from and its bytes
+    (``bytes``, or a pinned host tensor once staged for a GPU)."""
+
+    index: int
+    offset: int
+    data: object
+
+
+def stage_frame(frame: Frame) -> Frame:
+    """The frame in pinned host memory, so the copy to a GPU runs at full speed and async.
+    Prefetch threads call this (torch releases the GIL while copying)."""
+    return frame._replace(data=_host_bytes(frame.data).pin_memory())
+
+
+def _host_bytes(data):
+    import torch
+
+    if isinstance(data, torch.Tensor):
+        return data
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # read-only buffer: it is only ever read
+        return torch.frombuffer(data, dtype=torch.uint8)
 
 
 class BaseFileReader:
@@ -42,8 +70,35 @@ class BaseFileReader:
                        f"is outside the vocabulary of {h.n_vocab}", CorruptData)
         return tokens
 
-    def read_chunk(self, index: int) -> np.ndarray:
+    def read_frame(self, index: int) -> Frame:
+        """Chunk ``index`` as stored (decompressed), checked; thread-safe."""
         raise NotImplementedError
+
+    def frame_rows(self, frame: Frame) -> np.ndarray:
+        """uint16 rows of a frame, on the host."""
+        raise NotImplementedError
+
+    def read_chunk(self, index: int) -> np.ndarray:
+        return self.frame_rows(self.read_frame(index))
+
+    def frame_to_torch(self, frame: Frame, device):
+        """int16 rows of ``frame`` on ``device``. For a GPU the frame's bytes are copied as
+        they are and rebuilt into rows there: no host pass over the rows at all."""
+        import torch
+
+        if torch.device(device).type == "cpu":
+            return rows_to_torch(self.frame_rows(frame), device)
+        buf = _host_bytes(frame.data).to(device, non_blocking=True)
+        try:
+            return self._rebuild_torch(buf)
+        except ValueError as e:
+            self._fail(f"corrupt chunk {frame.index} at offset {frame.offset}: {e}", CorruptData)
+
+    def _rebuild_torch(self, buf):
+        """Rows from a frame's bytes already on the device; the raw layout is the rows."""
+        import torch
+
+        return buf.view(torch.int16).reshape(self.header.rows_per_chunk, self.header.row_width)
 
     def close(self) -> None:
         if self.fd >= 0:

@@ -159,7 +159,7 @@ def run_compare(engine: Engine, reader, force: bool = False, json_path: str | No
     sinks.line(TABLE_HEADER)
     acc = replay(state.acc, sinks)
     state.acc = acc
-    source = PrefetchedChunks(reader, range(start, b))
+    source = PrefetchedChunks(reader, range(start, b), device=engine.device)
     last_save, saved_at = time.time(), len(acc.chunks)
     try:
         for gi, group in enumerate(groups(windows, n_seq)):
