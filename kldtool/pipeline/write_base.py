@@ -95,6 +95,8 @@ def run_base(engine: Engine, corpus_name: str, text: bytes, n_ctx: int, chunks: 
             writer.finish({"result": result, "resumed_after_chunk": done} if done else {"result": result})
             sinks.info(f"base: wrote {out_path} ({writer.format_name} format)")
     except BaseException:
+        if ppl.count:
+            sinks.line()  # end the progress line, so the messages below start on their own
         if writer:
             kept = writer.n_written > 0
             writer.abort(keep=kept)

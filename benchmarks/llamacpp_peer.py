@@ -1,0 +1,114 @@
+"""kldtool compare --engine llamacpp against llama-perplexity --kl-divergence itself: the same
+GGUF quants, the same base file, the same chunks and threads, one machine, one run.
+
+The peer is built here from the llama.cpp sources inside the llama-cpp-python sdist of the
+installed version (fetched from the package registry) into a cache directory outside the
+repository (``~/.cache/kldtool/peer`` or $KLDTOOL_PEER_DIR); nothing of it is committed.
+The base file is written once by kldtool in llama.cpp's raw layout from the built-in Q4_1
+GGUF (byte-identical to what llama-perplexity writes, see tests/test_llamacpp_parity.py);
+the quants are requantized from it with llama-cpp-python. Wall time includes loading the
+model for both tools. Prints each pair of times and their ratio, and appends a dated row to
+benchmarks/RESULTS.md.
+
+    .venv/bin/python benchmarks/llamacpp_peer.py [--ctx 512] [--chunks 20] [--types Q8_0,Q4_K_M,Q2_K]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tarfile
+import time
+from importlib.metadata import version
+from pathlib import Path
+
+from results import append_row
+
+ROOT = Path(__file__).resolve().parent.parent
+WIKI = ROOT.parent / "shared" / "data" / "wikitext-2" / "wiki.test.txt"
+PEER_DIR = Path(os.environ.get("KLDTOOL_PEER_DIR", Path.home() / ".cache" / "kldtool" / "peer"))
+
+
+def build_peer() -> Path:
+    """llama-perplexity from the llama-cpp-python sdist of the installed version (cached)."""
+    ver = version("llama_cpp_python")
+    src = PEER_DIR / f"llama_cpp_python-{ver}"
+    binary = src / "build" / "bin" / "llama-perplexity"
+    if binary.exists():
+        return binary
+    PEER_DIR.mkdir(parents=True, exist_ok=True)
+    sdist = PEER_DIR / f"llama_cpp_python-{ver}.tar.gz"
+    if not sdist.exists():
+        subprocess.run([sys.executable, "-m", "pip", "download", "--no-binary", ":all:", "--no-deps",
+                        f"llama-cpp-python=={ver}", "-d", str(PEER_DIR)], check=True)
+    if not src.exists():
+        with tarfile.open(sdist) as t:
+            t.extractall(PEER_DIR, filter="data")
+    llama = src / "vendor" / "llama.cpp"
+    build = src / "build"
+    print(f"building llama-perplexity from {llama} (a few minutes)...", flush=True)
+    subprocess.run(["cmake", "-S", str(llama), "-B", str(build), "-DCMAKE_BUILD_TYPE=Release",
+                    "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_SERVER=OFF",
+                    "-DLLAMA_OPENSSL=OFF", "-DGGML_NATIVE=ON"], check=True, stdout=subprocess.DEVNULL)
+    subprocess.run(["cmake", "--build", str(build), "--target", "llama-perplexity", "-j", str(os.cpu_count() or 2)],
+                   check=True, stdout=subprocess.DEVNULL)
+    return binary
+
+
+def timed(cmd: list[str]) -> tuple[float, str]:
+    t0 = time.perf_counter()
+    p = subprocess.run([str(c) for c in cmd], capture_output=True, text=True)
+    dt = time.perf_counter() - t0
+    if p.returncode:
+        raise SystemExit(f"{cmd[0]} failed ({p.returncode}): {p.stderr[-2000:]}")
+    return dt, p.stdout + p.stderr
+
+
+def kld_mean(text: str) -> str:
+    return next((line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("Mean    KLD")), "?")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--ctx", type=int, default=512)
+    ap.add_argument("--chunks", type=int, default=20)
+    ap.add_argument("--types", default="Q8_0,Q4_K_M,Q2_K")
+    ap.add_argument("--threads", type=int, default=os.cpu_count() or 2)
+    ap.add_argument("--batch", type=int, default=2048)
+    a = ap.parse_args()
+
+    from kldtool.engines.defaults import default_gguf
+    from kldtool.gguf_tools import quantize
+
+    peer = build_peer()
+    work = PEER_DIR / "bench"
+    work.mkdir(exist_ok=True)
+    model = default_gguf()
+    base = work / f"base-c{a.ctx}-{a.chunks}.kld"
+    if not base.exists():
+        subprocess.run([sys.executable, "-m", "kldtool", "base", "-m", model, "-f", str(WIKI), "-c", str(a.ctx),
+                        "--chunks", str(a.chunks), "--format", "llamacpp", "--kl-divergence-base", str(base)],
+                       check=True, capture_output=True)
+    common = ["--kl-divergence-base", base, "-t", a.threads, "-b", a.batch]
+    rows = []
+    for type_name in a.types.split(","):
+        quant = work / f"q4_1-to-{type_name}.gguf"
+        if not quant.exists():
+            quantize(model, str(quant), type_name)
+        theirs, out_theirs = timed([peer, "-m", quant, "--kl-divergence", "-c", a.ctx, *common])
+        ours, out_ours = timed([sys.executable, "-m", "kldtool", "compare", "--engine", "llamacpp", "-m", quant,
+                                *common])
+        rows.append((type_name, ours, theirs))
+        print(f"{type_name:>6}: kldtool {ours:6.2f} s, llama-perplexity {theirs:6.2f} s, ratio {ours / theirs:.3f}; "
+              f"mean KLD {kld_mean(out_ours)} vs {kld_mean(out_theirs)}", flush=True)
+    worst = max(o / t for _, o, t in rows)
+    print(f"worst ratio kldtool / llama-perplexity: {worst:.3f} (target <= 0.8)")
+    append_row(f"compare --engine llamacpp vs llama-perplexity --kl-divergence (SmolLM2 Q4_1 base, c={a.ctx}, "
+               f"{a.chunks} chunks, -t {a.threads}, -b {a.batch})",
+               "; ".join(f"{t} {o:.2f} s vs {th:.2f} s" for t, o, th in rows), f"worst ratio {worst:.3f}")
+
+
+if __name__ == "__main__":
+    main()
