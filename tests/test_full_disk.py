@@ -40,10 +40,15 @@ def test_file_size_limit(q4_1_gguf, tmp_path):
 def small_disk(tmp_path):
     mnt = tmp_path / "disk"
     mnt.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(mnt)], capture_output=True).returncode:
+    try:
+        mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(mnt)],
+                                 capture_output=True).returncode == 0
+    except OSError:  # no mount binary
+        mounted = False
+    if not mounted:
         pytest.skip("cannot mount a small tmpfs here (needs root); the file-size-limit test covers the path")
     yield mnt
-    subprocess.run(["umount", str(mnt)], check=True)
+    subprocess.run(["umount", str(mnt)], capture_output=True)
 
 
 def test_disk_full(q4_1_gguf, small_disk):
