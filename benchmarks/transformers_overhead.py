@@ -28,6 +28,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from results import append_row, machine  # noqa: E402
+from timing import best_alternating  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 WIKI = ROOT.parent / "shared" / "data" / "wikitext-2" / "wiki.test.txt"
@@ -143,21 +144,11 @@ def main() -> None:
                 pstats.Stats(prof).sort_stats("tottime").print_stats(14)
             raw.close()
 
-        times = {"bare": [], "kldtool": []}
         bare()  # warm-up: first-call allocations and kernels (Triton compiles here too)
         ours()
-        for r in range(a.rounds):
-            order = (("bare", bare), ("kldtool", ours)) if r % 2 == 0 else (("kldtool", ours), ("bare", bare))
-            for label, fn in order:
-                sync()
-                t0 = time.perf_counter()
-                fn()
-                sync()
-                times[label].append(time.perf_counter() - t0)
-                print(f"round {r}: {label} {times[label][-1]:.3f} s", flush=True)
+        best = best_alternating({"bare": bare, "kldtool": ours}, a.rounds, sync)
         reader.close()
     engine.close()
-    best = {k: min(v) for k, v in times.items()}
     ratio = best["kldtool"] / best["bare"]
     tokens = len(windows) * h.n_ctx
     print(f"bare transformers scoring: {best['bare']:.3f} s ({tokens / best['bare']:.0f} tok/s)")

@@ -18,10 +18,10 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 from results import append_row
+from timing import best_alternating
 
 ROOT = Path(__file__).resolve().parent.parent
 WIKI = ROOT.parent / "shared" / "data" / "wikitext-2" / "wiki.test.txt"
@@ -66,18 +66,10 @@ def main() -> None:
         def ours() -> None:
             run_compare(engine, reader, sinks=quiet)
 
-        times = {"plain": [], "kldtool": []}
         plain()  # warm-up: first-call allocations and kernels
-        for r in range(a.rounds):
-            order = (("plain", plain), ("kldtool", ours)) if r % 2 == 0 else (("kldtool", ours), ("plain", plain))
-            for name, fn in order:
-                t0 = time.perf_counter()
-                fn()
-                times[name].append(time.perf_counter() - t0)
-                print(f"round {r}: {name} {times[name][-1]:.2f} s", flush=True)
+        best = best_alternating({"plain": plain, "kldtool": ours}, a.rounds)
         engine.close()
         reader.close()
-    best = {k: min(v) for k, v in times.items()}
     ratio = best["kldtool"] / best["plain"]
     tokens = a.chunks * a.ctx
     print(f"vLLM plain prompt_logprobs=0: {best['plain']:.2f} s ({tokens / best['plain']:.0f} tok/s)")

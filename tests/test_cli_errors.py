@@ -109,22 +109,15 @@ CONTAINER_CASES = {
 }
 
 
-@pytest.mark.parametrize("case", sorted(RAW_CASES))
-def test_broken_raw_file(small_raw, tmp_path, case):
-    breaker, cls, needles = RAW_CASES[case]
-    bad = tmp_path / "bad.kld"
-    bad.write_bytes(breaker(small_raw.read_bytes()))
-    one_line_error(fail("info", bad), cls, "bad.kld", *needles)
-    one_line_error(fail("compare", "--kl-divergence-base", bad), cls, "bad.kld", *needles)
-
-
-@pytest.mark.parametrize("case", sorted(CONTAINER_CASES))
-def test_broken_container(small_container, tmp_path, case):
-    breaker, cls, needles = CONTAINER_CASES[case]
-    bad = tmp_path / "bad.kldt"
-    bad.write_bytes(breaker(small_container.read_bytes()))
-    one_line_error(fail("info", bad), cls, "bad.kldt", *needles)
-    one_line_error(fail("compare", "--kl-divergence-base", bad), cls, "bad.kldt", *needles)
+@pytest.mark.parametrize("fmt, case", [("llamacpp", c) for c in sorted(RAW_CASES)]
+                         + [("kldtool", c) for c in sorted(CONTAINER_CASES)])
+def test_broken_file(small_raw, small_container, tmp_path, fmt, case):
+    breaker, cls, needles = (RAW_CASES if fmt == "llamacpp" else CONTAINER_CASES)[case]
+    good = small_raw if fmt == "llamacpp" else small_container
+    bad = tmp_path / f"bad{good.suffix}"
+    bad.write_bytes(breaker(good.read_bytes()))
+    one_line_error(fail("info", bad), cls, bad.name, *needles)
+    one_line_error(fail("compare", "--kl-divergence-base", bad), cls, bad.name, *needles)
 
 
 def test_corrupt_zstd_frame_names_the_chunk(small_container, tmp_path):

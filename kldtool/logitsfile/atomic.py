@@ -13,15 +13,20 @@ from pathlib import Path
 from kldtool.errors import OutputError
 
 
+def output_target(path: str | os.PathLike) -> Path:
+    """``path`` as a place a file can be written to, or a one-line OutputError why not."""
+    target = Path(path)
+    if target.is_dir():
+        raise OutputError(f"{target}: is a directory")
+    if not target.parent.is_dir():
+        raise OutputError(f"{target}: directory {target.parent} does not exist")
+    return target
+
+
 class AtomicFile:
     def __init__(self, path: str | os.PathLike):
-        self.path = Path(path)
-        if self.path.is_dir():
-            raise OutputError(f"{self.path}: is a directory")
-        parent = self.path.parent
-        if not parent.is_dir():
-            raise OutputError(f"{self.path}: directory {parent} does not exist")
-        self.tmp_path = parent / f".{self.path.name}.partial-{os.getpid()}"
+        self.path = output_target(path)
+        self.tmp_path = self.path.parent / f".{self.path.name}.partial-{os.getpid()}"
         try:
             self.fh = open(self.tmp_path, "wb")
         except OSError as e:

@@ -20,16 +20,13 @@ from pathlib import Path
 import numpy as np
 
 from kldtool.errors import OutputError
+from kldtool.logitsfile.atomic import output_target
 
 
 class PartialFile:
     def __init__(self, path: str | os.PathLike):
-        self.path = Path(path)
-        if self.path.is_dir():
-            raise OutputError(f"{self.path}: is a directory")
+        self.path = output_target(path)
         parent = self.path.parent
-        if not parent.is_dir():
-            raise OutputError(f"{self.path}: directory {parent} does not exist")
         self.tmp_path = parent / f".{self.path.name}.partial"
         self.journal_path = parent / f".{self.path.name}.partial.journal"
         try:

@@ -42,12 +42,13 @@ def prefetch_plan(chunk_nbytes: int, cpus: int | None = None, budget: int = 2 <<
     return ahead, min(threads, ahead)
 
 
-def _frame_reader(reader):
-    """What a thread runs per chunk when the rows go to a GPU: read, decompress, pin."""
-    def read(index: int):
-        return stage_frame(reader.read_frame(index))
-
-    return read
+def _loader(reader, device):
+    """(what a thread runs per chunk, what turns its result into int16 rows on ``device``).
+    For a GPU the threads read, decompress and pin, and the rows are rebuilt on the device;
+    otherwise the threads decode the rows on the host."""
+    if device is None or str(device).startswith("cpu"):
+        return reader.read_chunk, rows_to_torch
+    return (lambda index: stage_frame(reader.read_frame(index))), reader.frame_to_torch
 
 
 class PrefetchedChunks:
@@ -58,11 +59,9 @@ class PrefetchedChunks:
                  device: str | None = None):
         self.path = reader.path
         self.header = reader.header
-        self._reader = reader
-        self._frames = device is not None and not str(device).startswith("cpu")
+        read, self._to_torch = _loader(reader, device)
         plan_ahead, plan_threads = prefetch_plan(reader.header.chunk_nbytes)
-        self._it = iter_chunks(reader, indices, ahead=ahead or plan_ahead, threads=threads or plan_threads,
-                               read=_frame_reader(reader) if self._frames else reader.read_chunk)
+        self._it = iter_chunks(reader, indices, ahead=ahead or plan_ahead, threads=threads or plan_threads, read=read)
 
     def _next(self, index: int):
         got, item = next(self._it)
@@ -72,8 +71,7 @@ class PrefetchedChunks:
 
     def rows_torch(self, index: int, device):
         """Chunk ``index``'s rows as an int16 tensor on ``device``."""
-        item = self._next(index)
-        return self._reader.frame_to_torch(item, device) if self._frames else rows_to_torch(item, device)
+        return self._to_torch(self._next(index), device)
 
     def close(self) -> None:
         self._it.close()
@@ -86,8 +84,7 @@ class ChunkFeed:
 
     def __init__(self, reader, device):
         self.reader, self.device = reader, device
-        self._frames = not str(device).startswith("cpu")
-        self._read = _frame_reader(reader) if self._frames else reader.read_chunk
+        self._read, self._to_torch = _loader(reader, device)
         self.ahead, threads = prefetch_plan(reader.header.chunk_nbytes)
         self._pool = ThreadPoolExecutor(max_workers=threads)
         self._pending: dict = {}
@@ -103,7 +100,7 @@ class ChunkFeed:
         for k in range(chunk + 1, min(chunk + 1 + self.ahead, self.reader.header.n_chunk)):
             if k not in self._pending:
                 self._pending[k] = self._pool.submit(self._read, k)
-        rows = self.reader.frame_to_torch(item, self.device) if self._frames else rows_to_torch(item, self.device)
+        rows = self._to_torch(item, self.device)
         self._last = (chunk, rows)
         return rows
 

@@ -180,7 +180,8 @@ def run_compare(engine: Engine, reader, force: bool = False, json_path: str | No
     except BaseException:
         if ck.path:
             # Keep whole batches only: a resumed run must evaluate the same batches.
-            acc.truncate(len(acc.chunks) - (len(acc.chunks) - (start - a)) % n_seq if acc.chunks else 0)
+            added = len(acc.chunks) - (start - a)
+            acc.truncate(len(acc.chunks) - added % n_seq)
             if len(acc.chunks) > saved_at:
                 save_state(ck.path, state)
             sinks.info(f"compare: stopped after chunk {state.next_chunk}; checkpoint in {ck.path}, "

@@ -24,6 +24,12 @@ def _fsum(x: np.ndarray) -> float:
     return float(np.sum(x, dtype=np.float64))
 
 
+def _spans(counts) -> Iterator[tuple[int, int]]:
+    """(start, end) of each chunk's per-token values, from the chunks' token counts."""
+    ends = np.cumsum(np.asarray(counts, np.int64))
+    return zip((ends - counts).tolist(), ends.tolist())
+
+
 def chunk_vector(r: TokenRecords) -> np.ndarray:
     """One chunk's contribution: the ten sums, the same-top count and the token count."""
     nll = r.nll.astype(np.float32)
@@ -89,9 +95,8 @@ class KldAccumulator:
     def iter_chunks(self) -> Iterator[tuple[int, np.ndarray, np.ndarray, np.ndarray]]:
         """(chunk, vector, kld values, dp values) in the order they were added."""
         kld, dp = self.values()
-        ends = np.cumsum([int(v[COUNT]) for v in self.chunk_vectors], dtype=np.int64)
-        starts = ends - np.array([int(v[COUNT]) for v in self.chunk_vectors], dtype=np.int64)
-        for chunk, vector, a, b in zip(self.chunks, self.chunk_vectors, starts, ends):
+        counts = np.array([int(v[COUNT]) for v in self.chunk_vectors], np.int64)
+        for chunk, vector, (a, b) in zip(self.chunks, self.chunk_vectors, _spans(counts)):
             yield chunk, vector, kld[a:b], dp[a:b]
 
     def values(self) -> tuple[np.ndarray, np.ndarray]:
@@ -118,7 +123,7 @@ class KldAccumulator:
         if (counts < 0).any() or int(counts.sum()) != len(kld) or len(dp) != len(kld):
             raise ValueError(f"{len(kld)} per-token values for {int(counts.sum())} tokens")
         acc = cls()
-        for chunk, vector, a_, b_ in zip(chunks, vectors, np.cumsum(counts) - counts, np.cumsum(counts)):
+        for chunk, vector, (a_, b_) in zip(chunks, vectors, _spans(counts)):
             acc.add_chunk(int(chunk), vector, kld[a_:b_], dp[a_:b_])
         return acc
 
