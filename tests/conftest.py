@@ -8,6 +8,7 @@ per test session.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 import subprocess
@@ -54,8 +55,6 @@ def run_cli(*args, check_rc: int | None = 0, env_extra: dict | None = None) -> s
 
 def compare_json(base, tmp_path, *args, env_extra: dict | None = None) -> dict:
     """Run `kldtool compare` on ``base`` with ``args`` and return its --json result."""
-    import json
-
     j = tmp_path / f"compare-{len(list(tmp_path.glob('compare-*.json')))}.json"
     run_cli("compare", "--kl-divergence-base", base, "--json", j, *args, env_extra=env_extra)
     return json.loads(j.read_text())
@@ -161,3 +160,56 @@ def assert_lines_match(ours: list[str], theirs: list[str], ulps: int = 2):
                 continue
             decimals = len(y.split(".")[1]) if "." in y else 0
             assert abs(float(x) - float(y)) <= ulps * 10 ** -decimals + 1e-12, f"\nours:   {a}\ntheirs: {b}"
+
+
+@pytest.fixture(scope="session")
+def fp32_dir() -> str:
+    from kldtool.engines.defaults import default_transformers_model
+
+    return default_transformers_model()
+
+
+@pytest.fixture(scope="session")
+def w8a8_dir(fp32_dir) -> str:
+    """compressed-tensors W8A8 SmolLM2, built once with llm-compressor and cached."""
+    from kldtool.engines.defaults import cache_dir
+
+    dst = cache_dir() / "SmolLM2-135M-Instruct-W8A8"
+    if not (dst / "config.json").exists():
+        py = ROOT / ".venv-quant" / "bin" / "python"
+        if not py.exists():
+            subprocess.run(["bash", str(ROOT / "scripts" / "quant" / "setup.sh")], check=True)
+        subprocess.run([str(py), str(ROOT / "scripts" / "quant" / "make_w8a8.py"), fp32_dir, str(dst)], check=True,
+                       capture_output=True)
+    cfg = json.loads((dst / "config.json").read_text())
+    assert cfg["quantization_config"]["quant_method"] == "compressed-tensors"
+    return str(dst)
+
+
+def run_script(name: str, *args) -> subprocess.CompletedProcess:
+    """Run ``scripts/NAME ARGS`` with this environment's kldtool; it must succeed."""
+    p = subprocess.run(["bash", str(ROOT / "scripts" / name), *map(str, args)], capture_output=True, text=True,
+                       env=dict(os.environ, KLDTOOL=str(Path(sys.executable).parent / "kldtool")))
+    assert p.returncode == 0, p.stderr[-4000:]
+    return p
+
+
+def printed(txt: str) -> dict[str, str]:
+    """The compare run's own printed values, as the report's text columns spell them."""
+    lines = final_block_lines(txt)
+
+    def nums(prefix):
+        line = next(l for l in lines if l.startswith(prefix))
+        return [x for x in line.split(":", 1)[1].replace("%", "").split() if x != "±"]
+
+    return {"PPL(Q)": " ± ".join(nums("Mean PPL(Q) ")), "ln(PPL(Q)/PPL(base))": " ± ".join(nums("Mean ln(PPL(Q)")),
+            "mean KLD": " ± ".join(nums("Mean    KLD")), "median KLD": nums("Median  KLD")[0],
+            "99% KLD": nums("99.0%   KLD")[0], "99.9% KLD": nums("99.9%   KLD")[0],
+            "same top %": " ± ".join(nums("Same top p")), "RMS Δp %": " ± ".join(nums("RMS Δp"))}
+
+
+def markdown_rows(path) -> dict[str, dict[str, str]]:
+    lines = [l for l in path.read_text().splitlines() if l.startswith("|")]
+    head = [c.strip() for c in lines[0].strip("|").split("|")]
+    return {cells[0]: dict(zip(head, cells)) for cells in
+            ([c.strip() for c in l.strip("|").split("|")] for l in lines[2:])}

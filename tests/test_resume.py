@@ -47,6 +47,13 @@ def uninterrupted(q4_1_gguf, tmp_path_factory):
     return runs
 
 
+def per_token_columns(path) -> dict:
+    import h5py
+
+    with h5py.File(path, "r") as f:
+        return {k: f[k][:].tobytes() for k in f}
+
+
 def container_parts(path):
     """(bytes before the index, index, metadata without the run's timing and resume notes)."""
     data = path.read_bytes()
@@ -101,23 +108,26 @@ def test_compare_resume_gives_the_same_statistics(uninterrupted, requant, tmp_pa
     base = uninterrupted["llamacpp"][0]
     model = requant("Q2_K")
     common = ["compare", "--kl-divergence-base", base, "-m", model, "-b", 256, "--checkpoint-every", 1]
-    ref = run_cli(*common, "--state", tmp_path / "ref.state", "--json", tmp_path / "ref.json")
+    ref = run_cli(*common, "--state", tmp_path / "ref.state", "--json", tmp_path / "ref.json",
+                  "--per-token", tmp_path / "ref.h5")
     plain = run_cli("compare", "--kl-divergence-base", base, "-m", model, "-b", 256)
     assert plain.stdout == ref.stdout  # checkpointing changes nothing
 
     k = random.Random(seed).randrange(2, N_CHUNKS - 6)
-    args = [*common, "--state", tmp_path / "run.state", "--json", tmp_path / "run.json"]
+    args = [*common, "--state", tmp_path / "run.state", "--json", tmp_path / "run.json", "--per-token", tmp_path / "run.h5"]
     rc, stdout, stderr = run_until(args, rf"^\s+{k} ", sig)
     print(f"killed with {sig.name} after chunk {k}: rc {rc}")
     assert rc == (130 if sig == signal.SIGINT else -9), stderr
-    assert not (tmp_path / "run.json").exists()
-    assert (tmp_path / "run.state").exists()
+    assert not (tmp_path / "run.json").exists() and not (tmp_path / "run.h5").exists()
+    assert (tmp_path / "run.state").exists() and (tmp_path / ".run.h5.partial").exists()
     p = run_cli(*args, "--resume")
     assert "resuming" in p.stderr
     assert p.stdout == ref.stdout
     ours, theirs = (json.loads((tmp_path / n).read_text()) for n in ("run.json", "ref.json"))
     assert ours["statistics"] == theirs["statistics"]
     assert ours["resumed_at_chunks"] and ours["resumed_at_chunks"][0] % 2 == 0
+    assert per_token_columns(tmp_path / "run.h5") == per_token_columns(tmp_path / "ref.h5")
+    assert not (tmp_path / ".run.h5.partial").exists()
 
     again = run_cli(*args, "--resume")  # a finished state: only replays
     assert again.stdout == ref.stdout

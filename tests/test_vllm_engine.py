@@ -5,39 +5,16 @@ W8A8 checkpoint made with llm-compressor in its own environment (.venv-quant).
 """
 
 import json
+import os
 import subprocess
 import sys
 
 import pytest
 
-from conftest import ROOT, WIKI, compare_json, run_cli
+from conftest import ROOT, WIKI, compare_json, markdown_rows, printed, run_cli, run_script
 
 pytest.importorskip("vllm")
 pytestmark = pytest.mark.filterwarnings("ignore")
-
-
-@pytest.fixture(scope="session")
-def fp32_dir() -> str:
-    from kldtool.engines.defaults import default_transformers_model
-
-    return default_transformers_model()
-
-
-@pytest.fixture(scope="session")
-def w8a8_dir(fp32_dir) -> str:
-    """compressed-tensors W8A8 SmolLM2, built once with llm-compressor and cached."""
-    from kldtool.engines.defaults import cache_dir
-
-    dst = cache_dir() / "SmolLM2-135M-Instruct-W8A8"
-    if not (dst / "config.json").exists():
-        py = ROOT / ".venv-quant" / "bin" / "python"
-        if not py.exists():
-            subprocess.run(["bash", str(ROOT / "scripts" / "quant" / "setup.sh")], check=True)
-        subprocess.run([str(py), str(ROOT / "scripts" / "quant" / "make_w8a8.py"), fp32_dir, str(dst)], check=True,
-                       capture_output=True)
-    cfg = json.loads((dst / "config.json").read_text())
-    assert cfg["quantization_config"]["quant_method"] == "compressed-tensors"
-    return str(dst)
 
 
 def probe(model, base, dtype):
@@ -95,3 +72,18 @@ def test_every_scored_position_exactly_once(fp32_dir, tmp_path, ctx, chunks, ext
     assert r["scored_tokens"] == chunks * (ctx - 1 - ctx // 2)
     # Misaligned or missing rows would show as a large divergence against the same weights.
     assert abs(r["statistics"]["kld_mean"]["value"]) < 1e-3
+
+
+def test_vllm_sweep_script(hf_base, fp32_dir, w8a8_dir, tmp_path):
+    out = tmp_path / "sweep"
+    run_script("sweep_vllm.sh", "-b", hf_base, "-o", out, fp32_dir, w8a8_dir, "--", "--chunks", 4)
+    rows = markdown_rows(out / "report.md")
+    labels = [os.path.basename(fp32_dir.rstrip("/")), os.path.basename(w8a8_dir.rstrip("/"))]
+    assert list(rows) == labels[::-1]  # sorted by size: the int8 checkpoint first
+    for label in labels:
+        want = printed((out / f"{label}.txt").read_text())
+        assert {k: rows[label][k] for k in want} == want
+    assert float(rows[labels[0]]["bpw (linear)"]) == 32.0
+    assert 8.0 < float(rows[labels[1]]["bpw (linear)"]) < 8.1  # int8 values + a float32 scale per row
+    again = run_script("sweep_vllm.sh", "-b", hf_base, "-o", out, fp32_dir, w8a8_dir, "--", "--chunks", 4)
+    assert again.stderr.count("skipped") == 2 and "comparing" not in again.stderr

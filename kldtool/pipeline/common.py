@@ -40,7 +40,11 @@ def run_metadata(command: str) -> dict:
     }
 
 
-def write_json(path: str, payload: dict) -> None:
+def write_text(path: str, text: str) -> None:
     f = AtomicFile(path)
-    f.write((json.dumps(payload, indent=2, sort_keys=False, allow_nan=True) + "\n").encode("utf-8"))
+    f.write(text.encode("utf-8"))
     f.commit()
+
+
+def write_json(path: str, payload: dict) -> None:
+    write_text(path, json.dumps(payload, indent=2, sort_keys=False, allow_nan=True) + "\n")

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 import time
+
+import numpy as np
 from dataclasses import dataclass
 
 from kldtool.engines.base import Engine
@@ -18,7 +20,10 @@ from kldtool.pipeline.common import Sinks, groups, run_metadata, write_json
 from kldtool.pipeline.state import RunState, base_identity, check_fits, load_state, model_identity, save_state
 from kldtool.protocols import llamacpp_windows
 from kldtool.report.console import TABLE_HEADER, chunk_line, final_blocks
+from kldtool.report.per_token import PerTokenWriter
+from kldtool.sizes import model_size
 from kldtool.stats import KldAccumulator, summarize
+from kldtool.stats.histogram import kld_histogram
 from kldtool.stats.summary import MIN_TOKENS_FOR_STATS
 
 
@@ -116,7 +121,10 @@ def final_report(acc: KldAccumulator, sinks: Sinks, warnings: list[str]) -> dict
         sinks.info(f"compare: only {acc.count} tokens scored (< {MIN_TOKENS_FOR_STATS}); no final statistics, as llama.cpp")
     for w in warnings:
         sinks.line("warning: " + w)
-    return summary.as_dict()
+    stats = summary.as_dict()
+    if acc.count >= MIN_TOKENS_FOR_STATS:
+        stats["kld_histogram"] = kld_histogram(acc.values()[0])
+    return stats
 
 
 def _start_state(ck: Checkpoints, meta: dict, sinks: Sinks) -> RunState:
@@ -135,9 +143,14 @@ def _start_state(ck: Checkpoints, meta: dict, sinks: Sinks) -> RunState:
     return RunState(meta | {"resumed": state.meta.get("resumed", []) + [state.next_chunk]}, state.acc)
 
 
+def _size_of(model) -> dict | None:
+    size = model_size(str(model)) if model else None
+    return size.as_dict() if size else None
+
+
 def run_compare(engine: Engine, reader, force: bool = False, json_path: str | None = None,
                 sinks: Sinks | None = None, chunk_range: tuple[int, int] | None = None,
-                checkpoints: Checkpoints | None = None) -> dict:
+                checkpoints: Checkpoints | None = None, per_token_path: str | None = None) -> dict:
     sinks = sinks or Sinks()
     ck = checkpoints or Checkpoints()
     t0 = time.time()
@@ -159,6 +172,9 @@ def run_compare(engine: Engine, reader, force: bool = False, json_path: str | No
     sinks.line(TABLE_HEADER)
     acc = replay(state.acc, sinks)
     state.acc = acc
+    per_token = None
+    if per_token_path and not (state.complete and os.path.exists(per_token_path)):
+        per_token = PerTokenWriter(per_token_path, meta, resume_tokens=acc.count)
     source = PrefetchedChunks(reader, range(start, b), device=engine.device)
     last_save, saved_at = time.time(), len(acc.chunks)
     try:
@@ -171,10 +187,15 @@ def run_compare(engine: Engine, reader, force: bool = False, json_path: str | No
                            f"{per_pass * len(windows) / n_seq / 60:.2f} minutes")
             for w, rec in zip(group, records):
                 acc.add(rec, w.index)
+                if per_token:
+                    scored = w.index * h.n_ctx + w.first + 1 + np.arange(w.n_scored)
+                    per_token.add(w.index, scored, w.targets, rec)
                 sinks.line(chunk_line(w.index + 1, summarize(acc, with_quantiles=False)))
             due = (ck.chunks is not None and len(acc.chunks) - saved_at >= ck.chunks) or \
                   time.time() - last_save >= ck.seconds
             if ck.path and due and not state.complete:
+                if per_token:
+                    per_token.flush()
                 save_state(ck.path, state)
                 last_save, saved_at = time.time(), len(acc.chunks)
     except BaseException:
@@ -182,10 +203,14 @@ def run_compare(engine: Engine, reader, force: bool = False, json_path: str | No
             # Keep whole batches only: a resumed run must evaluate the same batches.
             added = len(acc.chunks) - (start - a)
             acc.truncate(len(acc.chunks) - added % n_seq)
+            if per_token:
+                per_token.flush()
             if len(acc.chunks) > saved_at:
                 save_state(ck.path, state)
             sinks.info(f"compare: stopped after chunk {state.next_chunk}; checkpoint in {ck.path}, "
                        f"--resume continues it")
+        if per_token:
+            per_token.close(keep=bool(ck.path))
         raise
     finally:
         source.close()
@@ -197,9 +222,11 @@ def run_compare(engine: Engine, reader, force: bool = False, json_path: str | No
         "chunks": b - a,
         "chunk_range": [a, b],
         "scored_tokens": acc.count,
+        "base": meta["base"],
         "base_file": {"path": reader.path, "format": reader.format_name, "n_vocab": h.n_vocab,
                       "metadata": reader.metadata},
         "model": engine.describe(),
+        "model_size": _size_of(engine.describe().get("model")),
         "tokenizer_identity": {"model": engine.tokenizer_identity(),
                                "base": reader.metadata.get("tokenizer_identity")},
         "state": ck.path,
@@ -208,6 +235,9 @@ def run_compare(engine: Engine, reader, force: bool = False, json_path: str | No
     }
     result["statistics"] = final_report(acc, sinks, warnings)
     result["wall_time_s"] = round(time.time() - t0, 3)
+    if per_token:
+        per_token.finish(result["statistics"])
+        result["per_token"] = str(per_token.path)
     if json_path:
         write_json(json_path, result)
     return result

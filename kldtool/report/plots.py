@@ -1,0 +1,123 @@
+"""PNG plots of a sweep (matplotlib, headless): what a person looks at to pick a quant.
+
+- ``kld_vs_bpw.png``: mean and 99 % KLD against bits per weight, log y;
+- ``ppl_ratio_vs_bpw.png``: PPL(Q)/PPL(base) against bits per weight, with its ±;
+- ``kld_histograms.png``: each quant's KLD distribution (log-spaced bins).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import numpy as np
+
+from kldtool.errors import UsageError
+from kldtool.report.results import ResultRow
+
+DPI = 120
+
+
+def _pyplot():
+    try:
+        import matplotlib
+    except ImportError:
+        raise UsageError("plots need matplotlib: pip install 'kldtool[plots]'") from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _sized(rows: list[ResultRow]) -> list[ResultRow]:
+    return [r for r in rows if r.bpw is not None and not math.isnan(r.bpw)]
+
+
+def _title(ax, text: str, rows: list[ResultRow]) -> None:
+    proto = (rows[0].protocol or {}) if rows else {}
+    where = f"{proto.get('name', '?')} protocol, n_ctx {proto.get('n_ctx', '?')}" if proto else ""
+    ax.set_title(f"{text}\n{where}" if where else text, fontsize=10)
+
+
+def _annotate(ax, xs, ys, labels) -> None:
+    for x, y, label in zip(xs, ys, labels):
+        ax.annotate(label, (x, y), textcoords="offset points", xytext=(4, 4), fontsize=8)
+
+
+def kld_vs_bpw(plt, rows: list[ResultRow], path: str) -> None:
+    rows = _sized(rows)
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    x = [r.bpw for r in rows]
+    mean = [r.statistics["kld_mean"]["value"] for r in rows]
+    p99 = [r.statistics["kld_quantiles"]["99.0%"] for r in rows]
+    ax.errorbar(x, mean, yerr=[r.statistics["kld_mean"]["uncertainty"] for r in rows], fmt="o-", capsize=3,
+                label="mean KLD")
+    ax.plot(x, p99, "s--", label="99 % KLD")
+    _annotate(ax, x, mean, [r.label for r in rows])
+    ax.set_yscale("log")
+    ax.set_xlabel("bits per weight (decoder linear layers)")
+    ax.set_ylabel("KL divergence (nats)")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    _title(ax, "KL divergence from the base model vs size", rows)
+    _save(fig, path)
+
+
+def ppl_ratio_vs_bpw(plt, rows: list[ResultRow], path: str) -> None:
+    rows = _sized(rows)
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    x = [r.bpw for r in rows]
+    y = [r.statistics["ppl_ratio"]["value"] for r in rows]
+    ax.errorbar(x, y, yerr=[r.statistics["ppl_ratio"]["uncertainty"] for r in rows], fmt="o-", capsize=3,
+                label="PPL(Q)/PPL(base)")
+    ax.axhline(1.0, color="grey", lw=0.8, ls=":", label="base (ratio 1)")
+    _annotate(ax, x, y, [r.label for r in rows])
+    ax.set_xlabel("bits per weight (decoder linear layers)")
+    ax.set_ylabel("PPL(Q) / PPL(base)")
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    _title(ax, "Perplexity ratio vs size", rows)
+    _save(fig, path)
+
+
+def kld_histograms(plt, rows: list[ResultRow], path: str) -> None:
+    rows = [r for r in rows if "kld_histogram" in r.statistics]
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for r in rows:
+        h = r.statistics["kld_histogram"]
+        edges, counts = np.asarray(h["edges"]), np.asarray(h["counts"], np.float64)
+        total = counts.sum() + h["below"] + h["above"]
+        ax.stairs(counts / max(total, 1), edges, label=f"{r.label} (< 1e-7: {h['below'] / max(total, 1):.1%})")
+    ax.set_xscale("log")
+    ax.set_xlabel("per-token KL divergence (nats, log-spaced bins)")
+    ax.set_ylabel("share of scored tokens per bin")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    _title(ax, "Distribution of per-token KLD", rows)
+    _save(fig, path)
+
+
+def _save(fig, path: str) -> None:
+    tmp = os.path.join(os.path.dirname(path) or ".", f".{os.path.basename(path)}.partial-{os.getpid()}.png")
+    fig.tight_layout()
+    fig.savefig(tmp, dpi=DPI)
+    fig.clf()
+    os.replace(tmp, path)
+
+
+def write_plots(rows: list[ResultRow], out_dir: str) -> list[str]:
+    """Every plot the rows allow; returns the paths written."""
+    plt = _pyplot()
+    if not os.path.isdir(out_dir):
+        os.makedirs(out_dir, exist_ok=True)
+    written = []
+    plans = [("kld_vs_bpw.png", kld_vs_bpw, len(_sized(rows)) > 0),
+             ("ppl_ratio_vs_bpw.png", ppl_ratio_vs_bpw, len(_sized(rows)) > 0),
+             ("kld_histograms.png", kld_histograms, any("kld_histogram" in r.statistics for r in rows))]
+    for name, draw, possible in plans:
+        if possible:
+            path = os.path.join(out_dir, name)
+            draw(plt, rows, path)
+            written.append(path)
+    plt.close("all")
+    return written

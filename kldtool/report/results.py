@@ -1,0 +1,120 @@
+"""Load the results of many compare runs for ``kldtool report``: JSON results (compare or
+merge ``--json``) and per-token HDF5 files (``compare --per-token``), one row per model.
+
+Per-token files of the same model are pooled: their tokens go into one accumulator, so the
+percentiles are those of all tokens together, not an average of each run's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+
+from kldtool.errors import UsageError
+from kldtool.pipeline.state import model_identity
+from kldtool.report.per_token import accumulate, read_per_token
+from kldtool.sizes import model_size
+from kldtool.stats import summarize
+from kldtool.stats.histogram import kld_histogram
+from kldtool.stats.summary import MIN_TOKENS_FOR_STATS
+
+
+@dataclass
+class ResultRow:
+    label: str
+    sources: list[str]
+    model: dict
+    base: dict | None
+    protocol: dict | None
+    statistics: dict
+    size: dict | None = None
+
+    @property
+    def bpw(self) -> float | None:
+        return self.size["bpw_linear"] if self.size else None
+
+
+def _label(path: str) -> str:
+    name = os.path.basename(path)
+    for ext in (".json", ".h5", ".hdf5"):
+        if name.endswith(ext):
+            return name[: -len(ext)]
+    return name
+
+
+def _size(run: dict) -> dict | None:
+    if run.get("model_size"):
+        return run["model_size"]
+    model = (run.get("model") or {}).get("model")
+    size = model_size(str(model)) if model and os.path.exists(str(model)) else None
+    return size.as_dict() if size else None
+
+
+def _from_json(path: str) -> ResultRow:
+    try:
+        with open(path, encoding="utf-8") as f:
+            run = json.load(f)
+    except OSError as e:
+        raise UsageError(f"{path}: cannot read ({e.strerror})") from None
+    except ValueError as e:
+        raise UsageError(f"{path}: not JSON ({e})") from None
+    if not isinstance(run, dict) or run.get("command") not in ("compare", "merge") or "statistics" not in run:
+        raise UsageError(f"{path}: not a kldtool compare or merge result (--json)")
+    if "kld_mean" not in run["statistics"]:
+        raise UsageError(f"{path}: the run scored too few tokens for statistics")
+    return ResultRow(_label(path), [path], run.get("model") or {}, run.get("base"), run.get("protocol"),
+                     run["statistics"], _size(run))
+
+
+def _from_per_token(paths: list[str]) -> ResultRow:
+    runs, cols = zip(*(read_per_token(p) for p in paths))
+    acc = accumulate(list(cols), ", ".join(paths))
+    if acc.count < MIN_TOKENS_FOR_STATS:
+        raise UsageError(f"{paths[0]}: only {acc.count} tokens; at least {MIN_TOKENS_FOR_STATS} are needed")
+    stats = summarize(acc).as_dict() | {"kld_histogram": kld_histogram(acc.values()[0])}
+    first = runs[0]
+    return ResultRow(_label(paths[0]), list(paths), first.get("model") or {}, first.get("base"),
+                     first.get("protocol"), stats, _size(first))
+
+
+def _group_per_token(paths: list[str]) -> list[list[str]]:
+    groups: dict[str, list[str]] = {}
+    for p in paths:
+        run, _ = read_per_token(p)
+        key = json.dumps([model_identity(run.get("model") or {}, False), run.get("base")], sort_keys=True)
+        groups.setdefault(key, []).append(p)
+    return list(groups.values())
+
+
+def same_protocol(a: dict | None, b: dict | None) -> bool:
+    """Equal in every parameter both name: a llama.cpp raw file records only name and n_ctx,
+    a kldtool container more, and the two can hold the same scoring."""
+    a, b = a or {}, b or {}
+    return all(a[k] == b[k] for k in a.keys() & b.keys())
+
+
+def load_results(paths: list[str], mix: bool = False) -> list[ResultRow]:
+    """One row per model, checked to share one base file and protocol (unless ``mix``)."""
+    if not paths:
+        raise UsageError("report needs result files: compare --json FILE or compare --per-token FILE.h5")
+    h5 = [p for p in paths if p.endswith((".h5", ".hdf5"))]
+    rows = [_from_json(p) for p in paths if p not in h5]
+    rows += [_from_per_token(g) for g in _group_per_token(h5)]
+    seen: dict[str, str] = {}
+    for r in rows:
+        key = json.dumps(model_identity(r.model, False), sort_keys=True)
+        if key in seen and not mix:
+            raise UsageError(f"{r.sources[0]}: a second result for the model of {seen[key]}; "
+                             f"give one per model (per-token .h5 files of one model are pooled)")
+        seen.setdefault(key, r.sources[0])
+    if not mix:
+        ref = rows[0]
+        for r in rows[1:]:
+            if r.base != ref.base:
+                raise UsageError(f"{r.sources[0]}: compared against another base file than {ref.sources[0]} "
+                                 f"(header or tokens differ); --mix reports them together anyway")
+            if not same_protocol(r.protocol, ref.protocol):
+                raise UsageError(f"{r.sources[0]}: protocol {r.protocol} differs from {ref.sources[0]}'s "
+                                 f"{ref.protocol}; --mix reports them together anyway")
+    return sorted(rows, key=lambda r: (r.size is None, (r.size or {}).get("file_bytes", 0), r.label))
