@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import dataclass
 
 import numpy as np
-from dataclasses import dataclass
 
 from kldtool.engines.base import Engine
 from kldtool.errors import ContextTooLong, TokenizerMismatch, UsageError, VocabMismatch
@@ -177,6 +177,13 @@ def run_compare(engine: Engine, reader, force: bool = False, json_path: str | No
         per_token = PerTokenWriter(per_token_path, meta, resume_tokens=acc.count)
     source = PrefetchedChunks(reader, range(start, b), device=engine.device)
     last_save, saved_at = time.time(), len(acc.chunks)
+
+    def checkpoint() -> None:
+        # Records reach the disk before the state: they must never hold fewer tokens than it.
+        if per_token:
+            per_token.flush()
+        save_state(ck.path, state)
+
     try:
         for gi, group in enumerate(groups(windows, n_seq)):
             t_pass = time.time()
@@ -186,27 +193,25 @@ def run_compare(engine: Engine, reader, force: bool = False, json_path: str | No
                 sinks.info(f"compare: {per_pass:.2f} seconds per pass - ETA "
                            f"{per_pass * len(windows) / n_seq / 60:.2f} minutes")
             for w, rec in zip(group, records):
-                acc.add(rec, w.index)
+                # Records first: wherever Ctrl-C lands, they cover every chunk the accumulator
+                # holds, and --resume cuts them back to the checkpoint.
                 if per_token:
                     scored = w.index * h.n_ctx + w.first + 1 + np.arange(w.n_scored)
                     per_token.add(w.index, scored, w.targets, rec)
+                acc.add(rec, w.index)
                 sinks.line(chunk_line(w.index + 1, summarize(acc, with_quantiles=False)))
             due = (ck.chunks is not None and len(acc.chunks) - saved_at >= ck.chunks) or \
                   time.time() - last_save >= ck.seconds
             if ck.path and due and not state.complete:
-                if per_token:
-                    per_token.flush()
-                save_state(ck.path, state)
+                checkpoint()
                 last_save, saved_at = time.time(), len(acc.chunks)
     except BaseException:
         if ck.path:
             # Keep whole batches only: a resumed run must evaluate the same batches.
             added = len(acc.chunks) - (start - a)
             acc.truncate(len(acc.chunks) - added % n_seq)
-            if per_token:
-                per_token.flush()
             if len(acc.chunks) > saved_at:
-                save_state(ck.path, state)
+                checkpoint()
             sinks.info(f"compare: stopped after chunk {state.next_chunk}; checkpoint in {ck.path}, "
                        f"--resume continues it")
         if per_token:
@@ -215,7 +220,7 @@ def run_compare(engine: Engine, reader, force: bool = False, json_path: str | No
     finally:
         source.close()
     if ck.path:
-        save_state(ck.path, state)
+        checkpoint()
     result = run_metadata("compare") | {
         "protocol": meta["protocol"],
         "n_ctx": h.n_ctx,
