@@ -25,8 +25,6 @@ _ST_PART = re.compile(r"^(?P<module>.+)\.(?P<part>weight|weight_packed|weight_sc
                       r"weight_g_idx|weight_shape|weight_global_scale)$")
 _ST_LAYER = re.compile(r"(^|\.)layers\.\d+\.")
 _ST_EMBED_HEAD = re.compile(r"(^|\.)(embed_tokens|lm_head|wte|embed_out)$")
-_ST_BYTES = {"F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2, "BF16": 2, "I16": 2,
-             "U16": 2, "I8": 1, "U8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
 
 
 @dataclass
@@ -62,6 +60,12 @@ def model_size(path: str) -> ModelSize | None:
         if files:
             return _safetensors_size(path, files)
     return None
+
+
+def model_size_dict(model) -> dict | None:
+    """:func:`model_size` as the dict results carry, or None (no model, or not a local file)."""
+    size = model_size(str(model)) if model else None
+    return size.as_dict() if size else None
 
 
 def _gguf_size(path: str) -> ModelSize:

@@ -147,6 +147,8 @@ def test_report_refuses_what_does_not_belong_together(swept, fixture_base_bos, t
     assert "broken.h5" in p.stderr and "Traceback" not in p.stderr
     p = run_cli("report", ROOT / "pyproject.toml", check_rc=2)
     assert "not JSON" in p.stderr
+    p = run_cli("report", out / "Q2_K.json", "--plots", out / "report.md", check_rc=7)  # a file, not a directory
+    assert p.stderr.startswith("kldtool: error:") and "report.md" in p.stderr and "Traceback" not in p.stderr
 
 
 def test_sweep_writes_a_missing_base_first(q4_1_gguf, tmp_path):

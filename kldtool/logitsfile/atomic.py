@@ -23,6 +23,11 @@ def output_target(path: str | os.PathLike) -> Path:
     return target
 
 
+def partial_path(target: Path) -> Path:
+    """The stable hidden name a resumable output grows under until it is complete."""
+    return target.parent / f".{target.name}.partial"
+
+
 class AtomicFile:
     def __init__(self, path: str | os.PathLike):
         self.path = output_target(path)

@@ -20,14 +20,14 @@ from pathlib import Path
 import numpy as np
 
 from kldtool.errors import OutputError
-from kldtool.logitsfile.atomic import output_target
+from kldtool.logitsfile.atomic import output_target, partial_path
 
 
 class PartialFile:
     def __init__(self, path: str | os.PathLike):
         self.path = output_target(path)
         parent = self.path.parent
-        self.tmp_path = parent / f".{self.path.name}.partial"
+        self.tmp_path = partial_path(self.path)
         self.journal_path = parent / f".{self.path.name}.partial.journal"
         try:
             fd = os.open(self.tmp_path, os.O_RDWR | os.O_CREAT, 0o644)

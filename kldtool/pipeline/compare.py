@@ -21,7 +21,7 @@ from kldtool.pipeline.state import RunState, base_identity, check_fits, load_sta
 from kldtool.protocols import llamacpp_windows
 from kldtool.report.console import TABLE_HEADER, chunk_line, final_blocks
 from kldtool.report.per_token import PerTokenWriter
-from kldtool.sizes import model_size
+from kldtool.sizes import model_size_dict
 from kldtool.stats import KldAccumulator, summarize
 from kldtool.stats.histogram import kld_histogram
 from kldtool.stats.summary import MIN_TOKENS_FOR_STATS
@@ -143,11 +143,6 @@ def _start_state(ck: Checkpoints, meta: dict, sinks: Sinks) -> RunState:
     return RunState(meta | {"resumed": state.meta.get("resumed", []) + [state.next_chunk]}, state.acc)
 
 
-def _size_of(model) -> dict | None:
-    size = model_size(str(model)) if model else None
-    return size.as_dict() if size else None
-
-
 def run_compare(engine: Engine, reader, force: bool = False, json_path: str | None = None,
                 sinks: Sinks | None = None, chunk_range: tuple[int, int] | None = None,
                 checkpoints: Checkpoints | None = None, per_token_path: str | None = None) -> dict:
@@ -231,7 +226,7 @@ def run_compare(engine: Engine, reader, force: bool = False, json_path: str | No
         "base_file": {"path": reader.path, "format": reader.format_name, "n_vocab": h.n_vocab,
                       "metadata": reader.metadata},
         "model": engine.describe(),
-        "model_size": _size_of(engine.describe().get("model")),
+        "model_size": model_size_dict(meta["model"].get("model")),
         "tokenizer_identity": {"model": engine.tokenizer_identity(),
                                "base": reader.metadata.get("tokenizer_identity")},
         "state": ck.path,

@@ -14,12 +14,10 @@ from __future__ import annotations
 
 import json
 import os
-from pathlib import Path
-
 import numpy as np
 
 from kldtool.errors import OutputError, StateError, UsageError
-from kldtool.logitsfile.atomic import output_target
+from kldtool.logitsfile.atomic import output_target, partial_path
 from kldtool.reduce import TokenRecords
 from kldtool.stats import KldAccumulator
 
@@ -27,10 +25,6 @@ FIELDS = {"chunk": np.int32, "position": np.int64, "target": np.int32, "nll_q": 
           "nll_base": np.float32, "kld": np.float64, "dp": np.float32, "same_top": np.bool_}
 RECORD = np.dtype([(name, dtype) for name, dtype in FIELDS.items()])
 KIND = "kldtool-per-token"
-
-
-def partial_path(target: Path) -> Path:
-    return target.parent / f".{target.name}.partial"
 
 
 class PerTokenWriter:
@@ -119,8 +113,6 @@ def read_per_token(path: str) -> tuple[dict, dict[str, np.ndarray]]:
         if not f.attrs.get("complete"):
             raise UsageError(f"{path}: incomplete per-token file (its compare run did not finish)")
         run = json.loads(f.attrs["run"])
-        if "statistics" in f.attrs:
-            run["statistics"] = json.loads(f.attrs["statistics"])
         cols = {name: f[name][:] for name in FIELDS}
     if len({len(c) for c in cols.values()}) != 1:
         raise UsageError(f"{path}: per-token columns of different lengths")

@@ -12,7 +12,8 @@ import os
 
 import numpy as np
 
-from kldtool.errors import UsageError
+from kldtool.errors import OutputError, UsageError
+from kldtool.logitsfile.atomic import AtomicFile
 from kldtool.report.results import ResultRow
 
 DPI = 120
@@ -98,18 +99,24 @@ def kld_histograms(plt, rows: list[ResultRow], path: str) -> None:
 
 
 def _save(fig, path: str) -> None:
-    tmp = os.path.join(os.path.dirname(path) or ".", f".{os.path.basename(path)}.partial-{os.getpid()}.png")
     fig.tight_layout()
-    fig.savefig(tmp, dpi=DPI)
+    f = AtomicFile(path)
+    try:
+        fig.savefig(f, format="png", dpi=DPI)
+    except BaseException:
+        f.abort()
+        raise
+    f.commit()
     fig.clf()
-    os.replace(tmp, path)
 
 
 def write_plots(rows: list[ResultRow], out_dir: str) -> list[str]:
     """Every plot the rows allow; returns the paths written."""
     plt = _pyplot()
-    if not os.path.isdir(out_dir):
+    try:
         os.makedirs(out_dir, exist_ok=True)
+    except OSError as e:
+        raise OutputError(f"{out_dir}: cannot make the plot directory ({e.strerror})") from None
     written = []
     plans = [("kld_vs_bpw.png", kld_vs_bpw, len(_sized(rows)) > 0),
              ("ppl_ratio_vs_bpw.png", ppl_ratio_vs_bpw, len(_sized(rows)) > 0),

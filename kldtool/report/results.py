@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from kldtool.errors import UsageError
 from kldtool.pipeline.state import model_identity
 from kldtool.report.per_token import accumulate, read_per_token
-from kldtool.sizes import model_size
+from kldtool.sizes import model_size_dict
 from kldtool.stats import summarize
 from kldtool.stats.histogram import kld_histogram
 from kldtool.stats.summary import MIN_TOKENS_FOR_STATS
@@ -44,11 +44,8 @@ def _label(path: str) -> str:
 
 
 def _size(run: dict) -> dict | None:
-    if run.get("model_size"):
-        return run["model_size"]
-    model = (run.get("model") or {}).get("model")
-    size = model_size(str(model)) if model and os.path.exists(str(model)) else None
-    return size.as_dict() if size else None
+    """The size the run recorded; for results written before compare recorded one, measured now."""
+    return run.get("model_size") or model_size_dict((run.get("model") or {}).get("model"))
 
 
 def _from_json(path: str) -> ResultRow:
@@ -67,9 +64,10 @@ def _from_json(path: str) -> ResultRow:
                      run["statistics"], _size(run))
 
 
-def _from_per_token(paths: list[str]) -> ResultRow:
-    runs, cols = zip(*(read_per_token(p) for p in paths))
-    acc = accumulate(list(cols), ", ".join(paths))
+def _from_per_token(files: list[tuple[str, dict, dict]]) -> ResultRow:
+    """One row from the (path, run, columns) of one model's per-token files."""
+    paths, runs, cols = (list(x) for x in zip(*files))
+    acc = accumulate(cols, ", ".join(paths))
     if acc.count < MIN_TOKENS_FOR_STATS:
         raise UsageError(f"{paths[0]}: only {acc.count} tokens; at least {MIN_TOKENS_FOR_STATS} are needed")
     stats = summarize(acc).as_dict() | {"kld_histogram": kld_histogram(acc.values()[0])}
@@ -78,12 +76,13 @@ def _from_per_token(paths: list[str]) -> ResultRow:
                      first.get("protocol"), stats, _size(first))
 
 
-def _group_per_token(paths: list[str]) -> list[list[str]]:
-    groups: dict[str, list[str]] = {}
+def _group_per_token(paths: list[str]) -> list[list[tuple[str, dict, dict]]]:
+    """Each per-token file read once, grouped by model and base file."""
+    groups: dict[str, list] = {}
     for p in paths:
-        run, _ = read_per_token(p)
+        run, cols = read_per_token(p)
         key = json.dumps([model_identity(run.get("model") or {}, False), run.get("base")], sort_keys=True)
-        groups.setdefault(key, []).append(p)
+        groups.setdefault(key, []).append((p, run, cols))
     return list(groups.values())
 
 

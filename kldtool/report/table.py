@@ -53,10 +53,9 @@ COLUMNS = (
 
 def _text(c: Column, r: ResultRow) -> str:
     vals = c.get(r)
-    if any(v is None or (isinstance(v, float) and math.isnan(v)) for v in vals[:1]):
+    if vals[0] is None or math.isnan(vals[0]):
         return "-"
-    parts = [c.fmt % (c.scale * v) for v in vals]
-    return " ± ".join(parts)
+    return " ± ".join(c.fmt % (c.scale * v) for v in vals)
 
 
 def text_rows(rows: list[ResultRow]) -> tuple[list[str], list[list[str]]]:
