@@ -68,14 +68,14 @@ def main() -> None:
     import numpy as np
     import torch
 
-    from kldtool.corpus import load_corpus
+    from kldtool.corpus import open_corpus
     from kldtool.engines.defaults import default_transformers_model
     from kldtool.engines.transformers import TransformersEngine
     from kldtool.logitsfile import open_base_file
     from kldtool.pipeline import run_compare
     from kldtool.pipeline.common import Sinks
     from kldtool.pipeline.write_base import run_base
-    from kldtool.protocols import llamacpp_windows
+    from kldtool.protocols import Protocol, llamacpp_windows
 
     model = a.model
     if a.random_llama_8b:
@@ -88,11 +88,11 @@ def main() -> None:
     quiet = Sinks(out=lambda s: None, info=lambda s: None)
     sync = torch.cuda.synchronize if a.device.startswith("cuda") else (lambda: None)
     with tempfile.TemporaryDirectory(dir=os.environ.get("TMPDIR")) as tmp:
-        name, text = load_corpus(a.text if Path(a.text).exists() else None)
+        corpus = open_corpus(a.text if Path(a.text).exists() else None)
         sizes, base_times = {}, {}
         for fmt, fname in (("llamacpp", "base.kld"), ("kldtool", "base.kldt")):
             t0 = time.perf_counter()
-            run_base(engine, name, text, a.ctx, a.chunks, os.path.join(tmp, fname), fmt, sinks=quiet)
+            run_base(engine, corpus, Protocol("llamacpp", a.ctx), a.chunks, os.path.join(tmp, fname), fmt, sinks=quiet)
             base_times[fmt] = time.perf_counter() - t0
             sizes[fmt] = os.path.getsize(os.path.join(tmp, fname))
             print(f"base ({fmt}): {base_times[fmt]:.2f} s, {sizes[fmt] / 2**20:.1f} MiB", flush=True)

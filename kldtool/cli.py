@@ -59,12 +59,42 @@ def _engine(n_ctx, engine, model, dtype, device, threads, batch, tp=None, gpu_me
     return make_engine(opts, n_ctx)
 
 
+ProtocolOpt = typer.Option("llamacpp", "--protocol", help="llamacpp (chunks of -c, second half scored), exl3 "
+                                                            "(windows of -c every --stride, all positions), stride "
+                                                            "(Hugging Face's: each token once) or documents (--lengths).")
+StrideOpt = typer.Option(None, "--stride", help="exl3/stride: tokens between window starts (default: -c / 4).")
+LengthsOpt = typer.Option(None, "--lengths", help="documents: N,N,... first-N-token lengths (default: whole documents).")
+CorpusFormatOpt = typer.Option("auto", "--corpus-format", help="text, lines (a document per line), jsonl, dir, tokens "
+                                                              "(token strings) or ids (default: from -f).")
+TextFieldOpt = typer.Option("text", "--text-field", help="jsonl: the field that holds a document's text.")
+CtxOpt = typer.Option(None, "-c", "--ctx-size", help="llamacpp chunk / exl3, stride window (512).")
+ChunksOpt = typer.Option(None, "--chunks", help="Use at most this many chunks (windows).")
+LongOpt = typer.Option(False, "--force", help="Run windows longer than the model's trained context.")
+
+
+def _protocol(name, ctx_size, stride, lengths):
+    from kldtool.protocols import Protocol
+
+    return Protocol.from_flags(name, ctx_size, stride, lengths)
+
+
+def _longest(spec) -> int:
+    """The window length engines are built for before the corpus is read (vLLM's max_model_len)."""
+    return max(spec.n_ctx, max(spec.lengths, default=0)) or 8192
+
+
 @app.command()
 def base(
     model: Optional[str] = ModelOpt,
-    file: Optional[str] = typer.Option(None, "-f", "--file", help="Text file (default: Python's built-in pydoc topics)."),
-    ctx_size: int = typer.Option(512, "-c", "--ctx-size", help="Tokens per chunk; the second half is scored."),
-    chunks: Optional[int] = typer.Option(None, "--chunks", help="Use at most this many chunks."),
+    file: Optional[str] = typer.Option(None, "-f", "--file", help="Corpus (default: Python's built-in pydoc topics)."),
+    corpus_format: str = CorpusFormatOpt,
+    text_field: str = TextFieldOpt,
+    protocol: str = ProtocolOpt,
+    ctx_size: Optional[int] = CtxOpt,
+    stride: Optional[int] = StrideOpt,
+    lengths: Optional[str] = LengthsOpt,
+    chunks: Optional[int] = ChunksOpt,
+    force: bool = LongOpt,
     out: Optional[str] = typer.Option(None, "--kl-divergence-base", "--save-all-logits",
                                       help="Write the base file here (without it: perplexity only)."),
     fmt: str = typer.Option("kldtool", "--format", help="kldtool (compressed container) or llamacpp (raw, for llama-perplexity)."),
@@ -84,7 +114,7 @@ def base(
 ):
     """Phase 1: run the base model over a text, print its PPL and store its log-probs."""
     from kldtool.codec import CODECS
-    from kldtool.corpus import load_corpus
+    from kldtool.corpus import open_corpus
     from kldtool.logitsfile import FORMATS
     from kldtool.pipeline import run_base
     from kldtool.pipeline.common import write_json
@@ -93,17 +123,75 @@ def base(
         raise UsageError(f"--format {fmt!r}: expected one of {', '.join(FORMATS)}")
     if codec is not None and codec not in CODECS:
         raise UsageError(f"--codec {codec!r}: expected one of {', '.join(CODECS)}")
-    corpus_name, text = load_corpus(file)
-    eng = _engine(ctx_size, engine, model, dtype, device, threads, batch, tp, gpu_mem, max_len, quant, kv_dtype,
+    spec = _protocol(protocol, ctx_size, stride, lengths)
+    if fmt == "llamacpp" and spec.name != "llamacpp":
+        raise UsageError(f"--format llamacpp holds only --protocol llamacpp's chunks, not {spec.name}; use --format kldtool")
+    corpus = open_corpus(file, corpus_format, text_field)
+    eng = _engine(_longest(spec), engine, model, dtype, device, threads, batch, tp, gpu_mem, max_len, quant, kv_dtype,
                   eager, remote, vllm_arg)
     try:
         if resume and not out:
             raise UsageError("--resume needs --kl-divergence-base FILE (the base file to continue)")
-        result = run_base(eng, corpus_name, text, ctx_size, chunks, out, fmt, codec=codec, resume=resume)
+        result = run_base(eng, corpus, spec, chunks, out, fmt, codec=codec, resume=resume, force=force)
     finally:
         eng.close()
     if json_out:
         write_json(json_out, result)
+
+
+@app.command()
+def ppl(
+    models: Optional[list[str]] = typer.Option(None, "-m", "--model", help="Model (repeat for a checkpoint sweep: one "
+                                                                        "table). Default: the built-in SmolLM2-135M."),
+    file: Optional[str] = typer.Option(None, "-f", "--file", help="Corpus (default: Python's built-in pydoc topics)."),
+    corpus_format: str = CorpusFormatOpt,
+    text_field: str = TextFieldOpt,
+    protocol: str = ProtocolOpt,
+    ctx_size: Optional[int] = CtxOpt,
+    stride: Optional[int] = StrideOpt,
+    lengths: Optional[str] = LengthsOpt,
+    chunks: Optional[int] = ChunksOpt,
+    engine: Optional[str] = EngineOpt,
+    dtype: Optional[str] = DtypeOpt,
+    device: Optional[str] = DeviceOpt,
+    threads: Optional[int] = ThreadsOpt,
+    batch: int = BatchOpt,
+    force: bool = LongOpt,
+    json_out: Optional[str] = typer.Option(None, "--json", help="Write the result(s) as JSON here."),
+    csv_out: Optional[str] = typer.Option(None, "--csv", help="Write the models' table as CSV here."),
+    plot: Optional[str] = typer.Option(None, "--plot", help="documents with --lengths: PNG of PPL vs length here."),
+    tp: Optional[int] = TpOpt, gpu_mem: Optional[float] = GpuMemOpt, max_len: Optional[int] = MaxLenOpt,
+    quant: Optional[str] = QuantOpt, kv_dtype: Optional[str] = KvOpt, eager: bool = EagerOpt,
+    remote: bool = RemoteOpt, vllm_arg: Optional[list[str]] = VllmArgOpt,
+):
+    """Score mode: a model's perplexity under any protocol, without a base file."""
+    from kldtool.corpus import open_corpus
+    from kldtool.pipeline.common import write_json, write_text
+    from kldtool.pipeline.ppl import run_ppl
+    from kldtool.report.ppl_table import csv_text, print_table
+
+    spec = _protocol(protocol, ctx_size, stride, lengths)
+    if plot and not spec.lengths:
+        raise UsageError("--plot draws PPL against --lengths: give --protocol documents --lengths N,N,...")
+    corpus = open_corpus(file, corpus_format, text_field)
+    results = []
+    for m in models or [None]:
+        eng = _engine(_longest(spec), engine, m, dtype, device, threads, batch, tp,
+                      gpu_mem, max_len, quant, kv_dtype, eager, remote, vllm_arg)
+        try:
+            results.append(run_ppl(eng, corpus, spec, chunks, force=force))
+        finally:
+            eng.close()
+    if len(results) > 1:
+        print_table(results)
+    if json_out:
+        write_json(json_out, results[0] if len(results) == 1 else {"runs": results})
+    if csv_out:
+        write_text(csv_out, csv_text(results))
+    if plot:
+        from kldtool.report.plots import ppl_vs_length
+
+        ppl_vs_length(results, plot)
 
 
 @app.command()
@@ -113,6 +201,10 @@ def compare(
     model: Optional[str] = ModelOpt,
     kl_divergence: bool = typer.Option(False, "--kl-divergence", help="Accepted for llama-perplexity familiarity; always on."),
     ctx_size: Optional[int] = typer.Option(None, "-c", "--ctx-size", help="Must match the base file if given."),
+    protocol: Optional[str] = typer.Option(None, "--protocol", help="Must match the base file if given (it is "
+                                                                    "taken from the file)."),
+    stride: Optional[int] = typer.Option(None, "--stride", help="Must match the base file if given."),
+    lengths: Optional[str] = typer.Option(None, "--lengths", help="Must match the base file if given."),
     file: Optional[str] = typer.Option(None, "-f", "--file", help="Ignored: the tokens come from the base file."),
     engine: Optional[str] = EngineOpt,
     dtype: Optional[str] = DtypeOpt,
@@ -138,7 +230,7 @@ def compare(
     """Phase 2: run a model over a base file's tokens and print llama-perplexity's KLD statistics."""
     from kldtool.logitsfile import open_base_file
     from kldtool.pipeline import run_compare
-    from kldtool.pipeline.compare import Checkpoints, parse_chunk_range
+    from kldtool.pipeline.compare import Checkpoints, check_protocol_flags, parse_chunk_range
 
     del kl_divergence
     if base_file is None:
@@ -146,8 +238,7 @@ def compare(
     checkpoints = Checkpoints.parse(state, checkpoint_every, resume)
     reader = open_base_file(base_file)
     try:
-        if ctx_size is not None and ctx_size != reader.header.n_ctx:
-            raise UsageError(f"-c {ctx_size} contradicts {base_file}, written with -c {reader.header.n_ctx}; drop -c")
+        check_protocol_flags(reader, protocol, ctx_size, stride, lengths)
         span = parse_chunk_range(chunk_range, chunks, reader.header.n_chunk, base_file)
         if file is not None:
             print(f"note: -f {file} ignored: the tokens come from {base_file}", file=sys.stderr)
@@ -231,11 +322,12 @@ def info(
     reader = open_base_file(path)
     try:
         h = reader.header
-        raw_size = 20 + 4 * h.n_tokens + h.n_chunk * h.chunk_nbytes
+        raw_size = 20 + 4 * h.n_tokens + h.scored_tokens * h.row_width * 2
         data = {
             "path": path, "format": reader.format_name, "complete": True,
+            "protocol": reader.metadata.get("protocol", {}).get("name", "llamacpp"),
             "n_ctx": h.n_ctx, "n_vocab": h.n_vocab, "n_chunk": h.n_chunk,
-            "rows_per_chunk": h.rows_per_chunk, "scored_tokens": h.rows_per_chunk * h.n_chunk,
+            "rows_per_chunk": h.rows_per_chunk, "scored_tokens": h.scored_tokens,
             "file_bytes": reader.file_size, "raw_equivalent_bytes": raw_size,
             "ratio_to_raw": round(reader.file_size / raw_size, 4),
             "metadata": reader.metadata,

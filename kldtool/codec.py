@@ -161,9 +161,24 @@ def encode_base_rows(logits, targets, codec: str) -> tuple[np.ndarray, np.ndarra
 
     logits = logits.to(torch.float32)
     rows, norm = encode_torch(logits, codec)
+    return rows_to_numpy(rows), _nll(logits, norm, targets)
+
+
+def target_nll(logits, targets) -> np.ndarray:
+    """Score mode: float32 NLL of each target over the full vocabulary, by the same arithmetic
+    as :func:`encode_base_rows` (so ``kldtool ppl`` prints what ``kldtool base`` prints)."""
+    import torch
+
+    logits = logits.to(torch.float32)
+    mx, _, lse = normalizer_torch(logits, exact=True)
+    return _nll(logits, mx + lse, targets)
+
+
+def _nll(logits, norm, targets) -> np.ndarray:
+    import torch
+
     target = torch.as_tensor(targets, dtype=torch.int64, device=logits.device)[:, None]
-    nll = norm - logits.gather(1, target)[:, 0]
-    return rows_to_numpy(rows), nll.cpu().numpy()
+    return (norm - logits.gather(1, target)[:, 0]).cpu().numpy()
 
 
 def decode_torch(rows, n_vocab: int):

@@ -1,26 +1,96 @@
-"""Text corpora, read the way llama-perplexity reads ``-f``: raw bytes, CR kept, one trailing
-newline dropped. The built-in default is the Python standard library's own help text."""
+"""Corpora: plain text (read as llama-perplexity reads ``-f``: raw bytes, CR kept, one
+trailing newline dropped), one document per line, JSONL with a text field, a directory of
+files, and pretokenized files (whitespace-separated token strings of the model's vocabulary,
+or integer ids; one document per line). The built-in default is the Python standard
+library's own help text.
+
+Stream protocols see a text corpus's documents joined by a blank line and tokenized once
+(a single text file is exactly its bytes); pretokenized documents are laid end to end as given.
+"""
 
 from __future__ import annotations
 
+import json
 import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
 
-from kldtool.errors import CorpusError, EmptyText, UndecodableText
+import numpy as np
+
+from kldtool.errors import CorpusError, EmptyText, UndecodableText, UsageError
 
 DEFAULT_CORPUS_NAME = "builtin:pydoc_data.topics"
+FORMATS = ("auto", "text", "lines", "jsonl", "dir", "tokens", "ids")
+PRETOKENIZED = ("tokens", "ids")
+JOIN = b"\n\n"
+
+
+@dataclass
+class Corpus:
+    name: str
+    format: str
+    documents: list  # bytes per document; str lists (tokens) or int arrays (ids) when pretokenized
+
+    @property
+    def pretokenized(self) -> bool:
+        return self.format in PRETOKENIZED
+
+    def text(self) -> bytes:
+        return JOIN.join(self.documents)
+
+    def stream(self, engine) -> np.ndarray:
+        if self.pretokenized:
+            return np.concatenate(self.document_tokens(engine))
+        return engine.tokenize(self.text())
+
+    def document_tokens(self, engine) -> list[np.ndarray]:
+        if not self.pretokenized:
+            return [engine.tokenize(d) for d in self.documents]
+        if self.format == "ids":
+            docs = self.documents
+        else:
+            vocab = {t.decode("utf-8", "replace"): i for i, t in enumerate(engine.token_strings())}
+            docs = [_map_tokens(d, vocab, self.name, line) for line, d in self.documents]
+        for line, d in enumerate(docs, 1):
+            bad = np.nonzero((d < 0) | (d >= engine.n_vocab))[0]
+            if bad.size:
+                raise CorpusError(f"{self.name}: document {line}: id {int(d[bad[0]])} is outside the "
+                                  f"vocabulary of {engine.n_vocab}")
+        return [np.asarray(d, dtype=np.int32) for d in docs]
+
+    def size(self, whole_stream: bool) -> dict | None:
+        """Bytes and words of the text as lm-eval counts them (words: re.split(r"\\s+")), for
+        bits per byte and word perplexity; None for pretokenized corpora."""
+        if self.pretokenized:
+            return None
+        parts = [self.text()] if whole_stream else self.documents
+        return {"bytes": sum(len(p) for p in parts),
+                "words": sum(len(re.split(r"\s+", p.decode("utf-8"))) for p in parts)}
+
+
+def _map_tokens(strings: list[str], vocab: dict, where: str, line: int) -> np.ndarray:
+    try:
+        return np.array([vocab[s] for s in strings], dtype=np.int64)
+    except KeyError as e:
+        raise CorpusError(f"{where}: line {line}: token {e.args[0]!r} is not in the model's vocabulary") from None
+
+
+def _read(path: str) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except FileNotFoundError:
+        raise CorpusError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise CorpusError(f"{path}: is a directory; give a text file or --corpus-format dir") from None
+    except OSError as e:
+        raise CorpusError(f"{path}: cannot read ({e.strerror})") from None
 
 
 def read_text_file(path: str | os.PathLike) -> bytes:
     p = os.fspath(path)
-    try:
-        with open(p, "rb") as f:
-            data = f.read()
-    except FileNotFoundError:
-        raise CorpusError(f"{p}: no such file") from None
-    except IsADirectoryError:
-        raise CorpusError(f"{p}: is a directory; give a text file") from None
-    except OSError as e:
-        raise CorpusError(f"{p}: cannot read ({e.strerror})") from None
+    data = _read(p)
     if data.endswith(b"\n"):
         data = data[:-1]
     if not data.strip():
@@ -47,7 +117,81 @@ def default_corpus() -> tuple[str, bytes]:
     return DEFAULT_CORPUS_NAME, text.encode("utf-8")
 
 
-def load_corpus(path: str | None) -> tuple[str, bytes]:
+def guess_format(path: str) -> str:
+    if os.path.isdir(path):
+        return "dir"
+    return "jsonl" if Path(path).suffix.lower() in (".jsonl", ".ndjson") else "text"
+
+
+def _lines(path: str) -> list[tuple[int, str]]:
+    data = _read(path)
+    text = check_utf8(data, path)
+    return [(i, line) for i, line in enumerate(text.split("\n"), 1) if line.strip()]
+
+
+def _jsonl(path: str, field: str) -> list[bytes]:
+    docs = []
+    for i, line in _lines(path):
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise CorpusError(f"{path}: line {i} is not JSON ({e.msg} at column {e.colno})") from None
+        value = rec.get(field) if isinstance(rec, dict) else None
+        if not isinstance(value, str):
+            raise CorpusError(f"{path}: line {i} has no string field {field!r} (--text-field names it)")
+        if value.strip():
+            docs.append(value.encode("utf-8"))
+    return docs
+
+
+def _directory(path: str) -> list[bytes]:
+    files = sorted(p for p in Path(path).iterdir() if p.is_file() and not p.name.startswith("."))
+    if not files:
+        raise EmptyText(f"{path}: no files in the directory")
+    docs = []
+    for f in files:
+        data = _read(str(f))
+        check_utf8(data, str(f))
+        if data.strip():
+            docs.append(data[:-1] if data.endswith(b"\n") else data)
+    return docs
+
+
+def _ids(path: str) -> list[np.ndarray]:
+    docs = []
+    for i, line in _lines(path):
+        try:
+            docs.append(np.array([int(x) for x in line.split()], dtype=np.int64))
+        except ValueError:
+            bad = next(x for x in line.split() if not x.lstrip("-").isdigit())
+            raise CorpusError(f"{path}: line {i}: {bad!r} is not a token id (--corpus-format ids)") from None
+    return docs
+
+
+def open_corpus(path: str | None, fmt: str = "auto", text_field: str = "text") -> Corpus:
+    if fmt not in FORMATS:
+        raise UsageError(f"--corpus-format {fmt!r}: expected one of {', '.join(FORMATS)}")
     if path is None:
-        return default_corpus()
-    return os.fspath(path), read_text_file(path)
+        if fmt not in ("auto", "text"):
+            raise UsageError(f"--corpus-format {fmt} needs -f FILE")
+        name, text = default_corpus()
+        return Corpus(name, "text", [text])
+    p = os.fspath(path)
+    fmt = guess_format(p) if fmt == "auto" else fmt
+    if fmt == "text":
+        docs = [read_text_file(p)]
+    elif fmt == "lines":
+        docs = [line.encode("utf-8") for _, line in _lines(p)]
+    elif fmt == "jsonl":
+        docs = _jsonl(p, text_field)
+    elif fmt == "dir":
+        if not os.path.isdir(p):
+            raise CorpusError(f"{p}: not a directory (--corpus-format dir)")
+        docs = _directory(p)
+    elif fmt == "tokens":
+        docs = [(i, line.split()) for i, line in _lines(p)]
+    else:
+        docs = _ids(p)
+    if not docs:
+        raise EmptyText(f"{p}: no documents ({fmt})")
+    return Corpus(p, fmt, docs)

@@ -1,8 +1,18 @@
-"""Scoring protocols: pure functions from a token stream to the windows an engine evaluates.
+"""Scoring protocols: pure functions from a token stream (or documents) to the windows an
+engine evaluates, and which of their positions are scored (DESIGN.md "Scoring protocols").
 
-Only ``llamacpp`` exists so far (DESIGN.md "Scoring protocols"): non-overlapping chunks of
-n_ctx tokens, the first token replaced by BOS for evaluation when the model wants one, and
-the predictions at offsets n_ctx/2 .. n_ctx-2 scored against the next token.
+- ``llamacpp``: non-overlapping chunks of n_ctx tokens, the first replaced by BOS when the
+  model wants one, predictions at offsets n_ctx/2 .. n_ctx-2 scored.
+- ``exl3``: windows [a, a+L) for a = 0, S, 2S, ... (whole windows only), run cold, every
+  position scored, so a token inside several windows counts several times.
+- ``stride``: Hugging Face's fixed-length method: windows of at most L tokens every S tokens,
+  each scoring only the tokens no earlier window scored (each token once, >= L-S context).
+- ``documents``: each document on its own, its first N tokens, every position scored; for
+  several N one window per document at the largest N it reaches (a causal model's first N
+  positions do not depend on what follows), and documents shorter than the smallest N skipped.
+
+A window's ``start`` is the offset of its first token in the stored token stream: windows
+that overlap share tokens there, so a base file stores each token once.
 """
 
 from __future__ import annotations
@@ -13,17 +23,101 @@ import numpy as np
 
 from kldtool.errors import TextTooShort, UsageError
 
+PROTOCOLS = ("llamacpp", "exl3", "stride", "documents")
+
 
 @dataclass(frozen=True)
 class Window:
-    index: int  # chunk number, 0-based
+    index: int  # window number, 0-based
     tokens: np.ndarray  # int32, exactly what the engine evaluates (BOS substituted)
     first: int  # offset of the first position whose logits are scored
     targets: np.ndarray  # int64 ids the scored positions predict (original tokens)
+    start: int = 0  # offset of tokens[0] in the stored token stream
 
     @property
     def n_scored(self) -> int:
         return len(self.targets)
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        """Windows of one shape can share an engine call."""
+        return len(self.tokens), self.first, self.n_scored
+
+    def scored_positions(self) -> np.ndarray:
+        """Stream offsets of the tokens this window's scored positions predict."""
+        return self.start + self.first + 1 + np.arange(self.n_scored)
+
+
+@dataclass(frozen=True)
+class Protocol:
+    """A protocol and its parameters: ``n_ctx`` is llamacpp's chunk and exl3/stride's window
+    length L; ``stride`` is S; ``lengths`` are documents' N (empty: whole documents)."""
+
+    name: str = "llamacpp"
+    n_ctx: int = 512
+    stride: int | None = None
+    lengths: tuple[int, ...] = ()
+
+    @classmethod
+    def from_flags(cls, name: str, ctx_size: int | None, stride: int | None, lengths: str | None) -> "Protocol":
+        if name not in PROTOCOLS:
+            raise UsageError(f"--protocol {name!r}: expected one of {', '.join(PROTOCOLS)}")
+        if name != "documents" and lengths is not None:
+            raise UsageError(f"--lengths: only for --protocol documents, not {name}")
+        if name in ("llamacpp", "documents") and stride is not None:
+            raise UsageError(f"--stride: only for --protocol exl3 or stride, not {name}")
+        if name == "documents":
+            if ctx_size is not None:
+                raise UsageError("--ctx-size: --protocol documents takes --lengths N,N,... instead")
+            return cls(name, 0, None, parse_lengths(lengths))
+        n_ctx = 512 if ctx_size is None else ctx_size
+        if name == "llamacpp":
+            if n_ctx < 4:
+                raise UsageError(f"--ctx-size {n_ctx}: must be at least 4")
+            return cls(name, n_ctx)
+        if n_ctx < 2:
+            raise UsageError(f"--ctx-size {n_ctx}: a window needs at least 2 tokens")
+        s = n_ctx // 4 if stride is None else stride
+        if not 1 <= s <= n_ctx:
+            raise UsageError(f"--stride {s}: must be between 1 and the window length {n_ctx}")
+        return cls(name, n_ctx, s)
+
+    @classmethod
+    def from_metadata(cls, meta: dict) -> "Protocol":
+        return cls(meta["name"], int(meta.get("n_ctx") or 0), meta.get("stride"),
+                   tuple(int(n) for n in meta.get("lengths", ())))
+
+    def describe(self) -> dict:
+        if self.name == "llamacpp":
+            return {"name": "llamacpp", "n_ctx": self.n_ctx, "scored_offsets": [self.n_ctx // 2, self.n_ctx - 2]}
+        if self.name == "documents":
+            return {"name": "documents", "lengths": list(self.lengths)}
+        return {"name": self.name, "n_ctx": self.n_ctx, "stride": self.stride}
+
+    @property
+    def counts_once(self) -> bool:
+        """Whether every token after the first is scored exactly once (bits per byte apply)."""
+        return self.name == "stride" or (self.name == "documents" and not self.lengths)
+
+
+def parse_lengths(spec: str | None) -> tuple[int, ...]:
+    if spec is None or spec.strip() in ("", "all"):
+        return ()
+    try:
+        lengths = tuple(sorted({int(x) for x in spec.split(",") if x.strip()}))
+    except ValueError:
+        lengths = (0,)
+    if not lengths or lengths[0] < 2:
+        raise UsageError(f"--lengths {spec}: expected token counts of at least 2, e.g. 1024,5120")
+    return lengths
+
+
+def limit(windows: list[Window], chunks: int | None) -> list[Window]:
+    if chunks is None:
+        return windows
+    if chunks < 1:
+        raise UsageError(f"--chunks {chunks}: must be at least 1")
+    return windows[:chunks]
 
 
 def llamacpp_chunk_count(n_tokens: int, n_ctx: int, chunks: int | None) -> int:
@@ -50,9 +144,77 @@ def llamacpp_windows(tokens: np.ndarray, n_ctx: int, n_chunk: int, bos_id: int |
         targets = chunk[first + 1:].astype(np.int64)
         if bos_id is not None:
             chunk[0] = bos_id
-        out.append(Window(c, chunk, first, targets))
+        out.append(Window(c, chunk, first, targets, c * n_ctx))
     return out
 
 
-def describe_llamacpp(n_ctx: int) -> dict:
-    return {"name": "llamacpp", "n_ctx": n_ctx, "scored_offsets": [n_ctx // 2, n_ctx - 2]}
+def _span(tokens: np.ndarray, index: int, start: int, end: int, first: int) -> Window:
+    """The window tokens[start:end] scoring offsets first .. end-start-2 (no BOS substitution)."""
+    w = np.array(tokens[start:end], dtype=np.int32)
+    return Window(index, w, first, w[first + 1:].astype(np.int64), start)
+
+
+def exl3_windows(tokens: np.ndarray, length: int, stride: int) -> list[Window]:
+    n = len(tokens)
+    if n < length:
+        raise TextTooShort(f"the text tokenizes to {n} tokens; a window of --ctx-size {length} needs at least that many")
+    return [_span(tokens, i, a, a + length, 0) for i, a in enumerate(range(0, n - length + 1, stride))]
+
+
+def stride_windows(tokens: np.ndarray, length: int, stride: int) -> list[Window]:
+    n = len(tokens)
+    if n < 2:
+        raise TextTooShort(f"the text tokenizes to {n} token(s); at least 2 are needed")
+    out, prev_end = [], 0
+    for begin in range(0, n, stride):
+        end = min(begin + length, n)
+        # The window predicts tokens begin+1 .. end-1; those at or after prev_end are new.
+        first = max(prev_end, begin + 1) - begin - 1
+        out.append(_span(tokens, len(out), begin, end, first))
+        prev_end = end
+        if end == n:
+            break
+    return out
+
+
+@dataclass(frozen=True)
+class Documents:
+    """Documents laid end to end in one stream, each cut to the longest length it is used at."""
+
+    stream: np.ndarray  # int32
+    windows: list[Window]
+    n_documents: int  # all documents of the corpus, the skipped ones included
+    doc_lengths: np.ndarray  # tokens of every document before truncation
+
+
+def document_windows(docs: list[np.ndarray], lengths: tuple[int, ...]) -> Documents:
+    sizes = np.array([len(d) for d in docs], dtype=np.int64)
+    parts, windows, at = [], [], 0
+    for d in docs:
+        keep = len(d) if not lengths else max((n for n in lengths if n <= len(d)), default=0)
+        if keep < 2:
+            continue
+        w = np.array(d[:keep], dtype=np.int32)
+        parts.append(w)
+        windows.append(Window(len(windows), w, 0, w[1:].astype(np.int64), at))
+        at += keep
+    if not windows:
+        need = lengths[0] if lengths else 2
+        raise TextTooShort(f"no document has {need} tokens or more ({len(docs)} documents, "
+                           f"longest {int(sizes.max()) if len(sizes) else 0} tokens)")
+    stream = np.concatenate(parts) if parts else np.zeros(0, np.int32)
+    return Documents(stream, windows, len(docs), sizes)
+
+
+def windows_from_table(stream: np.ndarray, table: np.ndarray) -> list[Window]:
+    """Windows as a base file stores them: rows of (start, length, first, n_scored)."""
+    out = []
+    for i, (start, length, first, n_scored) in enumerate(table.tolist()):
+        w = _span(stream, i, start, start + length, first)
+        assert w.n_scored == n_scored
+        out.append(w)
+    return out
+
+
+def window_table(windows: list[Window]) -> np.ndarray:
+    return np.array([(w.start, len(w.tokens), w.first, w.n_scored) for w in windows], dtype=np.int64).reshape(-1, 4)

@@ -37,6 +37,8 @@ class TokenRecords:
 
     @classmethod
     def concat(cls, parts: list["TokenRecords"]) -> "TokenRecords":
+        if len(parts) == 1:
+            return parts[0]
         return cls(*(np.concatenate([getattr(p, f) for p in parts]) for f in cls.__dataclass_fields__))
 
 

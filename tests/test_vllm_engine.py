@@ -87,3 +87,22 @@ def test_vllm_sweep_script(hf_base, fp32_dir, w8a8_dir, tmp_path):
     assert 8.0 < float(rows[labels[1]]["bpw (linear)"]) < 8.1  # int8 values + a float32 scale per row
     again = run_script("sweep_vllm.sh", "-b", hf_base, "-o", out, fp32_dir, w8a8_dir, "--", "--chunks", 4)
     assert again.stderr.count("skipped") == 2 and "comparing" not in again.stderr
+
+
+def test_vllm_score_mode_and_a_stride_base_file(fp32_dir, tmp_path):
+    """`ppl --engine vllm` (NLL computed in the workers) and a compare over windows of two
+    shapes (stride's first window scores more than the rest) agree with transformers."""
+    text = tmp_path / "t.txt"
+    text.write_bytes(WIKI.read_bytes()[:9000])
+    flags = ("-f", text, "--protocol", "stride", "-c", "256", "--stride", "128")
+    got = {}
+    for eng in ("transformers", "vllm"):
+        run_cli("ppl", "--engine", eng, "-m", fp32_dir, "--dtype", "float32", *flags, "--json", tmp_path / f"{eng}.json")
+        got[eng] = json.loads((tmp_path / f"{eng}.json").read_text())
+    assert got["vllm"]["scored_tokens"] == got["transformers"]["scored_tokens"]
+    assert got["vllm"]["ppl"] == pytest.approx(got["transformers"]["ppl"], rel=1e-4)
+    base = tmp_path / "stride.kldt"
+    run_cli("base", "--engine", "transformers", "-m", fp32_dir, *flags, "--kl-divergence-base", base)
+    r = compare_json(base, tmp_path, "--engine", "vllm", "-m", fp32_dir, "--dtype", "float32")
+    assert r["protocol"]["name"] == "stride" and r["scored_tokens"] == got["vllm"]["scored_tokens"]
+    assert r["statistics"]["kld_mean"]["value"] < 1e-3 and r["statistics"]["same_top_p"]["value"] > 0.99

@@ -8,7 +8,7 @@ from pathlib import Path
 from kldtool.engines.base import Engine
 from kldtool.errors import UsageError
 
-ENGINES = ("transformers", "llamacpp", "vllm")
+ENGINES = ("transformers", "llamacpp", "vllm", "python")
 
 
 @dataclass
@@ -25,6 +25,8 @@ class EngineOptions:
 def guess_engine(model: str | None) -> str:
     if model is None or Path(model).suffix.lower() == ".gguf":
         return "llamacpp"
+    if ":" in model and not Path(model).exists():  # package.module:factory
+        return "python"
     return "transformers"
 
 
@@ -46,6 +48,14 @@ def make_engine(opts: EngineOptions, n_ctx: int) -> Engine:
             raise UsageError(f"--device {opts.device}: this llamacpp engine build runs on the CPU")
         return LlamaCppEngine(opts.model or defaults.default_gguf(), threads=opts.threads,
                               batch_tokens=opts.batch_tokens)
+    if engine == "python":
+        from kldtool.engines.python import PythonEngine
+
+        if opts.model is None:
+            raise UsageError("--engine python needs --model package.module:factory")
+        if opts.dtype is not None or opts.device not in (None, "cpu"):
+            raise UsageError("--dtype/--device: a python engine's factory decides its own")
+        return PythonEngine(opts.model, threads=opts.threads, batch_tokens=opts.batch_tokens)
     if engine == "transformers":
         from kldtool.engines.transformers import TransformersEngine
 

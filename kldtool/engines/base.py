@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import hashlib
 from abc import ABC, abstractmethod
-from typing import Iterable
+from typing import Iterable, Iterator
 
 import numpy as np
 
-from kldtool.codec import encode_base_rows
+from kldtool.codec import encode_base_rows, target_nll
 from kldtool.protocols import Window
 from kldtool.reduce import TokenRecords, reduce_rows
 
@@ -40,18 +40,45 @@ class Engine(ABC):
         tensors may be views of the engine's own buffers (no copy of a batch's logits): they
         are valid until the next call."""
 
+    def logit_blocks(self, windows: list[Window]) -> Iterator[tuple[int, int, object]]:
+        """(window number in ``windows``, first scored row, logits of the following rows), in
+        order. An engine that can carry its state across a window (a KV cache) yields a long
+        window in blocks, so no tensor of window x vocab ever exists; by default, whole windows."""
+        for i, lg in enumerate(self.logits(windows)):
+            yield i, 0, lg
+
+    def _per_block(self, windows: list[Window], fn) -> list[list]:
+        parts: list[list] = [[] for _ in windows]
+        for i, off, lg in self.logit_blocks(windows):
+            parts[i].append(fn(windows[i], off, lg))
+        return parts
+
     def score(self, windows: list[Window], base) -> list[TokenRecords]:
         """Compare mode: per window, its per-token records against the base rows.
 
         ``base`` gives ``rows_torch(chunk_index, device)`` (int16 rows, prefetched, asked for
         in order) and ``path``; an engine whose workers read the base file themselves uses
         the latter."""
-        return [reduce_rows(lg, base.rows_torch(w.index, lg.device), w.targets)
-                for w, lg in zip(windows, self.logits(windows))]
+        rows: dict = {}
+
+        def reduce(w: Window, off: int, lg):
+            if w.index not in rows:  # each window's rows once, however many blocks it has
+                rows.clear()
+                rows[w.index] = base.rows_torch(w.index, lg.device)
+            n = len(lg)
+            return reduce_rows(lg, rows[w.index][off:off + n], w.targets[off:off + n])
+
+        return [TokenRecords.concat(p) for p in self._per_block(windows, reduce)]
 
     def encode(self, windows: list[Window], codec: str) -> list[tuple[np.ndarray, np.ndarray]]:
         """Base mode: per window, (uint16 base rows made with ``codec``, float32 NLL of each target)."""
-        return [encode_base_rows(lg, w.targets, codec) for w, lg in zip(windows, self.logits(windows))]
+        parts = self._per_block(windows, lambda w, off, lg: encode_base_rows(lg, w.targets[off:off + len(lg)], codec))
+        return [(_join([r for r, _ in p]), _join([n for _, n in p])) for p in parts]
+
+    def nll(self, windows: list[Window]) -> list[np.ndarray]:
+        """Score mode: per window, the float32 NLL of each target (full-vocabulary normalisation)."""
+        parts = self._per_block(windows, lambda w, off, lg: target_nll(lg, w.targets[off:off + len(lg)]))
+        return [_join(p) for p in parts]
 
     @abstractmethod
     def describe(self) -> dict:
@@ -70,3 +97,7 @@ class Engine(ABC):
                 h.update(b"\0")
             cached = self._identity = "sha256:" + h.hexdigest()
         return cached
+
+
+def _join(arrays: list[np.ndarray]) -> np.ndarray:
+    return arrays[0] if len(arrays) == 1 else np.concatenate(arrays)

@@ -132,26 +132,42 @@ class LlamaCppEngine(Engine):
 
         n_ctx = len(windows[0].tokens)
         self._ensure_context(n_ctx)
+        if n_ctx > self.n_batch:
+            parts: list[list] = [[] for _ in windows]
+            for s, _, lg in self._long_blocks(windows):
+                parts[s].append(lg.clone())
+            return [torch.cat(p) for p in parts]
         self.lib.llama_memory_clear(self.lib.llama_get_memory(self.ctx), True)
         first = windows[0].first
-        if n_ctx <= self.n_batch:
-            items = [(int(t), k, s, k >= first) for s, w in enumerate(windows) for k, t in enumerate(w.tokens)]
-            out = self._decode(items)
-            per = n_ctx - first
-            return [torch.from_numpy(out[s * per:s * per + w.n_scored]) for s, w in enumerate(windows)]
-        # A chunk longer than a batch: one sequence, several decodes (llama-perplexity's num_batches > 1).
-        results = []
-        for w in windows:
-            if results:
-                self.lib.llama_memory_clear(self.lib.llama_get_memory(self.ctx), True)
-            parts = []
-            for a in range(0, n_ctx, self.n_batch):
-                items = [(int(w.tokens[k]), k, 0, k >= first) for k in range(a, min(a + self.n_batch, n_ctx))]
+        items = [(int(t), k, s, k >= first) for s, w in enumerate(windows) for k, t in enumerate(w.tokens)]
+        out = self._decode(items)
+        per = n_ctx - first
+        return [torch.from_numpy(out[s * per:s * per + w.n_scored]) for s, w in enumerate(windows)]
+
+    def logit_blocks(self, windows: list[Window]):
+        n_ctx = len(windows[0].tokens)
+        self._ensure_context(n_ctx)
+        if n_ctx > self.n_batch:
+            yield from self._long_blocks(windows)
+        else:
+            yield from super().logit_blocks(windows)
+
+    def _long_blocks(self, windows: list[Window]):
+        """A window longer than a batch: one sequence, several decodes (llama-perplexity's
+        num_batches > 1); each decode's logits are yielded as a view, valid until the next."""
+        import torch
+
+        for s, w in enumerate(windows):
+            self.lib.llama_memory_clear(self.lib.llama_get_memory(self.ctx), True)
+            done = 0
+            for a in range(0, len(w.tokens), self.n_batch):
+                items = [(int(w.tokens[k]), k, 0, k >= w.first)
+                         for k in range(a, min(a + self.n_batch, len(w.tokens)))]
                 got = self._decode(items)
-                if got is not None:
-                    parts.append(got.copy())
-            results.append(torch.from_numpy(np.concatenate(parts)[:w.n_scored]))
-        return results
+                if got is not None and done < w.n_scored:
+                    rows = got[:w.n_scored - done]
+                    yield s, done, torch.from_numpy(rows)
+                    done += len(rows)
 
     def describe(self) -> dict:
         import llama_cpp

@@ -77,6 +77,29 @@ class TransformersEngine(Engine):
         lg = out.logits[:, :n_scored, :]
         return [lg[i] for i in range(len(windows))]
 
+    def logit_blocks(self, windows: list[Window]):
+        w = windows[0]
+        if len(windows) > 1 or len(w.tokens) <= self.batch_tokens:
+            yield from super().logit_blocks(windows)
+            return
+        # A window longer than a batch: blocks of batch_tokens through a KV cache, so memory
+        # is O(block x vocab) for the logits (the cache itself is O(window x layers)).
+        import torch
+        from transformers import DynamicCache
+
+        ids = torch.from_numpy(w.tokens.astype(np.int64))[None].to(self.device)
+        end = w.first + w.n_scored
+        cache = DynamicCache()
+        with torch.inference_mode():
+            for a in range(0, end, self.batch_tokens):
+                b = min(a + self.batch_tokens, end)
+                lo = max(a, w.first)
+                out = self.model(input_ids=ids[:, a:b], past_key_values=cache, use_cache=True,
+                                 logits_to_keep=max(b - lo, 1))
+                if lo < b:
+                    yield 0, lo - w.first, out.logits[0]
+                del out
+
     def describe(self) -> dict:
         return {"engine": self.name, "model": self.model_path, "dtype": self.dtype, "device": self.device,
                 "versions": self._versions}

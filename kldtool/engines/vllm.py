@@ -141,6 +141,9 @@ class VllmEngine(Engine):
         results = self._run(windows, lambda w: {"mode": "encode", "row_width": width, "codec": codec})
         return [(r["rows"], r["nll"]) for r in results]
 
+    def nll(self, windows: list[Window]) -> list[np.ndarray]:
+        return [r["nll"] for r in self._run(windows, lambda w: {"mode": "nll"})]
+
     def describe(self) -> dict:
         return {"engine": self.name, "model": self.model_path, "dtype": self.dtype,
                 "device": "cuda" if _has_cuda() else "cpu", "hooks": self.hooks,

@@ -1,7 +1,7 @@
 """Runs inside vLLM's worker processes (``LLM(worker_extension_cls=...)``).
 
 For each opted-in request it turns the logits of the scored positions into kldtool's
-per-token records (compare) or uint16 base rows (base) right where the logits are, reading
+per-token records (compare), uint16 base rows (base) or target NLL (ppl) right where the logits are, reading
 the request's base rows straight from the base file. Only those small arrays leave the
 worker, when the driver asks for them with ``collective_rpc("kldtool_pop")``.
 """
@@ -32,6 +32,8 @@ class _RequestResult:
             self.arrays = {"nll": np.zeros(n, np.float32), "nll_base": np.zeros(n, np.float32),
                            "kld": np.zeros(n, np.float64), "dp": np.zeros(n, np.float32),
                            "same_top": np.zeros(n, bool)}
+        elif spec["mode"] == "nll":
+            self.arrays = {"nll": np.zeros(n, np.float32)}
         else:
             self.arrays = {"rows": np.zeros((n, spec["row_width"]), np.uint16), "nll": np.zeros(n, np.float32)}
 
@@ -75,6 +77,10 @@ class WorkerState:
             rec = reduce_rows(logits, rows, targets)
             for f in RECORD_FIELDS:
                 res.arrays[f][j0:j1] = getattr(rec, f)
+        elif spec["mode"] == "nll":
+            from kldtool.codec import target_nll
+
+            res.arrays["nll"][j0:j1] = target_nll(logits, targets)
         else:
             from kldtool.codec import encode_base_rows
 

@@ -3,12 +3,13 @@
 Layout (little-endian)::
 
     0   "KLDTOOL\\0"        8-byte magic (llama-perplexity rejects it cleanly: not "_logits_")
-    8   u32 version          1
+    8   u32 version          1: llama.cpp's chunks; 2: a window table (other protocols)
     12  u32 n_ctx | u32 n_vocab | u32 n_chunk
     24  u32 transform        0: zstd of the rows' bytes; 1: zstd of (row heads, non-zero mask,
                              high bytes, low bytes of the non-zero codes)
-    28  u32 reserved
-    32  int32 tokens[n_ctx * n_chunk]
+    28  u32 n_stream         version 2: tokens in the stream (version 1: 0, n_ctx * n_chunk)
+    32  int32 tokens[n_ctx * n_chunk, or n_stream]
+        version 2: i64 (start, length, first, n_scored) per window
         one zstd frame per chunk (with content size and checksum)
         index: n_chunk * (u64 offset, u64 length)
         metadata: UTF-8 JSON
@@ -36,7 +37,7 @@ from kldtool.logitsfile.writer_base import ResumableWriter
 
 MAGIC = b"KLDTOOL\x00"
 END_MAGIC = b"KLDDONE\x00"
-VERSION = 1
+VERSIONS = (1, 2)
 PREAMBLE = 32
 TRAILER = 32
 PLAIN, MASKED_PLANES = 0, 1
@@ -103,16 +104,29 @@ class ContainerReader(BaseFileReader):
         head = os.pread(self.fd, PREAMBLE, 0)
         if len(head) < PREAMBLE:
             self._fail(f"truncated header: {len(head)} bytes, need {PREAMBLE}", TruncatedHeader)
-        version, n_ctx, n_vocab, n_chunk, transform, _ = np.frombuffer(head, dtype="<u4", count=6, offset=8)
-        if version != VERSION:
-            self._fail(f"container version {version} at offset 8 is not supported (this kldtool reads {VERSION})", NotABaseFile)
-        self.header = h = BaseHeader(int(n_ctx), int(n_vocab), int(n_chunk))
+        version, n_ctx, n_vocab, n_chunk, transform, n_stream = (
+            int(x) for x in np.frombuffer(head, dtype="<u4", count=6, offset=8))
+        if version not in VERSIONS:
+            self._fail(f"container version {version} at offset 8 is not supported (this kldtool reads "
+                       f"{', '.join(map(str, VERSIONS))})", NotABaseFile)
+        self.header = h = BaseHeader(n_ctx, n_vocab, n_chunk)
         if h.problems():
             self._fail(f"invalid header at offset 12: {'; '.join(h.problems())}", NotABaseFile)
         if transform not in (PLAIN, MASKED_PLANES):
             self._fail(f"unknown row transform {transform} at offset 24", NotABaseFile)
-        self.transform = int(transform)
-        tokens_end = PREAMBLE + 4 * h.n_tokens
+        self.transform = transform
+        tokens_end = PREAMBLE + 4 * (n_stream if version == 2 else h.n_tokens)
+        if version == 2:
+            table_end = tokens_end + 32 * n_chunk
+            table = os.pread(self.fd, 32 * n_chunk, tokens_end) if size >= table_end else b""
+            if len(table) < 32 * n_chunk:
+                self._fail(f"truncated window table at offset {tokens_end}: {n_chunk} windows, file has {size} bytes",
+                           TruncatedHeader)
+            rows = tuple(tuple(int(x) for x in r) for r in np.frombuffer(table, "<i8").reshape(n_chunk, 4))
+            self.header = h = BaseHeader(n_ctx, n_vocab, n_chunk, rows, n_stream)
+            if h.problems():
+                self._fail(f"invalid window table at offset {tokens_end}: {'; '.join(h.problems())}", CorruptData)
+            tokens_end = table_end
         if size < tokens_end:
             self._fail(f"truncated token table: {h.n_tokens} tokens end at offset {tokens_end}, file has {size} bytes", TruncatedHeader)
         trailer = os.pread(self.fd, TRAILER, size - TRAILER) if size >= tokens_end + TRAILER else b""
@@ -143,13 +157,14 @@ class ContainerReader(BaseFileReader):
             self._fail(f"metadata at offset {index_offset + index_len} is not a JSON object", MetadataError)
         self.tokens = self._read_tokens(PREAMBLE)
 
-    def _frame_size_range(self) -> tuple[int, int]:
+    def _frame_size_range(self, index: int) -> tuple[int, int]:
         """Smallest and largest decoded frame one chunk can have (-1, unknown, is outside)."""
         h = self.header
         if self.transform == PLAIN:
-            return h.chunk_nbytes, h.chunk_nbytes
-        n_codes = h.rows_per_chunk * (h.row_width - HEADER_SLOTS)
-        fixed = h.rows_per_chunk * HEADER_SLOTS * 2 + (n_codes + 7) // 8
+            return h.nbytes_of(index), h.nbytes_of(index)
+        n_rows = h.rows_of(index)
+        n_codes = n_rows * (h.row_width - HEADER_SLOTS)
+        fixed = n_rows * HEADER_SLOTS * 2 + (n_codes + 7) // 8
         return fixed, fixed + 2 * n_codes
 
     def read_frame(self, index: int) -> Frame:
@@ -162,7 +177,7 @@ class ContainerReader(BaseFileReader):
         data = os.pread(self.fd, length, offset)
         # zstd allocates what the frame header declares: check that against what the header
         # allows first, so neither a damaged frame nor a lying header sizes an allocation.
-        lo, hi = self._frame_size_range()
+        lo, hi = self._frame_size_range(index)
         try:
             declared = zstandard.frame_content_size(data)
         except zstandard.ZstdError as e:
@@ -174,21 +189,21 @@ class ContainerReader(BaseFileReader):
             raw = zstandard.ZstdDecompressor().decompress(data, max_output_size=hi)
         except zstandard.ZstdError as e:
             self._fail(f"corrupt zstd frame for chunk {index} at offset {offset}: {e}", CorruptData)
-        if self.transform == PLAIN and len(raw) != h.chunk_nbytes:
-            self._fail(f"chunk {index} at offset {offset} decodes to {len(raw)} bytes, expected {h.chunk_nbytes}",
+        if self.transform == PLAIN and len(raw) != h.nbytes_of(index):
+            self._fail(f"chunk {index} at offset {offset} decodes to {len(raw)} bytes, expected {h.nbytes_of(index)}",
                        RowLayoutError)
         return Frame(index, offset, raw)
 
     def frame_rows(self, frame: Frame) -> np.ndarray:
         h = self.header
         try:
-            return _from_frame_bytes(frame.data, self.transform, (h.rows_per_chunk, h.row_width))
+            return _from_frame_bytes(frame.data, self.transform, (h.rows_of(frame.index), h.row_width))
         except ValueError as e:
             self._fail(f"corrupt chunk {frame.index} at offset {frame.offset}: {e}", CorruptData)
 
-    def _rebuild_torch(self, buf):
+    def _rebuild_torch(self, buf, index: int):
         h = self.header
-        return _frame_to_torch(buf, self.transform, (h.rows_per_chunk, h.row_width))
+        return _frame_to_torch(buf, self.transform, (h.rows_of(index), h.row_width))
 
 
 def _frame_to_torch(buf, transform: int, shape: tuple[int, int]):
@@ -235,8 +250,11 @@ class ContainerWriter(ResumableWriter):
 
     def _preamble(self, token_bytes: bytes) -> bytes:
         h = self.header
-        pre = np.array([VERSION, h.n_ctx, h.n_vocab, h.n_chunk, self.transform, 0], dtype="<u4")
-        return MAGIC + pre.tobytes() + token_bytes
+        if h.windows is None:
+            pre = np.array([1, h.n_ctx, h.n_vocab, h.n_chunk, self.transform, 0], dtype="<u4")
+            return MAGIC + pre.tobytes() + token_bytes
+        pre = np.array([2, h.n_ctx, h.n_vocab, h.n_chunk, self.transform, h.n_stream], dtype="<u4")
+        return MAGIC + pre.tobytes() + token_bytes + np.array(h.windows, dtype="<i8").tobytes()
 
     def _chunk_ends(self, start: int, size: int) -> list[int]:
         """Walk the frames an interrupted run left; the first cut or damaged one ends the walk."""

@@ -1,4 +1,10 @@
-"""The numbers every base file carries, and what follows from them."""
+"""The numbers every base file carries, and what follows from them.
+
+llama.cpp's chunks are uniform: n_chunk windows of n_ctx tokens laid end to end, each scoring
+the same rows. Other protocols' windows overlap or vary in length: their files carry a window
+table of (start in the token stream, length, first scored offset, scored rows) per window, and
+the stream they index (n_stream tokens); n_ctx is then the longest window.
+"""
 
 from __future__ import annotations
 
@@ -10,21 +16,31 @@ from kldtool.codec import row_width
 MAX_CTX = 1 << 24
 MAX_VOCAB = 1 << 24
 
+WindowRow = tuple[int, int, int, int]  # start, length, first, n_scored
+
 
 @dataclass(frozen=True)
 class BaseHeader:
     n_ctx: int
     n_vocab: int
     n_chunk: int
+    windows: tuple[WindowRow, ...] | None = None  # None: llama.cpp's uniform chunks
+    n_stream: int | None = None
 
     @property
     def first(self) -> int:
-        """Offset in a chunk of the first position whose prediction is scored."""
+        """Offset in a llama.cpp chunk of the first position whose prediction is scored."""
         return self.n_ctx // 2
 
     @property
     def rows_per_chunk(self) -> int:
+        """Rows of a llama.cpp chunk; with a window table, of the largest window."""
+        if self.windows is not None:
+            return max(w[3] for w in self.windows)
         return self.n_ctx - 1 - self.first
+
+    def rows_of(self, index: int) -> int:
+        return self.windows[index][3] if self.windows is not None else self.rows_per_chunk
 
     @property
     def row_width(self) -> int:
@@ -32,19 +48,36 @@ class BaseHeader:
 
     @property
     def chunk_nbytes(self) -> int:
+        """Bytes of the largest chunk's rows."""
         return self.rows_per_chunk * self.row_width * 2
+
+    def nbytes_of(self, index: int) -> int:
+        return self.rows_of(index) * self.row_width * 2
+
+    @property
+    def scored_tokens(self) -> int:
+        return sum(self.rows_of(i) for i in range(self.n_chunk)) if self.windows else self.rows_per_chunk * self.n_chunk
 
     @property
     def n_tokens(self) -> int:
-        return self.n_ctx * self.n_chunk
+        return self.n_stream if self.windows is not None else self.n_ctx * self.n_chunk
 
     def problems(self) -> list[str]:
         """Why these numbers cannot be a base file's (empty when they can)."""
         out = []
-        if not 4 <= self.n_ctx <= MAX_CTX:
+        if not (2 if self.windows is not None else 4) <= self.n_ctx <= MAX_CTX:
             out.append(f"n_ctx {self.n_ctx} outside [4, {MAX_CTX}]")
         if not 2 <= self.n_vocab <= MAX_VOCAB:
             out.append(f"n_vocab {self.n_vocab} outside [2, {MAX_VOCAB}]")
         if self.n_chunk < 1:
             out.append(f"n_chunk {self.n_chunk} < 1")
+        if self.windows is not None and not out:
+            if self.n_stream is None or not 0 < self.n_stream <= MAX_CTX * self.n_chunk:
+                out.append(f"token stream of {self.n_stream} tokens")
+            for i, (start, length, first, n) in enumerate(self.windows):
+                if not (0 <= start and start + length <= (self.n_stream or 0) and 2 <= length <= self.n_ctx
+                        and 0 <= first and n >= 1 and first + n <= length - 1):
+                    out.append(f"window {i} (start {start}, length {length}, first {first}, rows {n}) "
+                               f"does not fit the stream of {self.n_stream} tokens and n_ctx {self.n_ctx}")
+                    break
         return out

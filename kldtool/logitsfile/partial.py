@@ -96,10 +96,10 @@ class PartialFile:
 
 
 class Journal:
-    """Settings line, then fixed-size float32 records, appended and flushed per chunk."""
+    """Settings line, then each chunk's float32 NLL record, appended and flushed per chunk."""
 
-    def __init__(self, path: Path, record_len: int):
-        self.path, self.record_len = path, record_len
+    def __init__(self, path: Path, record_lens: list[int]):
+        self.path, self.record_lens = path, record_lens
         self.fh = None
 
     def start(self, settings: dict) -> None:
@@ -120,9 +120,13 @@ class Journal:
             settings = None
         if not isinstance(settings, dict):
             return None, []
-        nbytes = 4 * self.record_len
-        return settings, [np.frombuffer(rest, "<f4", self.record_len, i * nbytes).copy()
-                          for i in range(len(rest) // nbytes)]
+        records, at = [], 0
+        for n in self.record_lens:
+            if at + 4 * n > len(rest):
+                break
+            records.append(np.frombuffer(rest, "<f4", n, at).copy())
+            at += 4 * n
+        return settings, records
 
     def keep(self, settings: dict, records: list[np.ndarray]) -> None:
         """Rewrite the journal with these records, to append after them."""

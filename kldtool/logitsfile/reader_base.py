@@ -66,7 +66,7 @@ class BaseFileReader:
         bad = np.nonzero((tokens < 0) | (tokens >= h.n_vocab))[0]
         if bad.size:
             i = int(bad[0])
-            self._fail(f"token {int(tokens[i])} at offset {offset + 4 * i} (chunk {i // h.n_ctx}) "
+            self._fail(f"token {int(tokens[i])} at offset {offset + 4 * i} (chunk {i // h.n_ctx if h.windows is None else '?'}) "
                        f"is outside the vocabulary of {h.n_vocab}", CorruptData)
         return tokens
 
@@ -90,15 +90,15 @@ class BaseFileReader:
             return rows_to_torch(self.frame_rows(frame), device)
         buf = _host_bytes(frame.data).to(device, non_blocking=True)
         try:
-            return self._rebuild_torch(buf)
+            return self._rebuild_torch(buf, frame.index)
         except ValueError as e:
             self._fail(f"corrupt chunk {frame.index} at offset {frame.offset}: {e}", CorruptData)
 
-    def _rebuild_torch(self, buf):
+    def _rebuild_torch(self, buf, index: int):
         """Rows from a frame's bytes already on the device; the raw layout is the rows."""
         import torch
 
-        return buf.view(torch.int16).reshape(self.header.rows_per_chunk, self.header.row_width)
+        return buf.view(torch.int16).reshape(self.header.rows_of(index), self.header.row_width)
 
     def close(self) -> None:
         if self.fd >= 0:

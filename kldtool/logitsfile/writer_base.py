@@ -23,7 +23,7 @@ class ResumableWriter:
         self.metadata = dict(metadata or {})
         self.preamble = self._preamble(np.ascontiguousarray(tokens, dtype="<i4").tobytes())
         self.out = PartialFile(path)
-        self.journal = Journal(self.out.journal_path, header.rows_per_chunk)
+        self.journal = Journal(self.out.journal_path, [header.rows_of(i) for i in range(header.n_chunk)])
         self.n_written = 0
         self._ends: list[int] = []
         self.found_stale = self.out.size() > 0
@@ -83,8 +83,9 @@ class ResumableWriter:
 
     def write_chunk(self, rows: np.ndarray, nll: np.ndarray | None = None) -> None:
         h = self.header
-        if rows.shape != (h.rows_per_chunk, h.row_width):
-            raise ValueError(f"chunk rows of shape {rows.shape}, expected {(h.rows_per_chunk, h.row_width)}")
+        want = (h.rows_of(self.n_written), h.row_width)
+        if rows.shape != want:
+            raise ValueError(f"chunk rows of shape {rows.shape}, expected {want}")
         self._append(rows)
         self.n_written += 1
         if nll is not None:

@@ -25,9 +25,27 @@ class Sinks:
         self.out(s + "\n")
 
 
-def groups(items: list, size: int) -> Iterator[list]:
-    for a in range(0, len(items), size):
-        yield items[a:a + size]
+def groups(windows: list, size: int) -> Iterator[list]:
+    """Consecutive windows of one shape, at most ``size`` at a time: what one engine call takes."""
+    group: list = []
+    for w in windows:
+        if group and (len(group) == size or w.shape != group[0].shape):
+            yield group
+            group = []
+        group.append(w)
+    if group:
+        yield group
+
+
+def whole_batches(windows: list, size: int, k: int) -> int:
+    """The largest batch boundary at or below ``k`` windows: where a resumed run may continue
+    and still evaluate the same batches (so it prints the same digits)."""
+    done = 0
+    for g in groups(windows, size):
+        if done + len(g) > k:
+            break
+        done += len(g)
+    return done
 
 
 def run_metadata(command: str) -> dict:

@@ -16,9 +16,9 @@ import numpy as np
 from kldtool.engines.base import Engine
 from kldtool.errors import ContextTooLong, TokenizerMismatch, UsageError, VocabMismatch
 from kldtool.logitsfile.prefetch import PrefetchedChunks
-from kldtool.pipeline.common import Sinks, groups, run_metadata, write_json
+from kldtool.pipeline.common import Sinks, groups, run_metadata, whole_batches, write_json
 from kldtool.pipeline.state import RunState, base_identity, check_fits, load_state, model_identity, save_state
-from kldtool.protocols import llamacpp_windows
+from kldtool.protocols import Window, llamacpp_windows, parse_lengths, windows_from_table
 from kldtool.report.console import TABLE_HEADER, chunk_line, final_blocks
 from kldtool.report.per_token import PerTokenWriter
 from kldtool.sizes import model_size_dict
@@ -51,6 +51,36 @@ def check_compatible(engine: Engine, reader, force: bool) -> list[str]:
             raise TokenizerMismatch(msg + "; --force compares anyway")
         warnings.append("FORCED: " + msg)
     return warnings
+
+
+def base_windows(reader, bos_id: int | None) -> list[Window]:
+    """The windows the base file was written with: llama.cpp's chunks (BOS substituted as
+    this model wants), or the file's own window table."""
+    h = reader.header
+    if h.windows is None:
+        return llamacpp_windows(reader.tokens, h.n_ctx, h.n_chunk, bos_id)
+    return windows_from_table(reader.tokens, np.array(h.windows, dtype=np.int64))
+
+
+def file_protocol(reader) -> dict:
+    return reader.metadata.get("protocol") or {"name": "llamacpp", "n_ctx": reader.header.n_ctx}
+
+
+def check_protocol_flags(reader, name: str | None, ctx_size: int | None, stride: int | None,
+                         lengths: str | None) -> None:
+    """compare takes the protocol from the base file; flags that say otherwise are refused."""
+    stored = file_protocol(reader)
+    given = {"--protocol": (name, stored.get("name")), "-c": (ctx_size, stored.get("n_ctx")),
+             "--stride": (stride, stored.get("stride"))}
+    if lengths is not None:
+        given["--lengths"] = (tuple(parse_lengths(lengths)), tuple(stored.get("lengths", ())))
+    for flag, (want, have) in given.items():
+        if want is not None and want != have:
+            shown = ",".join(map(str, have)) if isinstance(have, tuple) else have
+            raise UsageError(f"{flag} {lengths if flag == '--lengths' else want} contradicts {reader.path}, written with "
+                             f"{'no ' + flag if have in (None, ()) else flag + ' ' + str(shown)}"
+                             f"{'' if flag == '--protocol' else ' (protocol ' + str(stored.get('name')) + ')'}; "
+                             f"drop {flag}: compare takes the protocol from the base file")
 
 
 def parse_chunk_range(spec: str | None, chunks: int | None, n_chunk: int, where: str) -> tuple[int, int]:
@@ -157,10 +187,11 @@ def run_compare(engine: Engine, reader, force: bool = False, json_path: str | No
     n_seq = engine.windows_per_call(h.n_ctx)
     meta = {"base": base_identity(reader), "base_path": reader.path, "model": engine.describe(),
             "chunk_range": [a, b], "n_seq": n_seq, "warnings": warnings,
-            "protocol": reader.metadata.get("protocol", {"name": "llamacpp", "n_ctx": h.n_ctx})}
+            "protocol": file_protocol(reader)}
     state = _start_state(ck, meta, sinks)
     start = state.next_chunk
-    windows = llamacpp_windows(reader.tokens, h.n_ctx, b, engine.bos_id)[start:]
+    in_range = base_windows(reader, engine.bos_id)[a:b]
+    windows = in_range[start - a:]
     sinks.info(f"compare: chunks {start + 1}..{b} of {h.n_chunk}, n_ctx={h.n_ctx}, n_seq={n_seq}, "
                f"engine {engine.name}, base {reader.path} ({reader.format_name})")
     sinks.line()
@@ -191,8 +222,7 @@ def run_compare(engine: Engine, reader, force: bool = False, json_path: str | No
                 # Records first: wherever Ctrl-C lands, they cover every chunk the accumulator
                 # holds, and --resume cuts them back to the checkpoint.
                 if per_token:
-                    scored = w.index * h.n_ctx + w.first + 1 + np.arange(w.n_scored)
-                    per_token.add(w.index, scored, w.targets, rec)
+                    per_token.add(w.index, w.scored_positions(), w.targets, rec)
                 acc.add(rec, w.index)
                 sinks.line(chunk_line(w.index + 1, summarize(acc, with_quantiles=False)))
             due = (ck.chunks is not None and len(acc.chunks) - saved_at >= ck.chunks) or \
@@ -203,8 +233,7 @@ def run_compare(engine: Engine, reader, force: bool = False, json_path: str | No
     except BaseException:
         if ck.path:
             # Keep whole batches only: a resumed run must evaluate the same batches.
-            added = len(acc.chunks) - (start - a)
-            acc.truncate(len(acc.chunks) - added % n_seq)
+            acc.truncate(whole_batches(in_range, n_seq, len(acc.chunks)))
             if len(acc.chunks) > saved_at:
                 checkpoint()
             sinks.info(f"compare: stopped after chunk {state.next_chunk}; checkpoint in {ck.path}, "

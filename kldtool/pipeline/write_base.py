@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import time
 
+from kldtool.corpus import Corpus
 from kldtool.engines.base import Engine
-from kldtool.errors import ContextTooLong
 from kldtool.logitsfile import BaseHeader, create_writer
-from kldtool.pipeline.common import Sinks, groups, run_metadata
+from kldtool.pipeline.common import Sinks, groups, run_metadata, whole_batches
+from kldtool.pipeline.plan import Plan, make_plan
 from kldtool.pipeline.state import model_identity
-from kldtool.protocols import describe_llamacpp, llamacpp_chunk_count, llamacpp_windows
+from kldtool.protocols import Protocol, window_table
 from kldtool.report.console import final_estimate, ppl_progress
 from kldtool.stats import PplAccumulator
 
@@ -26,7 +27,15 @@ def default_codec(fmt: str) -> str:
     return "llamacpp" if fmt == "llamacpp" else "grid"
 
 
-def _open_writer(out_path, fmt, header, tokens, metadata, settings, n_seq, resume, sinks, ppl):
+def plan_header(plan: Plan, n_vocab: int) -> BaseHeader:
+    """llama.cpp's uniform chunks keep its header; other protocols carry their window table."""
+    if plan.protocol.name == "llamacpp":
+        return BaseHeader(plan.protocol.n_ctx, n_vocab, len(plan.windows))
+    table = tuple(tuple(int(x) for x in r) for r in window_table(plan.windows))
+    return BaseHeader(plan.n_ctx, n_vocab, len(plan.windows), table, len(plan.stream))
+
+
+def _open_writer(out_path, fmt, header, tokens, metadata, settings, windows, n_seq, resume, sinks, ppl):
     writer = create_writer(out_path, fmt, header, tokens, metadata, settings, resume=resume)
     if not resume:
         if writer.found_stale:
@@ -35,7 +44,7 @@ def _open_writer(out_path, fmt, header, tokens, metadata, settings, n_seq, resum
         return writer, 0
     try:
         records = writer.recover(settings)
-        records = records[:len(records) - len(records) % n_seq]  # whole batches: same logits as uninterrupted
+        records = records[:whole_batches(windows, n_seq, len(records))]  # same batches: same logits
         writer.keep(records, settings)
     except BaseException:
         writer.abort(keep=True)
@@ -50,34 +59,32 @@ def _open_writer(out_path, fmt, header, tokens, metadata, settings, n_seq, resum
     return writer, len(records)
 
 
-def run_base(engine: Engine, corpus_name: str, text: bytes, n_ctx: int, chunks: int | None,
+def run_base(engine: Engine, corpus: Corpus, protocol: Protocol, chunks: int | None,
              out_path: str | None, fmt: str = "kldtool", sinks: Sinks | None = None, codec: str | None = None,
-             resume: bool = False) -> dict:
+             resume: bool = False, force: bool = False) -> dict:
     sinks = sinks or Sinks()
     codec = codec or default_codec(fmt)
     t0 = time.time()
-    if engine.n_ctx_train and n_ctx > engine.n_ctx_train:
-        raise ContextTooLong(f"--ctx-size {n_ctx} exceeds the model's context of {engine.n_ctx_train}")
-    tokens = engine.tokenize(text)
-    n_chunk = llamacpp_chunk_count(len(tokens), n_ctx, chunks)
-    windows = llamacpp_windows(tokens, n_ctx, n_chunk, engine.bos_id)
-    header = BaseHeader(n_ctx, engine.n_vocab, n_chunk)
-    n_seq = engine.windows_per_call(n_ctx)
-    sinks.info(f"base: {n_chunk} chunks of {n_ctx} tokens ({len(tokens)} tokens in {corpus_name}), "
-               f"{n_seq} per pass, engine {engine.name}")
-    protocol = describe_llamacpp(n_ctx) | {"bos_id": engine.bos_id}
+    plan = make_plan(engine, corpus, protocol, chunks, force)
+    windows, n_chunk = plan.windows, len(plan.windows)
+    header = plan_header(plan, engine.n_vocab)
+    n_seq = engine.windows_per_call(plan.n_ctx)
+    what = (f"{n_chunk} chunks of {protocol.n_ctx} tokens" if protocol.name == "llamacpp"
+            else f"{n_chunk} windows of up to {plan.n_ctx} tokens (protocol {protocol.name})")
+    sinks.info(f"base: {what} ({plan.n_source_tokens} tokens in {corpus.name}), {n_seq} per pass, engine {engine.name}")
+    described = plan.describe(engine.bos_id)
     metadata = run_metadata("base") | {
-        "protocol": protocol,
-        "corpus": corpus_name,
+        "protocol": described,
+        "corpus": corpus.name,
         "model": engine.describe(),
         "tokenizer_identity": engine.tokenizer_identity(),
         "n_vocab": engine.n_vocab,
         "codec": codec,
     }
-    settings = {"format": fmt, "codec": codec, "protocol": protocol, "n_seq": n_seq,
+    settings = {"format": fmt, "codec": codec, "protocol": described, "n_seq": n_seq,
                 "model": model_identity(engine.describe()), "tokenizer_identity": engine.tokenizer_identity()}
     ppl = PplAccumulator()
-    writer, done = (_open_writer(out_path, fmt, header, tokens[:header.n_tokens], metadata, settings, n_seq,
+    writer, done = (_open_writer(out_path, fmt, header, plan.stream, metadata, settings, windows, n_seq,
                                  resume, sinks, ppl) if out_path else (None, 0))
     try:
         for group in groups(windows[done:], n_seq):

@@ -2,7 +2,8 @@
 
 - ``kld_vs_bpw.png``: mean and 99 % KLD against bits per weight, log y;
 - ``ppl_ratio_vs_bpw.png``: PPL(Q)/PPL(base) against bits per weight, with its ±;
-- ``kld_histograms.png``: each quant's KLD distribution (log-spaced bins).
+- ``kld_histograms.png``: each quant's KLD distribution (log-spaced bins);
+- ``ppl --protocol documents --plot FILE``: PPL against context length, one line per model.
 """
 
 from __future__ import annotations
@@ -108,6 +109,25 @@ def _save(fig, path: str) -> None:
         raise
     f.commit()
     fig.clf()
+
+
+def ppl_vs_length(results: list[dict], path: str) -> None:
+    """``kldtool ppl`` documents runs: PPL (with its ±) at each length, one line per model."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for r in results:
+        rows = [x for x in r.get("per_length", []) if x["tokens"]]
+        ax.errorbar([x["length"] for x in rows], [x["ppl"] for x in rows],
+                    yerr=[x["ppl_uncertainty"] for x in rows], fmt="o-", capsize=3,
+                    label=r["model"].get("name") or os.path.basename(str(r["model"].get("model")).rstrip("/")))
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("context length N (first N tokens of each document)")
+    ax.set_ylabel("perplexity")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    ax.set_title("Perplexity vs context length\ndocuments protocol, documents shorter than N skipped", fontsize=10)
+    _save(fig, path)
+    plt.close("all")
 
 
 def write_plots(rows: list[ResultRow], out_dir: str) -> list[str]:

@@ -1,0 +1,118 @@
+"""Custom models: ``--engine python --model package.module:factory`` (or ``file.py:factory``).
+
+The factory is called with no arguments and returns an object with
+
+- ``tokenizer``: has ``encode(text: str) -> list[int]``; its ``get_vocab()`` (str -> id) or
+  ``convert_ids_to_tokens`` names the tokens for the identity hash (ids as text otherwise);
+- ``logits(ids)`` (or the object itself is callable): int64 tensor (batch, seq) -> float
+  tensor (batch, seq, vocab) of next-token logits, on any device;
+- optionally ``bos_id`` (put first in every tokenized text, and replaced at chunk starts as
+  llama.cpp does), ``n_ctx_train`` and ``name``.
+
+This is how a model transformers does not know (a recurrent xLSTM, a music model) is scored.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import sys
+
+import numpy as np
+
+from kldtool.engines.base import Engine
+from kldtool.errors import EngineError, UsageError
+from kldtool.protocols import Window
+
+
+def load_factory(spec: str):
+    target, sep, attr = spec.rpartition(":")
+    if not sep or not target or not attr:
+        raise UsageError(f"--model {spec!r}: the python engine takes package.module:factory or file.py:factory")
+    try:
+        if target.endswith(".py"):
+            if not os.path.isfile(target):
+                raise EngineError(f"{target}: no such file")
+            mod_spec = importlib.util.spec_from_file_location(f"kldtool_user_{abs(hash(target))}", target)
+            module = importlib.util.module_from_spec(mod_spec)
+            mod_spec.loader.exec_module(module)
+        else:
+            if os.getcwd() not in sys.path:  # as `python -m` would: modules beside the user
+                sys.path.insert(0, os.getcwd())
+            module = importlib.import_module(target)
+    except ImportError as e:
+        raise EngineError(f"--model {spec}: cannot import {target} ({e})") from None
+    factory = getattr(module, attr, None)
+    if not callable(factory):
+        raise EngineError(f"--model {spec}: {target} has no callable {attr!r}")
+    return factory
+
+
+class PythonEngine(Engine):
+    name = "python"
+
+    def __init__(self, spec: str, threads: int | None = None, batch_tokens: int = 2048):
+        import torch
+
+        if threads:
+            torch.set_num_threads(threads)
+        self.spec, self.batch_tokens = spec, batch_tokens
+        obj = load_factory(spec)()
+        self.tokenizer = getattr(obj, "tokenizer", None)
+        if not callable(getattr(self.tokenizer, "encode", None)):
+            raise EngineError(f"--model {spec}: the factory's object has no tokenizer with encode(text)")
+        self.fn = getattr(obj, "logits", None) or (obj if callable(obj) else None)
+        if self.fn is None:
+            raise EngineError(f"--model {spec}: the factory's object has no logits(ids) and is not callable")
+        self.bos_id = getattr(obj, "bos_id", None)
+        self.n_ctx_train = getattr(obj, "n_ctx_train", None)
+        self.model_name = getattr(obj, "name", spec)
+        probe = self._forward(torch.zeros((1, 1), dtype=torch.int64))
+        self.n_vocab = int(probe.shape[-1])
+        self.device = str(probe.device)
+
+    def _forward(self, ids):
+        import torch
+
+        with torch.inference_mode():
+            out = self.fn(ids)
+        if not isinstance(out, torch.Tensor) or out.dim() != 3 or tuple(out.shape[:2]) != tuple(ids.shape):
+            got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+            raise EngineError(f"--model {self.spec}: logits(ids of shape {tuple(ids.shape)}) returned {got}, "
+                              f"expected (batch, seq, vocab)")
+        return out
+
+    def tokenize(self, text: bytes) -> np.ndarray:
+        ids = list(self.tokenizer.encode(text.decode("utf-8")))
+        if self.bos_id is not None and (not ids or ids[0] != self.bos_id):
+            ids.insert(0, self.bos_id)
+        return np.asarray(ids, dtype=np.int32)
+
+    def token_strings(self):
+        tok = self.tokenizer
+        if callable(getattr(tok, "get_vocab", None)):
+            names = {i: s for s, i in tok.get_vocab().items()}
+        elif callable(getattr(tok, "convert_ids_to_tokens", None)):
+            names = dict(enumerate(tok.convert_ids_to_tokens(list(range(self.n_vocab)))))
+        else:
+            names = {}
+        for i in range(self.n_vocab):
+            yield str(names.get(i, i)).encode("utf-8")
+
+    def windows_per_call(self, n_ctx: int) -> int:
+        return max(1, self.batch_tokens // n_ctx)
+
+    def logits(self, windows: list[Window]) -> list:
+        import torch
+
+        ids = torch.from_numpy(np.stack([w.tokens for w in windows]).astype(np.int64))
+        out = self._forward(ids)
+        first, n_scored = windows[0].first, windows[0].n_scored
+        return [out[i, first:first + n_scored] for i in range(len(windows))]
+
+    def describe(self) -> dict:
+        import torch
+
+        return {"engine": self.name, "model": self.spec, "name": self.model_name, "dtype": "python",
+                "device": self.device, "versions": {"torch": torch.__version__}}

@@ -1,0 +1,72 @@
+"""From a corpus, a protocol and an engine's tokenizer to the windows a run evaluates and the
+token stream a base file stores (shared by ``base``, ``ppl`` and, through the file, ``compare``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from kldtool.corpus import Corpus
+from kldtool.errors import ContextTooLong
+from kldtool.protocols import (Protocol, Window, document_windows, exl3_windows, limit, llamacpp_chunk_count,
+                               llamacpp_windows, stride_windows)
+
+
+@dataclass
+class Plan:
+    protocol: Protocol
+    stream: np.ndarray  # int32: every window's tokens, each stored once
+    windows: list[Window]
+    n_source_tokens: int  # tokens of the corpus before any cut
+    documents: dict = field(default_factory=dict)  # documents: counts per length
+    text_size: dict | None = None  # bytes and words the scored tokens cover (bits per byte)
+
+    @property
+    def n_ctx(self) -> int:
+        """The longest window: what engines size their batches and contexts for."""
+        return max(len(w.tokens) for w in self.windows)
+
+    def describe(self, bos_id: int | None) -> dict:
+        out = self.protocol.describe() | {"bos_id": bos_id, "windows": len(self.windows)}
+        if self.documents:
+            out["documents"] = self.documents
+        return out
+
+
+def make_plan(engine, corpus: Corpus, protocol: Protocol, chunks: int | None, force: bool = False) -> Plan:
+    p = protocol
+    if p.name != "documents":
+        _check_context(engine, p.n_ctx, f"--ctx-size {p.n_ctx}", force)  # before tokenizing a long text
+    if p.name == "documents":
+        docs = document_windows(corpus.document_tokens(engine), p.lengths)
+        windows = limit(docs.windows, chunks)
+        end = windows[-1].start + len(windows[-1].tokens)
+        lens = docs.doc_lengths
+        counts = {"total": docs.n_documents, "per_length": {
+            str(n): {"used": sum(1 for w in windows if len(w.tokens) >= n), "shorter": int((lens < n).sum())}
+            for n in p.lengths}}
+        size = None
+        if p.counts_once and len(windows) == len(corpus.documents):
+            size = corpus.size(whole_stream=False)
+        plan = Plan(p, docs.stream[:end], windows, int(lens.sum()), counts, size)
+    else:
+        stream = corpus.stream(engine)
+        if p.name == "llamacpp":
+            n_chunk = llamacpp_chunk_count(len(stream), p.n_ctx, chunks)
+            windows = llamacpp_windows(stream, p.n_ctx, n_chunk, engine.bos_id)
+        else:
+            made = (exl3_windows if p.name == "exl3" else stride_windows)(stream, p.n_ctx, p.stride)
+            windows = limit(made, chunks)
+        end = windows[-1].start + len(windows[-1].tokens)
+        whole = p.counts_once and end == len(stream)
+        plan = Plan(p, stream[:end], windows, len(stream), {}, corpus.size(whole_stream=True) if whole else None)
+    _check_context(engine, plan.n_ctx, f"documents cut to {plan.n_ctx} tokens (--lengths)", force)
+    return plan
+
+
+def _check_context(engine, n_ctx: int, what: str, force: bool) -> None:
+    n_train = engine.n_ctx_train
+    if n_train and n_ctx > n_train and not force:
+        raise ContextTooLong(f"{what}: windows of {n_ctx} tokens exceed the model's context of {n_train} "
+                             f"(--force runs them anyway)")
