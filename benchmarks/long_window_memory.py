@@ -8,7 +8,7 @@ training context run with --force: this measures memory, not quality. Prints the
 16k/2k ratio for both modes and what the logits alone would take, and appends a dated row to
 benchmarks/RESULTS.md.
 
-    .venv/bin/python benchmarks/long_window_memory.py [--lengths 2048,8192,16384] [--block 512] [--whole 2048,8192]
+    .venv/bin/python benchmarks/long_window_memory.py [--lengths 2048,8192,16384] [--block 512] [--whole 2048]
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--lengths", default="2048,8192,16384")
     ap.add_argument("--block", type=int, default=512)
-    ap.add_argument("--whole", default="2048,8192", help="lengths also run as one whole window (-b = L)")
+    ap.add_argument("--whole", default="2048", help="lengths also run as one whole window (-b = L)")
     ap.add_argument("--text", default=str(WIKI))
     a = ap.parse_args()
     lengths = [int(x) for x in a.lengths.split(",")]

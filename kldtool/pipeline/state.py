@@ -28,8 +28,11 @@ def base_identity(reader) -> dict:
     """What makes two base files interchangeable: the header and the tokens (not the path or
     the format: a converted copy holds the same codes)."""
     h = reader.header
-    return {"n_ctx": h.n_ctx, "n_vocab": h.n_vocab, "n_chunk": h.n_chunk,
-            "tokens_sha256": hashlib.sha256(np.ascontiguousarray(reader.tokens, "<i4").tobytes()).hexdigest()}
+    out = {"n_ctx": h.n_ctx, "n_vocab": h.n_vocab, "n_chunk": h.n_chunk,
+           "tokens_sha256": hashlib.sha256(np.ascontiguousarray(reader.tokens, "<i4").tobytes()).hexdigest()}
+    if h.windows is not None:  # one stream can be cut into windows in many ways
+        out["windows_sha256"] = hashlib.sha256(np.array(h.windows, dtype="<i8").tobytes()).hexdigest()
+    return out
 
 
 def model_identity(described: dict, full_path: bool = True) -> dict:
