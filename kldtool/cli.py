@@ -115,7 +115,7 @@ def base(
     """Phase 1: run the base model over a text, print its PPL and store its log-probs."""
     from kldtool.codec import CODECS
     from kldtool.corpus import open_corpus
-    from kldtool.logitsfile import FORMATS
+    from kldtool.logitsfile import FORMATS, check_layout
     from kldtool.pipeline import run_base
     from kldtool.pipeline.common import write_json
 
@@ -124,8 +124,7 @@ def base(
     if codec is not None and codec not in CODECS:
         raise UsageError(f"--codec {codec!r}: expected one of {', '.join(CODECS)}")
     spec = _protocol(protocol, ctx_size, stride, lengths)
-    if fmt == "llamacpp" and spec.name != "llamacpp":
-        raise UsageError(f"--format llamacpp holds only --protocol llamacpp's chunks, not {spec.name}; use --format kldtool")
+    check_layout(fmt, spec.name)  # before the model loads
     corpus = open_corpus(file, corpus_format, text_field)
     eng = _engine(_longest(spec), engine, model, dtype, device, threads, batch, tp, gpu_mem, max_len, quant, kv_dtype,
                   eager, remote, vllm_arg)

@@ -206,15 +206,11 @@ def document_windows(docs: list[np.ndarray], lengths: tuple[int, ...]) -> Docume
     return Documents(stream, windows, len(docs), sizes)
 
 
-def windows_from_table(stream: np.ndarray, table: np.ndarray) -> list[Window]:
-    """Windows as a base file stores them: rows of (start, length, first, n_scored)."""
-    out = []
-    for i, (start, length, first, n_scored) in enumerate(table.tolist()):
-        w = _span(stream, i, start, start + length, first)
-        assert w.n_scored == n_scored
-        out.append(w)
-    return out
+def windows_from_table(stream: np.ndarray, table) -> list[Window]:
+    """Windows as a base file stores them: rows of (start, length, first, n_scored), already
+    checked to fit the stream (every window scores offsets first .. length-2)."""
+    return [_span(stream, i, start, start + length, first) for i, (start, length, first, _) in enumerate(table)]
 
 
-def window_table(windows: list[Window]) -> np.ndarray:
-    return np.array([(w.start, len(w.tokens), w.first, w.n_scored) for w in windows], dtype=np.int64).reshape(-1, 4)
+def window_table(windows: list[Window]) -> tuple[tuple[int, int, int, int], ...]:
+    return tuple((int(w.start), len(w.tokens), w.first, w.n_scored) for w in windows)

@@ -91,3 +91,25 @@ def test_checkpoint_sweep_writes_one_table(text, tmp_path):
         model, ppl = row.split(",")[:2]
         assert model == run["model"]["model"] and float(ppl) == run["ppl"]
         assert f"{run['ppl']:10.4f}" in p.stdout
+
+
+def test_a_window_table_that_lies_is_refused_in_one_line(text, tmp_path):
+    """A window-table container whose table claims fewer rows than its window scores."""
+    import struct
+
+    from kldtool import errors
+
+    base = tmp_path / "base.kldt"
+    run_cli("base", "--engine", "python", "-m", BASE, "-f", text, "--protocol", "exl3", "-c", CTX, "--stride", 32,
+            "--kl-divergence-base", base)
+    data = bytearray(base.read_bytes())
+    n_stream = struct.unpack_from("<I", data, 28)[0]
+    start, length, first, n = struct.unpack_from("<4q", data, 32 + 4 * n_stream)
+    assert (length, first, n) == (CTX, 0, CTX - 1)
+    struct.pack_into("<q", data, 32 + 4 * n_stream + 24, n - 1)
+    bad = tmp_path / "bad.kldt"
+    bad.write_bytes(bytes(data))
+    p = run_cli("compare", "--engine", "python", "-m", QUANT, "--kl-divergence-base", bad,
+                check_rc=errors.CorruptData.exit_code)
+    assert "invalid window table" in p.stderr and "window 0" in p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1 and "Traceback" not in p.stderr

@@ -132,11 +132,8 @@ class LlamaCppEngine(Engine):
 
         n_ctx = len(windows[0].tokens)
         self._ensure_context(n_ctx)
-        if n_ctx > self.n_batch:
-            parts: list[list] = [[] for _ in windows]
-            for s, _, lg in self._long_blocks(windows):
-                parts[s].append(lg.clone())
-            return [torch.cat(p) for p in parts]
+        if n_ctx > self.n_batch:  # the blocks are views of llama.cpp's buffer: keep copies
+            return [torch.cat(p) for p in self._per_block(windows, lambda w, off, lg: lg.clone())]
         self.lib.llama_memory_clear(self.lib.llama_get_memory(self.ctx), True)
         first = windows[0].first
         items = [(int(t), k, s, k >= first) for s, w in enumerate(windows) for k, t in enumerate(w.tokens)]

@@ -16,7 +16,7 @@ from kldtool.logitsfile.prefetch import iter_chunks
 
 FORMATS = ("kldtool", "llamacpp")
 
-__all__ = ["BaseHeader", "open_base_file", "create_writer", "iter_chunks", "FORMATS"]
+__all__ = ["BaseHeader", "open_base_file", "create_writer", "check_layout", "iter_chunks", "FORMATS"]
 
 
 def open_base_file(path: str | os.PathLike):
@@ -38,6 +38,13 @@ def open_base_file(path: str | os.PathLike):
     return raw.RawReader(p)
 
 
+def check_layout(fmt: str, protocol: str) -> None:
+    """llama.cpp's raw layout has no window table: only the llamacpp protocol's chunks fit it."""
+    if fmt == "llamacpp" and protocol != "llamacpp":
+        raise UsageError(f"--format llamacpp holds only --protocol llamacpp's chunks, not {protocol}; "
+                         f"use --format kldtool")
+
+
 def create_writer(path, fmt: str, header: BaseHeader, tokens, metadata: dict | None = None,
                   settings: dict | None = None, resume: bool = False):
     """A writer on the locked partial file beside ``path``. Started afresh (with ``settings``
@@ -45,6 +52,8 @@ def create_writer(path, fmt: str, header: BaseHeader, tokens, metadata: dict | N
     kinds = {"kldtool": container.ContainerWriter, "llamacpp": raw.RawWriter}
     if fmt not in kinds:
         raise UsageError(f"--format {fmt!r}: expected one of {', '.join(FORMATS)}")
+    if header.windows is not None:
+        check_layout(fmt, (metadata or {}).get("protocol", {}).get("name", "a window table"))
     writer = kinds[fmt](path, header, tokens, metadata)
     if not resume:
         writer.start(settings)

@@ -56,7 +56,9 @@ class BaseHeader:
 
     @property
     def scored_tokens(self) -> int:
-        return sum(self.rows_of(i) for i in range(self.n_chunk)) if self.windows else self.rows_per_chunk * self.n_chunk
+        if self.windows is not None:
+            return sum(w[3] for w in self.windows)
+        return self.rows_per_chunk * self.n_chunk
 
     @property
     def n_tokens(self) -> int:
@@ -65,8 +67,9 @@ class BaseHeader:
     def problems(self) -> list[str]:
         """Why these numbers cannot be a base file's (empty when they can)."""
         out = []
-        if not (2 if self.windows is not None else 4) <= self.n_ctx <= MAX_CTX:
-            out.append(f"n_ctx {self.n_ctx} outside [4, {MAX_CTX}]")
+        lowest = 2 if self.windows is not None else 4
+        if not lowest <= self.n_ctx <= MAX_CTX:
+            out.append(f"n_ctx {self.n_ctx} outside [{lowest}, {MAX_CTX}]")
         if not 2 <= self.n_vocab <= MAX_VOCAB:
             out.append(f"n_vocab {self.n_vocab} outside [2, {MAX_VOCAB}]")
         if self.n_chunk < 1:
@@ -76,8 +79,9 @@ class BaseHeader:
                 out.append(f"token stream of {self.n_stream} tokens")
             for i, (start, length, first, n) in enumerate(self.windows):
                 if not (0 <= start and start + length <= (self.n_stream or 0) and 2 <= length <= self.n_ctx
-                        and 0 <= first and n >= 1 and first + n <= length - 1):
-                    out.append(f"window {i} (start {start}, length {length}, first {first}, rows {n}) "
-                               f"does not fit the stream of {self.n_stream} tokens and n_ctx {self.n_ctx}")
+                        and 0 <= first and n >= 1 and first + n == length - 1):
+                    out.append(f"window {i} (start {start}, length {length}, first {first}, rows {n}) does not "
+                               f"fit the stream of {self.n_stream} tokens and n_ctx {self.n_ctx}, or does not "
+                               f"score offsets first .. length-2")
                     break
         return out

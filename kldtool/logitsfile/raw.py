@@ -12,7 +12,7 @@ import os
 
 import numpy as np
 
-from kldtool.errors import UsageError, NotABaseFile, RowLayoutError, TruncatedHeader, TruncatedRows
+from kldtool.errors import NotABaseFile, RowLayoutError, TruncatedHeader, TruncatedRows
 from kldtool.logitsfile.header import BaseHeader
 from kldtool.logitsfile.reader_base import BaseFileReader, Frame
 from kldtool.logitsfile.writer_base import ResumableWriter
@@ -73,8 +73,6 @@ class RawWriter(ResumableWriter):
 
     def _preamble(self, token_bytes: bytes) -> bytes:
         h = self.header
-        if h.windows is not None:
-            raise UsageError("--format llamacpp holds only --protocol llamacpp's chunks; use --format kldtool")
         return MAGIC + np.array([h.n_ctx, h.n_vocab, h.n_chunk], dtype="<i4").tobytes() + token_bytes
 
     def _chunk_ends(self, start: int, size: int) -> list[int]:

@@ -66,7 +66,8 @@ class BaseFileReader:
         bad = np.nonzero((tokens < 0) | (tokens >= h.n_vocab))[0]
         if bad.size:
             i = int(bad[0])
-            self._fail(f"token {int(tokens[i])} at offset {offset + 4 * i} (chunk {i // h.n_ctx if h.windows is None else '?'}) "
+            where = f" (chunk {i // h.n_ctx})" if h.windows is None else ""
+            self._fail(f"token {int(tokens[i])} at offset {offset + 4 * i}{where} "
                        f"is outside the vocabulary of {h.n_vocab}", CorruptData)
         return tokens
 

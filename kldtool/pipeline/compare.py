@@ -11,8 +11,6 @@ import os
 import time
 from dataclasses import dataclass
 
-import numpy as np
-
 from kldtool.engines.base import Engine
 from kldtool.errors import ContextTooLong, TokenizerMismatch, UsageError, VocabMismatch
 from kldtool.logitsfile.prefetch import PrefetchedChunks
@@ -59,7 +57,7 @@ def base_windows(reader, bos_id: int | None) -> list[Window]:
     h = reader.header
     if h.windows is None:
         return llamacpp_windows(reader.tokens, h.n_ctx, h.n_chunk, bos_id)
-    return windows_from_table(reader.tokens, np.array(h.windows, dtype=np.int64))
+    return windows_from_table(reader.tokens, h.windows)
 
 
 def file_protocol(reader) -> dict:

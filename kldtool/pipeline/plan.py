@@ -35,34 +35,38 @@ class Plan:
 
 
 def make_plan(engine, corpus: Corpus, protocol: Protocol, chunks: int | None, force: bool = False) -> Plan:
-    p = protocol
-    if p.name != "documents":
-        _check_context(engine, p.n_ctx, f"--ctx-size {p.n_ctx}", force)  # before tokenizing a long text
-    if p.name == "documents":
-        docs = document_windows(corpus.document_tokens(engine), p.lengths)
-        windows = limit(docs.windows, chunks)
-        end = windows[-1].start + len(windows[-1].tokens)
-        lens = docs.doc_lengths
-        counts = {"total": docs.n_documents, "per_length": {
-            str(n): {"used": sum(1 for w in windows if len(w.tokens) >= n), "shorter": int((lens < n).sum())}
-            for n in p.lengths}}
-        size = None
-        if p.counts_once and len(windows) == len(corpus.documents):
-            size = corpus.size(whole_stream=False)
-        plan = Plan(p, docs.stream[:end], windows, int(lens.sum()), counts, size)
+    if protocol.name == "documents":
+        plan = _documents_plan(engine, corpus, protocol, chunks)
+        _check_context(engine, plan.n_ctx, f"documents cut to {plan.n_ctx} tokens (--lengths)", force)
+        return plan
+    _check_context(engine, protocol.n_ctx, f"--ctx-size {protocol.n_ctx}", force)  # before tokenizing a long text
+    return _stream_plan(engine, corpus, protocol, chunks)
+
+
+def _documents_plan(engine, corpus: Corpus, p: Protocol, chunks: int | None) -> Plan:
+    docs = document_windows(corpus.document_tokens(engine), p.lengths)
+    windows = limit(docs.windows, chunks)
+    end = windows[-1].start + len(windows[-1].tokens)
+    lens = docs.doc_lengths
+    counts = {"total": docs.n_documents, "per_length": {
+        str(n): {"used": sum(1 for w in windows if len(w.tokens) >= n), "shorter": int((lens < n).sum())}
+        for n in p.lengths}}
+    whole = p.counts_once and len(windows) == len(corpus.documents)
+    return Plan(p, docs.stream[:end], windows, int(lens.sum()), counts,
+                corpus.size(whole_stream=False) if whole else None)
+
+
+def _stream_plan(engine, corpus: Corpus, p: Protocol, chunks: int | None) -> Plan:
+    stream = corpus.stream(engine)
+    if p.name == "llamacpp":
+        n_chunk = llamacpp_chunk_count(len(stream), p.n_ctx, chunks)
+        windows = llamacpp_windows(stream, p.n_ctx, n_chunk, engine.bos_id)
     else:
-        stream = corpus.stream(engine)
-        if p.name == "llamacpp":
-            n_chunk = llamacpp_chunk_count(len(stream), p.n_ctx, chunks)
-            windows = llamacpp_windows(stream, p.n_ctx, n_chunk, engine.bos_id)
-        else:
-            made = (exl3_windows if p.name == "exl3" else stride_windows)(stream, p.n_ctx, p.stride)
-            windows = limit(made, chunks)
-        end = windows[-1].start + len(windows[-1].tokens)
-        whole = p.counts_once and end == len(stream)
-        plan = Plan(p, stream[:end], windows, len(stream), {}, corpus.size(whole_stream=True) if whole else None)
-    _check_context(engine, plan.n_ctx, f"documents cut to {plan.n_ctx} tokens (--lengths)", force)
-    return plan
+        made = (exl3_windows if p.name == "exl3" else stride_windows)(stream, p.n_ctx, p.stride)
+        windows = limit(made, chunks)
+    end = windows[-1].start + len(windows[-1].tokens)
+    whole = p.counts_once and end == len(stream)
+    return Plan(p, stream[:end], windows, len(stream), {}, corpus.size(whole_stream=True) if whole else None)
 
 
 def _check_context(engine, n_ctx: int, what: str, force: bool) -> None:

@@ -31,8 +31,7 @@ def plan_header(plan: Plan, n_vocab: int) -> BaseHeader:
     """llama.cpp's uniform chunks keep its header; other protocols carry their window table."""
     if plan.protocol.name == "llamacpp":
         return BaseHeader(plan.protocol.n_ctx, n_vocab, len(plan.windows))
-    table = tuple(tuple(int(x) for x in r) for r in window_table(plan.windows))
-    return BaseHeader(plan.n_ctx, n_vocab, len(plan.windows), table, len(plan.stream))
+    return BaseHeader(plan.n_ctx, n_vocab, len(plan.windows), window_table(plan.windows), len(plan.stream))
 
 
 def _open_writer(out_path, fmt, header, tokens, metadata, settings, windows, n_seq, resume, sinks, ppl):
