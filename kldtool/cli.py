@@ -39,6 +39,16 @@ KvOpt = typer.Option(None, "--kv-cache-dtype", help="vLLM: KV-cache dtype.")
 EagerOpt = typer.Option(False, "--enforce-eager", help="vLLM: no CUDA graphs / compilation.")
 RemoteOpt = typer.Option(False, "--trust-remote-code", help="vLLM: allow the model's own code.")
 VllmArgOpt = typer.Option(None, "--vllm-arg", help="vLLM: any other LLM(...) argument, KEY=VALUE (repeatable).")
+BootOpt = typer.Option(1000, "--bootstrap", help="Block-bootstrap resamples over chunks for the error bars (0: none).")
+SeedOpt = typer.Option(0, "--seed", help="Seed of the bootstrap's resampling.")
+
+
+def _bootstrap(resamples: int, seed: int):
+    from kldtool.stats.bootstrap import Bootstrap
+
+    if resamples < 0:
+        raise UsageError(f"--bootstrap {resamples}: must be 0 (none) or more")
+    return Bootstrap(resamples, seed)
 
 
 def _engine(n_ctx, engine, model, dtype, device, threads, batch, tp=None, gpu_mem=None, max_len=None, quant=None,
@@ -100,6 +110,9 @@ def base(
     fmt: str = typer.Option("kldtool", "--format", help="kldtool (compressed container) or llamacpp (raw, for llama-perplexity)."),
     codec: Optional[str] = typer.Option(None, "--codec", help="Row rounding: llamacpp (llama-perplexity's, default for "
                                                               "--format llamacpp) or grid (2^-12 steps, exact for bf16 logits; default otherwise)."),
+    keep: Optional[str] = typer.Option(None, "--keep", help="top-K: store only each position's K most probable "
+                                                            "entries and the rest's mass (kldtool format; ~V/3K "
+                                                            "times smaller; KLD then a lower bound, see docs/metrics.md)."),
     engine: Optional[str] = EngineOpt,
     dtype: Optional[str] = DtypeOpt,
     device: Optional[str] = DeviceOpt,
@@ -123,15 +136,18 @@ def base(
         raise UsageError(f"--format {fmt!r}: expected one of {', '.join(FORMATS)}")
     if codec is not None and codec not in CODECS:
         raise UsageError(f"--codec {codec!r}: expected one of {', '.join(CODECS)}")
+    from kldtool.topk import keep_of
+
     spec = _protocol(protocol, ctx_size, stride, lengths)
-    check_layout(fmt, spec.name)  # before the model loads
+    top = keep_of(keep)
+    check_layout(fmt, spec.name, top)  # before the model loads
     corpus = open_corpus(file, corpus_format, text_field)
     eng = _engine(_longest(spec), engine, model, dtype, device, threads, batch, tp, gpu_mem, max_len, quant, kv_dtype,
                   eager, remote, vllm_arg)
     try:
         if resume and not out:
             raise UsageError("--resume needs --kl-divergence-base FILE (the base file to continue)")
-        result = run_base(eng, corpus, spec, chunks, out, fmt, codec=codec, resume=resume, force=force)
+        result = run_base(eng, corpus, spec, chunks, out, fmt, codec=codec, resume=resume, force=force, keep=top)
     finally:
         eng.close()
     if json_out:
@@ -222,6 +238,10 @@ def compare(
     resume: bool = typer.Option(False, "--resume", help="Continue from the --state checkpoint (if there is one)."),
     per_token: Optional[str] = typer.Option(None, "--per-token", help="Write every scored token's values "
                                                                       "(nll, KLD, Δp, same top...) to this HDF5 file."),
+    resamples: int = BootOpt, seed: int = SeedOpt,
+    noise_floor: Optional[str] = typer.Option(None, "--noise-floor", help="A `kldtool noise-floor --json` result "
+                                                                          "of this base file: also print the mean "
+                                                                          "KLD as a multiple of that floor."),
     tp: Optional[int] = TpOpt, gpu_mem: Optional[float] = GpuMemOpt, max_len: Optional[int] = MaxLenOpt,
     quant: Optional[str] = QuantOpt, kv_dtype: Optional[str] = KvOpt, eager: bool = EagerOpt,
     remote: bool = RemoteOpt, vllm_arg: Optional[list[str]] = VllmArgOpt,
@@ -235,8 +255,12 @@ def compare(
     if base_file is None:
         raise UsageError("compare needs --kl-divergence-base FILE (written by `kldtool base` or llama-perplexity)")
     checkpoints = Checkpoints.parse(state, checkpoint_every, resume)
+    boot = _bootstrap(resamples, seed)
     reader = open_base_file(base_file)
     try:
+        from kldtool.pipeline.noise_floor import load_floor
+
+        floor = load_floor(noise_floor, reader) if noise_floor else None
         check_protocol_flags(reader, protocol, ctx_size, stride, lengths)
         span = parse_chunk_range(chunk_range, chunks, reader.header.n_chunk, base_file)
         if file is not None:
@@ -245,7 +269,43 @@ def compare(
                       kv_dtype, eager, remote, vllm_arg)
         try:
             run_compare(eng, reader, force=force, json_path=json_out, chunk_range=span, checkpoints=checkpoints,
-                        per_token_path=per_token)
+                        per_token_path=per_token, bootstrap=boot, floor=floor)
+        finally:
+            eng.close()
+    finally:
+        reader.close()
+
+
+@app.command("noise-floor")
+def noise_floor_cmd(
+    base_file: Optional[str] = typer.Option(None, "--kl-divergence-base", help="The base file (its model is the default -m)."),
+    model: Optional[str] = typer.Option(None, "-m", "--model", help="The base model again (default: the one the base "
+                                                                     "file names), run another valid way."),
+    engine: Optional[str] = EngineOpt,
+    dtype: Optional[str] = DtypeOpt,
+    device: Optional[str] = DeviceOpt,
+    threads: Optional[int] = ThreadsOpt,
+    batch: int = BatchOpt,
+    chunks: Optional[int] = typer.Option(None, "--chunks", help="Use only the base file's first N chunks."),
+    json_out: Optional[str] = typer.Option(None, "--json", help="Write the floor here (for compare --noise-floor)."),
+):
+    """The base model against its own base file through another numeric path (dtype, batch size,
+    device or engine): the KLD below which a quant cannot be told from the base."""
+    from kldtool.logitsfile import open_base_file
+    from kldtool.pipeline.compare import parse_chunk_range
+    from kldtool.pipeline.noise_floor import run_noise_floor
+
+    if base_file is None:
+        raise UsageError("noise-floor needs --kl-divergence-base FILE")
+    reader = open_base_file(base_file)
+    try:
+        named = reader.metadata.get("model", {}).get("model")
+        if model is None and not named:
+            raise UsageError(f"noise-floor: {base_file} does not name its model; give -m")
+        span = parse_chunk_range(None, chunks, reader.header.n_chunk, base_file)
+        eng = _engine(reader.header.n_ctx, engine, model or named, dtype, device, threads, batch)
+        try:
+            run_noise_floor(eng, reader, json_path=json_out, chunk_range=span)
         finally:
             eng.close()
     finally:
@@ -257,11 +317,12 @@ def merge(
     states: list[str] = typer.Argument(..., help="State files of compare shards (compare --chunk-range A:B --state FILE)."),
     json_out: Optional[str] = typer.Option(None, "--json", help="Write every statistic and the shards' metadata here."),
     force: bool = typer.Option(False, "--force", help="Merge shards even when their models' names differ."),
+    resamples: int = BootOpt, seed: int = SeedOpt,
 ):
     """Combine compare shards into the statistics of one run over all their chunks."""
     from kldtool.pipeline.merge import run_merge
 
-    run_merge(states, json_path=json_out, force=force)
+    run_merge(states, json_path=json_out, force=force, bootstrap=_bootstrap(resamples, seed))
 
 
 @app.command()
@@ -316,16 +377,17 @@ def info(
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of text."),
 ):
     """Show a base file's header, metadata, sizes and completeness."""
+    from kldtool.codec import row_width
     from kldtool.logitsfile import open_base_file
 
     reader = open_base_file(path)
     try:
         h = reader.header
-        raw_size = 20 + 4 * h.n_tokens + h.scored_tokens * h.row_width * 2
+        raw_size = 20 + 4 * h.n_tokens + h.scored_tokens * row_width(h.n_vocab) * 2
         data = {
             "path": path, "format": reader.format_name, "complete": True,
             "protocol": reader.metadata.get("protocol", {}).get("name", "llamacpp"),
-            "n_ctx": h.n_ctx, "n_vocab": h.n_vocab, "n_chunk": h.n_chunk,
+            "n_ctx": h.n_ctx, "n_vocab": h.n_vocab, "n_chunk": h.n_chunk, "keep": h.keep or "all",
             "rows_per_chunk": h.rows_per_chunk, "scored_tokens": h.scored_tokens,
             "file_bytes": reader.file_size, "raw_equivalent_bytes": raw_size,
             "ratio_to_raw": round(reader.file_size / raw_size, 4),

@@ -154,13 +154,19 @@ def encode_torch(logits, codec: str = "llamacpp"):
 
 
 
-def encode_base_rows(logits, targets, codec: str) -> tuple[np.ndarray, np.ndarray]:
+def encode_base_rows(logits, targets, codec: str, keep: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Base mode for one window on any device: (uint16 host rows, float32 NLL of each target),
-    the NLL as llama.cpp's phase 1 computes it, ``(max + lse) - logit[target]``."""
+    the NLL as llama.cpp's phase 1 computes it, ``(max + lse) - logit[target]``. With ``keep``
+    the rows are top-K records (topk.py), made on the device."""
     import torch
 
     logits = logits.to(torch.float32)
-    rows, norm = encode_torch(logits, codec)
+    if keep:
+        from kldtool.topk import encode_topk_torch
+
+        rows, norm = encode_topk_torch(logits, targets, keep, codec)
+    else:
+        rows, norm = encode_torch(logits, codec)
     return rows_to_numpy(rows), _nll(logits, norm, targets)
 
 

@@ -63,7 +63,7 @@ def test_container_is_small_and_lossless_and_convert_round_trips(fixture_base, t
     run_cli("convert", packed, back)
     ratio = os.path.getsize(packed) / os.path.getsize(fixture_base)
     print(f"container / raw = {ratio:.4f}")
-    assert ratio <= 0.50
+    assert ratio <= 0.45  # issue 7: plain zstd -19 of the raw file reaches 0.487
     assert sha256(back) == SHA["base"]
     a, b = open_base_file(fixture_base), open_base_file(packed)
     assert np.array_equal(a.tokens, b.tokens)

@@ -132,13 +132,13 @@ class VllmEngine(Engine):
     def score(self, windows: list[Window], base) -> list[TokenRecords]:
         path = os.path.abspath(base.path)
         results = self._run(windows, lambda w: {"mode": "compare", "base": path})
-        return [TokenRecords(*(r[f] for f in TokenRecords.__dataclass_fields__)) for r in results]
+        return [TokenRecords.from_columns(r) for r in results]
 
-    def encode(self, windows: list[Window], codec: str) -> list[tuple[np.ndarray, np.ndarray]]:
-        from kldtool.codec import row_width
+    def encode(self, windows: list[Window], codec: str, keep: int | None = None) -> list[tuple[np.ndarray, np.ndarray]]:
+        from kldtool.logitsfile.header import BaseHeader
 
-        width = row_width(self.n_vocab)
-        results = self._run(windows, lambda w: {"mode": "encode", "row_width": width, "codec": codec})
+        width = BaseHeader(1, self.n_vocab, 1, keep=keep).row_width
+        results = self._run(windows, lambda w: {"mode": "encode", "row_width": width, "codec": codec, "keep": keep})
         return [(r["rows"], r["nll"]) for r in results]
 
     def nll(self, windows: list[Window]) -> list[np.ndarray]:

@@ -12,7 +12,6 @@ import numpy as np
 
 from kldtool.engines import vllm_seam
 
-RECORD_FIELDS = ("nll", "nll_base", "kld", "dp", "same_top")
 
 
 def pack(arrays: dict[str, np.ndarray]) -> dict:
@@ -29,9 +28,9 @@ class _RequestResult:
         n = spec["n_scored"]
         self.filled = np.zeros(n, dtype=np.int32)
         if spec["mode"] == "compare":
-            self.arrays = {"nll": np.zeros(n, np.float32), "nll_base": np.zeros(n, np.float32),
-                           "kld": np.zeros(n, np.float64), "dp": np.zeros(n, np.float32),
-                           "same_top": np.zeros(n, bool)}
+            from kldtool.reduce import FIELDS
+
+            self.arrays = {f: np.zeros(n, dt) for f, dt in FIELDS.items()}
         elif spec["mode"] == "nll":
             self.arrays = {"nll": np.zeros(n, np.float32)}
         else:
@@ -46,7 +45,7 @@ class WorkerState:
         self.feeds: dict[str, object] = {}
         self.rank = vllm_seam.tp_rank()
 
-    def _base_rows(self, path: str, chunk: int, device):
+    def _feed(self, path: str, device):
         # A request prefilled in several steps asks for the same chunk again: the feed keeps
         # the last one, and reads the next chunks while the model runs.
         if path not in self.feeds:
@@ -54,7 +53,7 @@ class WorkerState:
             from kldtool.logitsfile.prefetch import ChunkFeed
 
             self.feeds[path] = ChunkFeed(open_base_file(path), device)
-        return self.feeds[path].rows(chunk)
+        return self.feeds[path]
 
     def on_step(self, spec: dict, prompt, start: int, n_computed: int, logits_fn) -> None:
         import torch
@@ -71,11 +70,12 @@ class WorkerState:
         res = self.results.setdefault(spec["key"], _RequestResult(spec))
         j0, j1 = lo - first, hi - first
         if spec["mode"] == "compare":
-            from kldtool.reduce import reduce_rows
+            from kldtool.reduce import FIELDS, reduce_base
 
-            rows = self._base_rows(spec["base"], spec["chunk"], logits.device)[j0:j1]
-            rec = reduce_rows(logits, rows, targets)
-            for f in RECORD_FIELDS:
+            feed = self._feed(spec["base"], logits.device)
+            rows = feed.rows(spec["chunk"])[j0:j1]
+            rec = reduce_base(logits, rows, targets, feed.reader.header.keep)
+            for f in FIELDS:
                 res.arrays[f][j0:j1] = getattr(rec, f)
         elif spec["mode"] == "nll":
             from kldtool.codec import target_nll
@@ -84,7 +84,8 @@ class WorkerState:
         else:
             from kldtool.codec import encode_base_rows
 
-            res.arrays["rows"][j0:j1], res.arrays["nll"][j0:j1] = encode_base_rows(logits, targets, spec["codec"])
+            res.arrays["rows"][j0:j1], res.arrays["nll"][j0:j1] = encode_base_rows(logits, targets, spec["codec"],
+                                                                                   spec.get("keep"))
         res.filled[j0:j1] += 1
 
     def pop(self, keys: list[str]) -> dict:

@@ -6,7 +6,8 @@ Layout (little-endian)::
     8   u32 version          1: llama.cpp's chunks; 2: a window table (other protocols)
     12  u32 n_ctx | u32 n_vocab | u32 n_chunk
     24  u32 transform        0: zstd of the rows' bytes; 1: zstd of (row heads, non-zero mask,
-                             high bytes, low bytes of the non-zero codes)
+                             high bytes, low bytes of the non-zero codes); 2: zstd of top-K
+                             records (topk.py), K in the metadata's "keep"
     28  u32 n_stream         version 2: tokens in the stream (version 1: 0, n_ctx * n_chunk)
     32  int32 tokens[n_ctx * n_chunk, or n_stream]
         version 2: i64 (start, length, first, n_scored) per window
@@ -21,6 +22,7 @@ Frames are independent, so chunks decode in any order and on several threads.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import zlib
@@ -34,20 +36,21 @@ from kldtool.errors import CorruptData, IncompleteFile, MetadataError, NotABaseF
 from kldtool.logitsfile.header import BaseHeader
 from kldtool.logitsfile.reader_base import BaseFileReader, Frame
 from kldtool.logitsfile.writer_base import ResumableWriter
+from kldtool.topk import MIN_KEEP
 
 MAGIC = b"KLDTOOL\x00"
 END_MAGIC = b"KLDDONE\x00"
 VERSIONS = (1, 2)
 PREAMBLE = 32
 TRAILER = 32
-PLAIN, MASKED_PLANES = 0, 1
+PLAIN, MASKED_PLANES, TOPK = 0, 1, 2
 DEFAULT_LEVEL = 3
 SCATTER_BLOCK = 1 << 20  # codes per scatter step
 
 
 def _to_frame_bytes(rows: np.ndarray, transform: int) -> bytes:
     rows = np.ascontiguousarray(rows, dtype="<u2")
-    if transform == PLAIN:
+    if transform != MASKED_PLANES:
         return rows.tobytes()
     # About 60 % of codes are 0 (entries below the clamp floor): a bit mask of the non-zero
     # codes, then their high bytes (skewed, compressible) and low bytes (near-random), so
@@ -61,7 +64,7 @@ def _to_frame_bytes(rows: np.ndarray, transform: int) -> bytes:
 
 def _from_frame_bytes(data: bytes, transform: int, shape: tuple[int, int]) -> np.ndarray:
     n_rows, width = shape
-    if transform == PLAIN:
+    if transform != MASKED_PLANES:
         return np.frombuffer(data, dtype="<u2").reshape(shape)
     buf = np.frombuffer(data, dtype=np.uint8)
     head_len = n_rows * HEADER_SLOTS * 2
@@ -112,7 +115,7 @@ class ContainerReader(BaseFileReader):
         self.header = h = BaseHeader(n_ctx, n_vocab, n_chunk)
         if h.problems():
             self._fail(f"invalid header at offset 12: {'; '.join(h.problems())}", NotABaseFile)
-        if transform not in (PLAIN, MASKED_PLANES):
+        if transform not in (PLAIN, MASKED_PLANES, TOPK):
             self._fail(f"unknown row transform {transform} at offset 24", NotABaseFile)
         self.transform = transform
         tokens_end = PREAMBLE + 4 * (n_stream if version == 2 else h.n_tokens)
@@ -155,12 +158,18 @@ class ContainerReader(BaseFileReader):
             self._fail(f"metadata at offset {index_offset + index_len} does not parse: {e}", MetadataError)
         if not isinstance(self.metadata, dict):
             self._fail(f"metadata at offset {index_offset + index_len} is not a JSON object", MetadataError)
+        if transform == TOPK:
+            keep = self.metadata.get("keep")
+            if not isinstance(keep, int) or not MIN_KEEP <= keep <= n_vocab:
+                self._fail(f"top-K container with keep={keep!r} in its metadata (need {MIN_KEEP}..{n_vocab})",
+                           MetadataError)
+            self.header = h = dataclasses.replace(h, keep=keep)
         self.tokens = self._read_tokens(PREAMBLE)
 
     def _frame_size_range(self, index: int) -> tuple[int, int]:
         """Smallest and largest decoded frame one chunk can have (-1, unknown, is outside)."""
         h = self.header
-        if self.transform == PLAIN:
+        if self.transform != MASKED_PLANES:
             return h.nbytes_of(index), h.nbytes_of(index)
         n_rows = h.rows_of(index)
         n_codes = n_rows * (h.row_width - HEADER_SLOTS)
@@ -189,7 +198,7 @@ class ContainerReader(BaseFileReader):
             raw = zstandard.ZstdDecompressor().decompress(data, max_output_size=hi)
         except zstandard.ZstdError as e:
             self._fail(f"corrupt zstd frame for chunk {index} at offset {offset}: {e}", CorruptData)
-        if self.transform == PLAIN and len(raw) != h.nbytes_of(index):
+        if self.transform != MASKED_PLANES and len(raw) != h.nbytes_of(index):
             self._fail(f"chunk {index} at offset {offset} decodes to {len(raw)} bytes, expected {h.nbytes_of(index)}",
                        RowLayoutError)
         return Frame(index, offset, raw)
@@ -213,7 +222,7 @@ def _frame_to_torch(buf, transform: int, shape: tuple[int, int]):
 
     n_rows, width = shape
     device = buf.device
-    if transform == PLAIN:
+    if transform != MASKED_PLANES:
         return buf.view(torch.int16).reshape(shape)
     head_len = n_rows * HEADER_SLOTS * 2
     n_codes = n_rows * (width - HEADER_SLOTS)
@@ -242,7 +251,9 @@ class ContainerWriter(ResumableWriter):
 
     def __init__(self, path, header: BaseHeader, tokens: np.ndarray, metadata: dict | None = None,
                  level: int = DEFAULT_LEVEL, transform: int = MASKED_PLANES, threads: int = 2):
-        self.level, self.transform = level, transform
+        self.level, self.transform = level, (TOPK if header.keep else transform)
+        if header.keep:
+            metadata = (metadata or {}) | {"keep": header.keep}
         super().__init__(path, header, tokens, metadata)
         self.pool = ThreadPoolExecutor(max_workers=max(1, threads))
         self.pending = []

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kldtool.codec import row_width
+from kldtool.topk import topk_width
 
 # Refuse headers that could not describe a real run before sizing anything from them.
 MAX_CTX = 1 << 24
@@ -26,6 +27,7 @@ class BaseHeader:
     n_chunk: int
     windows: tuple[WindowRow, ...] | None = None  # None: llama.cpp's uniform chunks
     n_stream: int | None = None
+    keep: int | None = None  # compact rows of the K most probable entries (topk.py); None: full rows
 
     @property
     def first(self) -> int:
@@ -44,7 +46,7 @@ class BaseHeader:
 
     @property
     def row_width(self) -> int:
-        return row_width(self.n_vocab)
+        return topk_width(self.keep) if self.keep else row_width(self.n_vocab)
 
     @property
     def chunk_nbytes(self) -> int:

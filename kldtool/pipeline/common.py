@@ -64,5 +64,18 @@ def write_text(path: str, text: str) -> None:
     f.commit()
 
 
+def read_json(path: str, where: str) -> object:
+    """A JSON file's content; a one-line UsageError naming ``where`` when it cannot be."""
+    from kldtool.errors import UsageError
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except OSError as e:
+        raise UsageError(f"{where}: cannot read ({e.strerror})") from None
+    except ValueError as e:
+        raise UsageError(f"{where}: not JSON ({e})") from None
+
+
 def write_json(path: str, payload: dict) -> None:
     write_text(path, json.dumps(payload, indent=2, sort_keys=False, allow_nan=True) + "\n")

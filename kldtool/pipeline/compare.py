@@ -17,11 +17,12 @@ from kldtool.logitsfile.prefetch import PrefetchedChunks
 from kldtool.pipeline.common import Sinks, groups, run_metadata, whole_batches, write_json
 from kldtool.pipeline.state import RunState, base_identity, check_fits, load_state, model_identity, save_state
 from kldtool.protocols import Window, llamacpp_windows, parse_lengths, windows_from_table
-from kldtool.report.console import TABLE_HEADER, chunk_line, final_blocks
+from kldtool.report.console import TABLE_HEADER, chunk_line, extra_block, final_blocks
 from kldtool.report.per_token import PerTokenWriter
 from kldtool.sizes import model_size_dict
 from kldtool.stats import KldAccumulator, summarize
-from kldtool.stats.histogram import kld_histogram
+from kldtool.stats.bootstrap import Bootstrap
+from kldtool.stats.report import statistics
 from kldtool.stats.summary import MIN_TOKENS_FOR_STATS
 
 
@@ -132,26 +133,28 @@ class Checkpoints:
 def replay(source: KldAccumulator, sinks: Sinks) -> KldAccumulator:
     """Add ``source``'s chunks again one by one, printing each running line as the run did."""
     acc = KldAccumulator()
-    for chunk, vector, kld, dp in source.iter_chunks():
-        acc.add_chunk(chunk, vector, kld, dp)
+    for chunk, vector, values in source.iter_chunks():
+        acc.add_chunk(chunk, vector, values)
         sinks.line(chunk_line(chunk + 1, summarize(acc, with_quantiles=False)))
     return acc
 
 
-def final_report(acc: KldAccumulator, sinks: Sinks, warnings: list[str]) -> dict:
-    """The three statistic blocks (and any --force warning again), returning the statistics."""
+def final_report(acc: KldAccumulator, sinks: Sinks, warnings: list[str], bootstrap: Bootstrap = Bootstrap(),
+                 keep: int | None = None, floor: dict | None = None) -> dict:
+    """llama.cpp's three statistic blocks, kldtool's extra block (and any --force warning
+    again), returning the statistics."""
     sinks.line()
-    summary = summarize(acc, with_quantiles=acc.count >= MIN_TOKENS_FOR_STATS)
+    summary, stats = statistics(acc, bootstrap, keep)
+    if floor and acc.count:
+        stats["noise_floor"] = floor | {"multiple": (summary.kld_mean[0] / floor["kld_mean"]
+                                                     if floor["kld_mean"] > 0 else float("inf"))}
     if acc.count >= MIN_TOKENS_FOR_STATS:
-        for line in final_blocks(summary):
+        for line in final_blocks(summary) + extra_block(stats):
             sinks.line(line)
     else:
         sinks.info(f"compare: only {acc.count} tokens scored (< {MIN_TOKENS_FOR_STATS}); no final statistics, as llama.cpp")
     for w in warnings:
         sinks.line("warning: " + w)
-    stats = summary.as_dict()
-    if acc.count >= MIN_TOKENS_FOR_STATS:
-        stats["kld_histogram"] = kld_histogram(acc.values()[0])
     return stats
 
 
@@ -173,7 +176,8 @@ def _start_state(ck: Checkpoints, meta: dict, sinks: Sinks) -> RunState:
 
 def run_compare(engine: Engine, reader, force: bool = False, json_path: str | None = None,
                 sinks: Sinks | None = None, chunk_range: tuple[int, int] | None = None,
-                checkpoints: Checkpoints | None = None, per_token_path: str | None = None) -> dict:
+                checkpoints: Checkpoints | None = None, per_token_path: str | None = None,
+                bootstrap: Bootstrap = Bootstrap(), floor: dict | None = None) -> dict:
     sinks = sinks or Sinks()
     ck = checkpoints or Checkpoints()
     t0 = time.time()
@@ -260,7 +264,7 @@ def run_compare(engine: Engine, reader, force: bool = False, json_path: str | No
         "resumed_at_chunks": state.meta.get("resumed", []),
         "warnings": warnings,
     }
-    result["statistics"] = final_report(acc, sinks, warnings)
+    result["statistics"] = final_report(acc, sinks, warnings, bootstrap, h.keep, floor)
     result["wall_time_s"] = round(time.time() - t0, 3)
     if per_token:
         per_token.finish(result["statistics"])

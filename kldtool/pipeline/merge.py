@@ -13,10 +13,11 @@ from kldtool.pipeline.compare import final_report, replay
 from kldtool.pipeline.state import load_state, model_identity
 from kldtool.report.console import TABLE_HEADER
 from kldtool.stats import KldAccumulator
+from kldtool.stats.bootstrap import Bootstrap
 
 
 def run_merge(paths: list[str], json_path: str | None = None, sinks: Sinks | None = None,
-              force: bool = False) -> dict:
+              force: bool = False, bootstrap: Bootstrap = Bootstrap()) -> dict:
     sinks = sinks or Sinks()
     if not paths:
         raise StateError("merge needs at least one state file (compare --state FILE)")
@@ -60,7 +61,7 @@ def run_merge(paths: list[str], json_path: str | None = None, sinks: Sinks | Non
         "shards": [p for _, p in shards],
         "warnings": warnings,
     }
-    result["statistics"] = final_report(acc, sinks, warnings)
+    result["statistics"] = final_report(acc, sinks, warnings, bootstrap, first.meta["base"].get("keep"))
     if json_path:
         write_json(json_path, result)
     return result

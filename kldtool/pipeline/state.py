@@ -21,7 +21,7 @@ from kldtool.logitsfile.atomic import AtomicFile
 from kldtool.stats import KldAccumulator
 
 KIND = "kldtool-compare-state"
-VERSION = 1
+VERSION = 2  # 2: the extra metrics' sums and the base top-1 probabilities
 
 
 def base_identity(reader) -> dict:
@@ -30,6 +30,8 @@ def base_identity(reader) -> dict:
     h = reader.header
     out = {"n_ctx": h.n_ctx, "n_vocab": h.n_vocab, "n_chunk": h.n_chunk,
            "tokens_sha256": hashlib.sha256(np.ascontiguousarray(reader.tokens, "<i4").tobytes()).hexdigest()}
+    if h.keep:  # a top-K file of the same run gives other (lower-bound) KLDs
+        out["keep"] = h.keep
     if h.windows is not None:  # one stream can be cut into windows in many ways
         out["windows_sha256"] = hashlib.sha256(np.array(h.windows, dtype="<i8").tobytes()).hexdigest()
     return out

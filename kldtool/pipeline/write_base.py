@@ -27,11 +27,11 @@ def default_codec(fmt: str) -> str:
     return "llamacpp" if fmt == "llamacpp" else "grid"
 
 
-def plan_header(plan: Plan, n_vocab: int) -> BaseHeader:
+def plan_header(plan: Plan, n_vocab: int, keep: int | None = None) -> BaseHeader:
     """llama.cpp's uniform chunks keep its header; other protocols carry their window table."""
     if plan.protocol.name == "llamacpp":
-        return BaseHeader(plan.protocol.n_ctx, n_vocab, len(plan.windows))
-    return BaseHeader(plan.n_ctx, n_vocab, len(plan.windows), window_table(plan.windows), len(plan.stream))
+        return BaseHeader(plan.protocol.n_ctx, n_vocab, len(plan.windows), keep=keep)
+    return BaseHeader(plan.n_ctx, n_vocab, len(plan.windows), window_table(plan.windows), len(plan.stream), keep)
 
 
 def _open_writer(out_path, fmt, header, tokens, metadata, settings, windows, n_seq, resume, sinks, ppl):
@@ -60,13 +60,17 @@ def _open_writer(out_path, fmt, header, tokens, metadata, settings, windows, n_s
 
 def run_base(engine: Engine, corpus: Corpus, protocol: Protocol, chunks: int | None,
              out_path: str | None, fmt: str = "kldtool", sinks: Sinks | None = None, codec: str | None = None,
-             resume: bool = False, force: bool = False) -> dict:
+             resume: bool = False, force: bool = False, keep: int | None = None) -> dict:
     sinks = sinks or Sinks()
     codec = codec or default_codec(fmt)
     t0 = time.time()
     plan = make_plan(engine, corpus, protocol, chunks, force)
     windows, n_chunk = plan.windows, len(plan.windows)
-    header = plan_header(plan, engine.n_vocab)
+    if keep and keep > engine.n_vocab:
+        from kldtool.errors import UsageError
+
+        raise UsageError(f"--keep top-{keep}: the vocabulary has only {engine.n_vocab} entries")
+    header = plan_header(plan, engine.n_vocab, keep)
     n_seq = engine.windows_per_call(plan.n_ctx)
     what = (f"{n_chunk} chunks of {protocol.n_ctx} tokens" if protocol.name == "llamacpp"
             else f"{n_chunk} windows of up to {plan.n_ctx} tokens (protocol {protocol.name})")
@@ -79,15 +83,16 @@ def run_base(engine: Engine, corpus: Corpus, protocol: Protocol, chunks: int | N
         "tokenizer_identity": engine.tokenizer_identity(),
         "n_vocab": engine.n_vocab,
         "codec": codec,
+        "n_seq": n_seq,
     }
-    settings = {"format": fmt, "codec": codec, "protocol": described, "n_seq": n_seq,
+    settings = {"format": fmt, "codec": codec, "keep": keep, "protocol": described, "n_seq": n_seq,
                 "model": model_identity(engine.describe()), "tokenizer_identity": engine.tokenizer_identity()}
     ppl = PplAccumulator()
     writer, done = (_open_writer(out_path, fmt, header, plan.stream, metadata, settings, windows, n_seq,
                                  resume, sinks, ppl) if out_path else (None, 0))
     try:
         for group in groups(windows[done:], n_seq):
-            for w, (rows, nll) in zip(group, engine.encode(group, codec)):
+            for w, (rows, nll) in zip(group, engine.encode(group, codec, keep)):
                 if writer:
                     writer.write_chunk(rows, nll)
                 ppl.add(nll)

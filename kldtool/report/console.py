@@ -75,3 +75,52 @@ def final_blocks(s: KldSummary) -> list[str]:
              f"Same top p: {cf('%6.3f', 100 * s.same_top[0])} ± {cf('%5.3f', 100 * s.same_top[1])} %",
              ""]
     return lines
+
+
+def extra_block(stats: dict) -> list[str]:
+    """kldtool's statistics after llama.cpp's three blocks: extra metrics, KLD by the base's
+    top-1 probability and the block bootstrap beside the i.i.d. uncertainties."""
+    e = stats["extra"]
+    top = e["top_k_agreement"]
+    lines = ["====== kldtool: more statistics ======",
+             _pm("Mean    reverse KLD", _pair(e["rkld_mean"])),
+             _pm("Mean    JSD        ", _pair(e["jsd_mean"])),
+             *(f"Top-{k:<2} agreement  : {cf('%6.3f', 100 * top[k]['value'])} ± "
+               f"{cf('%5.3f', 100 * top[k]['uncertainty'])} %" for k in ("1", "5", "10")),
+             "",
+             "Base top-1 p     tokens      mean KLD    99.0% KLD"]
+    for b in e["top1_buckets"]:
+        lo, hi = b["range"]
+        shown = [cf("%10.6f", b[k]) if b[k] is not None else f"{'-':>10}" for k in ("kld_mean", "kld_99")]
+        lines.append(f"[{lo:.2f}, {hi:.2f}{']' if hi == 1.0 else ')'}    {cf('%6.2f', 100 * b['share'])} %"
+                     f"    {shown[0]}   {shown[1]}")
+    lines.append("")
+    floor = stats.get("noise_floor")
+    if floor:
+        lines += [f"Mean KLD = {floor['multiple']:.1f} x the noise floor ({floor['kld_mean']:.3g}, {floor['source']})", ""]
+    top = stats.get("compact_base")
+    if top:
+        lines += [f"Top-{top['keep']} base file: Mean KLD above is the lower bound (the unstored entries as one bucket)",
+                  f"Tail estimate (ranks {top['keep'] // 2 + 1}..{top['keep']}): {cf('%10.6f', top['tail_estimate'])}"
+                  f"   estimate {cf('%10.6f', top['kld_mean_estimate'])}",
+                  f"Mean KLD within [{top['kld_mean_lower_bound']:.6f}, {top['kld_mean_lower_bound'] + top['bound']:.6f}]"
+                  f" (bound {top['bound']:.6f} = {top['allowance']} x tail estimate, empirical)", ""]
+    boot = stats.get("bootstrap")
+    if boot:
+        lines.append(f"Block bootstrap over {boot['blocks']} chunks ({boot['resamples']} resamples, seed {boot['seed']}): "
+                     f"± standard error [95 % interval], i.i.d. ± beside")
+        for label, key, pair, scale, fmt in (
+                ("Mean    KLD              ", "kld_mean", stats["kld_mean"], 1.0, "%10.6f"),
+                ("Mean ln(PPL(Q)/PPL(base))", "ln_ppl_ratio", stats["ln_ppl_ratio"], 1.0, "%10.6f"),
+                ("Same top p               ", "same_top_p", stats["same_top_p"], 100.0, "%10.4f")):
+            b = boot[key]
+            lo, hi = b["interval_95"]
+            lines.append(f"{label}: {cf(fmt, scale * pair['value'])} ± {cf(fmt, scale * b['standard_error'])} "
+                         f"[{cf(fmt, scale * lo).strip()}, {cf(fmt, scale * hi).strip()}]"
+                         f"   (i.i.d. ± {cf(fmt, scale * pair['uncertainty']).strip()})")
+        lines.append("")
+    return lines
+
+
+def _pair(d: dict) -> tuple[float, float]:
+    return d["value"], d["uncertainty"]

@@ -2,8 +2,9 @@
 them back into an accumulator.
 
 One row per scored token, in scoring order: ``chunk``, ``position`` (index of the predicted
-token in the base file's token stream), ``target`` (its id), ``nll_q``, ``nll_base``, ``kld``,
-``dp``, ``same_top``. The run's metadata is the JSON attribute ``run``; ``complete`` is set last.
+token in the base file's token stream), ``target`` (its id), then the reducer's records:
+``nll_q``, ``nll_base``, ``kld``, ``dp``, ``same_top``, ``rkld``, ``jsd``, ``top5``, ``top10``,
+``ptop_base`` (docs/metrics.md). The run's metadata is the JSON attribute ``run``; ``complete`` is set last.
 
 While the run goes, the records are appended to ``.NAME.partial`` beside the target, synced to
 disk whenever the compare state is checkpointed; ``--resume`` cuts them back to the
@@ -18,11 +19,13 @@ import numpy as np
 
 from kldtool.errors import OutputError, StateError, UsageError
 from kldtool.logitsfile.atomic import output_target, partial_path
+from kldtool.reduce import FIELDS as RECORD_FIELDS
 from kldtool.reduce import TokenRecords
 from kldtool.stats import KldAccumulator
 
-FIELDS = {"chunk": np.int32, "position": np.int64, "target": np.int32, "nll_q": np.float32,
-          "nll_base": np.float32, "kld": np.float64, "dp": np.float32, "same_top": np.bool_}
+COLUMN_OF = {f: ("nll_q" if f == "nll" else f) for f in RECORD_FIELDS}
+FIELDS = {"chunk": np.int32, "position": np.int64, "target": np.int32,
+          **{COLUMN_OF[f]: dt for f, dt in RECORD_FIELDS.items()}}
 RECORD = np.dtype([(name, dtype) for name, dtype in FIELDS.items()])
 KIND = "kldtool-per-token"
 
@@ -58,8 +61,8 @@ class PerTokenWriter:
 
     def add(self, chunk: int, positions: np.ndarray, targets: np.ndarray, r: TokenRecords) -> None:
         rec = np.empty(len(r), RECORD)
-        cols = {"chunk": chunk, "position": positions, "target": targets, "nll_q": r.nll, "nll_base": r.nll_base,
-                "kld": r.kld, "dp": r.dp, "same_top": r.same_top}
+        cols = {"chunk": chunk, "position": positions, "target": targets,
+                **{COLUMN_OF[f]: getattr(r, f) for f in RECORD_FIELDS}}
         for name in FIELDS:
             rec[name] = cols[name]
         try:
@@ -113,6 +116,10 @@ def read_per_token(path: str) -> tuple[dict, dict[str, np.ndarray]]:
         if not f.attrs.get("complete"):
             raise UsageError(f"{path}: incomplete per-token file (its compare run did not finish)")
         run = json.loads(f.attrs["run"])
+        missing = [name for name in FIELDS if name not in f]
+        if missing:
+            raise UsageError(f"{path}: written by an older kldtool (no column {missing[0]}); "
+                             f"rerun compare --per-token")
         cols = {name: f[name][:] for name in FIELDS}
     if len({len(c) for c in cols.values()}) != 1:
         raise UsageError(f"{path}: per-token columns of different lengths")
@@ -130,8 +137,7 @@ def accumulate(parts: list[dict[str, np.ndarray]], where: str) -> KldAccumulator
             c = int(chunks[a])
             if c in pieces:
                 raise UsageError(f"{where}: chunk {c + 1} appears in more than one per-token file")
-            pieces[c] = TokenRecords(cols["nll_q"][a:b], cols["nll_base"][a:b], cols["kld"][a:b],
-                                     cols["dp"][a:b], cols["same_top"][a:b])
+            pieces[c] = TokenRecords.from_columns({f: cols[COLUMN_OF[f]][a:b] for f in RECORD_FIELDS})
     acc = KldAccumulator()
     for c in sorted(pieces):
         acc.add(pieces[c], c)

@@ -12,11 +12,12 @@ import os
 from dataclasses import dataclass
 
 from kldtool.errors import UsageError
+from kldtool.pipeline.common import read_json
 from kldtool.pipeline.state import model_identity
 from kldtool.report.per_token import accumulate, read_per_token
 from kldtool.sizes import model_size_dict
-from kldtool.stats import summarize
-from kldtool.stats.histogram import kld_histogram
+from kldtool.stats.bootstrap import Bootstrap
+from kldtool.stats.report import statistics
 from kldtool.stats.summary import MIN_TOKENS_FOR_STATS
 
 
@@ -49,13 +50,7 @@ def _size(run: dict) -> dict | None:
 
 
 def _from_json(path: str) -> ResultRow:
-    try:
-        with open(path, encoding="utf-8") as f:
-            run = json.load(f)
-    except OSError as e:
-        raise UsageError(f"{path}: cannot read ({e.strerror})") from None
-    except ValueError as e:
-        raise UsageError(f"{path}: not JSON ({e})") from None
+    run = read_json(path, path)
     if not isinstance(run, dict) or run.get("command") not in ("compare", "merge") or "statistics" not in run:
         raise UsageError(f"{path}: not a kldtool compare or merge result (--json)")
     if "kld_mean" not in run["statistics"]:
@@ -70,7 +65,7 @@ def _from_per_token(files: list[tuple[str, dict, dict]]) -> ResultRow:
     acc = accumulate(cols, ", ".join(paths))
     if acc.count < MIN_TOKENS_FOR_STATS:
         raise UsageError(f"{paths[0]}: only {acc.count} tokens; at least {MIN_TOKENS_FOR_STATS} are needed")
-    stats = summarize(acc).as_dict() | {"kld_histogram": kld_histogram(acc.values()[0])}
+    stats = statistics(acc, Bootstrap())[1]
     first = runs[0]
     return ResultRow(_label(paths[0]), list(paths), first.get("model") or {}, first.get("base"),
                      first.get("protocol"), stats, _size(first))

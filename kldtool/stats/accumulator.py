@@ -1,10 +1,11 @@
-"""Running sums as llama-perplexity keeps them (FORMAT.md §5), plus the per-token values
-the percentiles need.
+"""Running sums as llama-perplexity keeps them (FORMAT.md §5) and of the extra metrics, plus
+the per-token values the percentiles and top-1 buckets need.
 
-The sums are kept per chunk as well as in total. That costs 12 floats a chunk and makes a
+The sums are kept per chunk as well as in total. That costs 21 floats a chunk and makes a
 run's state exact to save and restore (``--resume``) and exact to merge (``kldtool merge``):
 replaying the chunk sums in chunk order repeats the very additions the uninterrupted run
-made, so every printed digit, including each chunk's running line, comes out the same.
+made, so every printed digit, including each chunk's running line, comes out the same. The
+per-chunk sums are also the blocks of the bootstrap (``stats/bootstrap.py``).
 """
 
 from __future__ import annotations
@@ -15,9 +16,12 @@ import numpy as np
 
 from kldtool.reduce import TokenRecords
 
-_SUMS = ("nll", "nll2", "base", "base2", "nll_base", "kld", "kld2", "dp", "dp2", "dp4")
-N_SAME, COUNT = len(_SUMS), len(_SUMS) + 1
-VECTOR_LEN = len(_SUMS) + 2
+SUMS = ("nll", "nll2", "base", "base2", "nll_base", "kld", "kld2", "dp", "dp2", "dp4",
+         "rkld", "rkld2", "jsd", "jsd2", "top5", "top5_2", "top10", "top10_2", "kld_tail")
+N_SAME, COUNT = len(SUMS), len(SUMS) + 1
+VECTOR_LEN = len(SUMS) + 2
+# Per-token values kept for percentiles and top-1 buckets, float32 each.
+VALUES = ("kld", "dp", "ptop_base")
 
 
 def _fsum(x: np.ndarray) -> float:
@@ -31,18 +35,27 @@ def _spans(counts) -> Iterator[tuple[int, int]]:
 
 
 def chunk_vector(r: TokenRecords) -> np.ndarray:
-    """One chunk's contribution: the ten sums, the same-top count and the token count."""
+    """One chunk's contribution: the sums, the same-top count and the token count."""
     nll = r.nll.astype(np.float32)
     nb = r.nll_base.astype(np.float32)
     dp = r.dp.astype(np.float32)
     # The squares and the cross product are float32 products, as in llama.cpp.
     dp2 = (dp * dp).astype(np.float64)
+
+    def s_s2(x):
+        x = np.asarray(x, np.float64)
+        return _fsum(x), _fsum(x * x)
+
     return np.array([
         _fsum(nll), _fsum(nll * nll), _fsum(nb), _fsum(nb * nb), _fsum(nll * nb),
-        _fsum(r.kld), _fsum(r.kld.astype(np.float64) ** 2),
-        _fsum(dp), _fsum(dp2), _fsum(dp2 * dp2),
+        *s_s2(r.kld), _fsum(dp), _fsum(dp2), _fsum(dp2 * dp2),
+        *s_s2(r.rkld), *s_s2(r.jsd), *s_s2(r.top5), *s_s2(r.top10), _fsum(r.kld_tail),
         float(np.count_nonzero(r.same_top)), float(len(r)),
     ], dtype=np.float64)
+
+
+def chunk_values(r: TokenRecords) -> dict[str, np.ndarray]:
+    return {name: np.asarray(getattr(r, name), np.float32) for name in VALUES}
 
 
 class KldAccumulator:
@@ -50,12 +63,11 @@ class KldAccumulator:
         self.total = np.zeros(VECTOR_LEN, np.float64)
         self.chunks: list[int] = []
         self.chunk_vectors: list[np.ndarray] = []
-        self._kld: list[np.ndarray] = []
-        self._dp: list[np.ndarray] = []
+        self._values: dict[str, list[np.ndarray]] = {name: [] for name in VALUES}
 
     @property
     def sums(self) -> dict[str, float]:
-        return {k: float(v) for k, v in zip(_SUMS, self.total)}
+        return {k: float(v) for k, v in zip(SUMS, self.total)}
 
     @property
     def n_same(self) -> int:
@@ -66,65 +78,68 @@ class KldAccumulator:
         return int(self.total[COUNT])
 
     def add(self, r: TokenRecords, chunk: int = -1) -> None:
-        self.add_chunk(chunk, chunk_vector(r), r.kld.astype(np.float32), r.dp.astype(np.float32))
+        self.add_chunk(chunk, chunk_vector(r), chunk_values(r))
 
-    def add_chunk(self, chunk: int, vector: np.ndarray, kld: np.ndarray, dp: np.ndarray) -> None:
-        if len(kld) != int(vector[COUNT]) or len(dp) != len(kld):
-            raise ValueError(f"chunk {chunk}: {len(kld)} values for {int(vector[COUNT])} tokens")
+    def add_chunk(self, chunk: int, vector: np.ndarray, values: dict[str, np.ndarray]) -> None:
+        n = int(vector[COUNT])
+        if any(len(values[name]) != n for name in VALUES):
+            raise ValueError(f"chunk {chunk}: {[len(values[k]) for k in VALUES]} values for {n} tokens")
         self.total += vector
         self.chunks.append(int(chunk))
         self.chunk_vectors.append(np.asarray(vector, np.float64))
-        self._kld.append(kld)
-        self._dp.append(dp)
+        for name in VALUES:
+            self._values[name].append(values[name])
 
     def merge(self, other: "KldAccumulator") -> None:
-        for chunk, vector, kld, dp in other.iter_chunks():
-            self.add_chunk(chunk, vector, kld, dp)
+        for chunk, vector, values in other.iter_chunks():
+            self.add_chunk(chunk, vector, values)
 
     def truncate(self, n_chunks: int) -> None:
         """Keep only the first ``n_chunks`` chunks. The total is rebuilt by the same additions
         in the same order, so it equals the total the run had after those chunks."""
-        kld, dp = self.values()
         n_tokens = int(sum(int(v[COUNT]) for v in self.chunk_vectors[:n_chunks]))
+        self._values = {name: [self.per_token(name)[:n_tokens]] for name in VALUES}
         del self.chunks[n_chunks:], self.chunk_vectors[n_chunks:]
-        self._kld, self._dp = [kld[:n_tokens]], [dp[:n_tokens]]
         self.total = np.zeros(VECTOR_LEN, np.float64)
         for v in self.chunk_vectors:
             self.total += v
 
-    def iter_chunks(self) -> Iterator[tuple[int, np.ndarray, np.ndarray, np.ndarray]]:
-        """(chunk, vector, kld values, dp values) in the order they were added."""
-        kld, dp = self.values()
+    def iter_chunks(self) -> Iterator[tuple[int, np.ndarray, dict[str, np.ndarray]]]:
+        """(chunk, vector, per-token values) in the order they were added."""
+        whole = {name: self.per_token(name) for name in VALUES}
         counts = np.array([int(v[COUNT]) for v in self.chunk_vectors], np.int64)
         for chunk, vector, (a, b) in zip(self.chunks, self.chunk_vectors, _spans(counts)):
-            yield chunk, vector, kld[a:b], dp[a:b]
+            yield chunk, vector, {name: v[a:b] for name, v in whole.items()}
+
+    def per_token(self, name: str) -> np.ndarray:
+        """One of ``VALUES`` for every token, in scoring order."""
+        parts = self._values[name]
+        if len(parts) != 1:
+            parts[:] = [np.concatenate(parts) if parts else np.zeros(0, np.float32)]
+        return parts[0]
 
     def values(self) -> tuple[np.ndarray, np.ndarray]:
         """All per-token (kld, dp) float32 values in scoring order."""
-        if not self._kld:
-            return np.zeros(0, np.float32), np.zeros(0, np.float32)
-        self._kld = [np.concatenate(self._kld)]
-        self._dp = [np.concatenate(self._dp)]
-        return self._kld[0], self._dp[0]
+        return self.per_token("kld"), self.per_token("dp")
 
     def arrays(self) -> dict[str, np.ndarray]:
         """Everything needed to rebuild this accumulator exactly (see :meth:`from_arrays`)."""
-        kld, dp = self.values()
         vectors = np.array(self.chunk_vectors, np.float64).reshape(-1, VECTOR_LEN)
-        return {"chunks": np.array(self.chunks, np.int64), "chunk_vectors": vectors, "kld": kld, "dp": dp}
+        return {"chunks": np.array(self.chunks, np.int64), "chunk_vectors": vectors,
+                **{name: self.per_token(name) for name in VALUES}}
 
     @classmethod
     def from_arrays(cls, a: dict[str, np.ndarray]) -> "KldAccumulator":
         chunks, vectors = np.asarray(a["chunks"]), np.asarray(a["chunk_vectors"], np.float64)
-        kld, dp = np.asarray(a["kld"], np.float32), np.asarray(a["dp"], np.float32)
+        values = {name: np.asarray(a[name], np.float32) for name in VALUES}
         if vectors.ndim != 2 or vectors.shape != (len(chunks), VECTOR_LEN):
             raise ValueError(f"chunk vectors of shape {vectors.shape} for {len(chunks)} chunks")
         counts = vectors[:, COUNT].astype(np.int64)
-        if (counts < 0).any() or int(counts.sum()) != len(kld) or len(dp) != len(kld):
-            raise ValueError(f"{len(kld)} per-token values for {int(counts.sum())} tokens")
+        if (counts < 0).any() or any(int(counts.sum()) != len(v) for v in values.values()):
+            raise ValueError(f"{len(values['kld'])} per-token values for {int(counts.sum())} tokens")
         acc = cls()
         for chunk, vector, (a_, b_) in zip(chunks, vectors, _spans(counts)):
-            acc.add_chunk(int(chunk), vector, kld[a_:b_], dp[a_:b_])
+            acc.add_chunk(int(chunk), vector, {name: v[a_:b_] for name, v in values.items()})
         return acc
 
 

@@ -1,0 +1,44 @@
+"""kldtool's statistics beyond llama.cpp's: reverse KLD, JSD, top-k agreement and KLD by the
+base's top-1 probability (definitions in docs/metrics.md)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from kldtool.stats.accumulator import KldAccumulator
+from kldtool.stats.summary import mean_unc, percentile
+
+# The last bucket is closed: a base top-1 probability of 1 (to float rounding) belongs to it.
+TOP1_BUCKETS = ((0.0, 0.25), (0.25, 0.5), (0.5, 0.75), (0.75, 0.95), (0.95, 1.0))
+
+
+def extra_stats(acc: KldAccumulator) -> dict:
+    s, n = acc.sums, acc.count
+    same = acc.n_same / n if n else 0.0
+
+    def overlap(k: int) -> dict:
+        m, u = mean_unc(s[f"top{k}"] / k, s[f"top{k}_2"] / (k * k), n)
+        return {"value": m, "uncertainty": u}
+
+    return {
+        "rkld_mean": dict(zip(("value", "uncertainty"), mean_unc(s["rkld"], s["rkld2"], n))),
+        "jsd_mean": dict(zip(("value", "uncertainty"), mean_unc(s["jsd"], s["jsd2"], n))),
+        "top_k_agreement": {
+            "1": {"value": same, "uncertainty": float(np.sqrt(same * (1 - same) / (n - 1))) if n > 1 else 0.0},
+            "5": overlap(5), "10": overlap(10)},
+        "top1_buckets": top1_buckets(acc.per_token("ptop_base"), acc.per_token("kld")),
+    }
+
+
+def top1_buckets(ptop: np.ndarray, kld: np.ndarray) -> list[dict]:
+    """Share of tokens, mean KLD and 99 % KLD for each bucket of the base's top-1 probability."""
+    out = []
+    n = max(len(ptop), 1)
+    for i, (lo, hi) in enumerate(TOP1_BUCKETS):
+        last = i == len(TOP1_BUCKETS) - 1
+        mask = (ptop >= lo) if last else (ptop >= lo) & (ptop < hi)
+        v = np.sort(kld[mask])
+        out.append({"range": [lo, hi], "count": int(len(v)), "share": len(v) / n,
+                    "kld_mean": float(np.mean(v, dtype=np.float64)) if len(v) else None,
+                    "kld_99": percentile(v, 0.99) if len(v) else None})
+    return out

@@ -1,0 +1,34 @@
+"""Every statistic of a compare run as one JSON-ready dict: llama.cpp's, the KLD histogram,
+kldtool's extra metrics and the block bootstrap."""
+
+from __future__ import annotations
+
+from kldtool.stats.accumulator import KldAccumulator
+from kldtool.stats.bootstrap import Bootstrap, block_bootstrap
+from kldtool.stats.extra import extra_stats
+from kldtool.stats.histogram import kld_histogram
+from kldtool.stats.summary import MIN_TOKENS_FOR_STATS, KldSummary, summarize
+
+
+# The exact KLD of a top-K comparison lies within [lower bound, lower bound + this many times
+# the tail estimate]: an empirical allowance (docs/metrics.md has the measurements), not a theorem.
+TAIL_ALLOWANCE = 1.25
+
+
+def statistics(acc: KldAccumulator, bootstrap: Bootstrap, keep: int | None = None) -> tuple[KldSummary, dict]:
+    """(llama.cpp's summary, the whole statistics dict); below ``MIN_TOKENS_FOR_STATS``
+    tokens only the running values, as llama.cpp prints nothing more. ``keep``: the base
+    file held top-K records, so the KLD is the one-bucket lower bound."""
+    full = acc.count >= MIN_TOKENS_FOR_STATS
+    summary = summarize(acc, with_quantiles=full)
+    stats = summary.as_dict()
+    if full:
+        stats["kld_histogram"] = kld_histogram(acc.values()[0])
+        stats["extra"] = extra_stats(acc)
+        stats["bootstrap"] = block_bootstrap(acc.chunk_vectors, bootstrap)
+    if keep and acc.count:
+        lower, tail = summary.kld_mean[0], acc.sums["kld_tail"] / acc.count
+        stats["compact_base"] = {"keep": keep, "kld_mean_lower_bound": lower, "tail_estimate": tail,
+                                 "kld_mean_estimate": lower + tail, "bound": TAIL_ALLOWANCE * tail,
+                                 "allowance": TAIL_ALLOWANCE}
+    return summary, stats

@@ -1,0 +1,68 @@
+"""Compact base rows (``base --keep K``): per scored position the K most probable entries and
+the exact probability mass of all the others, ~V / 3K times smaller than a full row.
+
+A record is K-independent of the vocabulary size, in uint16 slots::
+
+    0  float32 scale | 2 float32 min_log_prob    the full row's code parameters (codec.py)
+    4  float32 rest                              Σ p over the entries not kept (float64 sum)
+    6  uint16 target code | 7 pad
+    8  uint32 ids[K]                             most probable first, equal codes lowest id first
+    8 + 2K  uint16 codes[K]                      the full row's codes of those ids
+
+Codes are the very codes a full row of the same logits holds, so a top-K file is a subset of
+the full file, not a second rounding. The target's code is stored whatever its rank, so NLL,
+PPL and Δp stay exact.
+"""
+
+from __future__ import annotations
+
+from kldtool.codec import HEADER_SLOTS, encode_torch
+
+HEAD = 8
+MIN_KEEP = 10  # top-10 agreement needs the base's ten first
+
+
+def topk_width(k: int) -> int:
+    return HEAD + 3 * k
+
+
+def encode_topk_torch(logits, targets, k: int, codec: str):
+    """(int16 records (R, topk_width(k)) on the logits' device, M = max + lse per row)."""
+    import torch
+
+    from kldtool.reduce import order_keys
+
+    logits = logits.to(torch.float32)
+    full, norm = encode_torch(logits, codec)
+    codes = full[:, HEADER_SLOTS:HEADER_SLOTS + logits.shape[1]]
+    # rank by code (what a reader of the full row sees), ties to the lower id
+    ids = order_keys(codes.to(torch.int32) & 0xFFFF).topk(k, dim=1).indices
+    p = torch.exp((logits - norm[:, None]).to(torch.float64))
+    rest = p.scatter(1, ids, 0.0).sum(dim=1).to(torch.float32)
+    t = torch.as_tensor(targets, dtype=torch.int64, device=logits.device)[:, None]
+    n = logits.shape[0]
+    head = torch.cat([full[:, :HEADER_SLOTS], rest[:, None].contiguous().view(torch.int16),
+                      codes.gather(1, t), torch.zeros((n, 1), dtype=torch.int16, device=logits.device)], dim=1)
+    return torch.cat([head, ids.to(torch.int32).contiguous().view(torch.int16), codes.gather(1, ids)], dim=1), norm
+
+
+def split_records(rows, k: int):
+    """(scale, min_log_prob, rest, target code, ids int64, codes int32) of int16 records."""
+    import torch
+
+    f32 = rows[:, :6].contiguous().view(torch.float32)
+    ids = rows[:, HEAD:HEAD + 2 * k].contiguous().view(torch.int32).to(torch.int64)
+    codes = rows[:, HEAD + 2 * k:HEAD + 3 * k].to(torch.int32) & 0xFFFF
+    return f32[:, 0], f32[:, 1], f32[:, 2], rows[:, 6].to(torch.int32) & 0xFFFF, ids, codes
+
+
+def keep_of(spec: str | None) -> int | None:
+    """``--keep top-K`` (or ``K``) -> K; None keeps the full rows."""
+    if spec is None or spec in ("all", "full"):
+        return None
+    from kldtool.errors import UsageError
+
+    text = spec[4:] if spec.startswith("top-") else spec
+    if not text.isdigit() or int(text) < MIN_KEEP:
+        raise UsageError(f"--keep {spec}: expected top-K with K >= {MIN_KEEP} (e.g. top-256), or all")
+    return int(text)

@@ -1,0 +1,179 @@
+"""kldtool's metrics beyond llama.cpp's (reverse KLD, JSD, top-k agreement, base top-1 buckets)
+and the block bootstrap, against plain float64 numpy computations of their definitions."""
+
+import numpy as np
+import pytest
+import torch
+
+from helpers.rows import make_base_rows, random_case
+from kldtool.codec import rows_to_torch
+from kldtool.reduce import reduce_rows
+from kldtool.stats import KldAccumulator
+from kldtool.stats.bootstrap import Bootstrap, block_bootstrap
+from kldtool.stats.extra import extra_stats
+from kldtool.stats.summary import percentile
+
+
+def top_set(x: np.ndarray, k: int) -> set[int]:
+    """The k largest entries, equal values taken lowest index first."""
+    order = np.lexsort((np.arange(len(x)), -x))
+    return set(order[:k].tolist())
+
+
+def reference(logits: np.ndarray, rows: np.ndarray) -> dict:
+    n, v = logits.shape
+    head = rows[:, :4].copy().view(np.float32).astype(np.float64)
+    b = head[:, :1] * rows[:, 4:4 + v].astype(np.float64) + head[:, 1:2]
+    x = logits.astype(np.float64)
+    logq = x - x.max(1, keepdims=True)
+    logq -= np.log(np.exp(logq).sum(1, keepdims=True))
+    q = np.exp(logq)
+    rkld = (q * (logq - b)).sum(1)
+    p = np.where(b > -16, np.exp(b), 0.0)
+    m = (p + q) / 2
+    with np.errstate(divide="ignore", invalid="ignore"):
+        jsd = 0.5 * (np.where(p > 0, p * np.log(p / m), 0).sum(1) + np.where(q > 0, q * np.log(q / m), 0).sum(1))
+    # the reducer sees float32 decoded rows: rank on those, as it must
+    b32 = b.astype(np.float32)
+    overlap = {k: np.array([len(top_set(logits[i], k) & top_set(b32[i], k)) for i in range(n)]) for k in (1, 5, 10)}
+    return {"rkld": rkld, "jsd": jsd, "overlap": overlap, "ptop": np.exp(b.max(1))}
+
+
+def reduce(logits, rows, targets):
+    return reduce_rows(torch.from_numpy(logits), rows_to_torch(rows), targets)
+
+
+def check(logits, rows, targets):
+    ref = reference(logits, rows)
+    r = reduce(logits, rows, targets)
+    assert np.allclose(r.rkld, ref["rkld"], rtol=1e-5, atol=5e-7)
+    assert np.allclose(r.jsd, ref["jsd"], rtol=1e-5, atol=1e-8)
+    assert np.array_equal(r.top5, ref["overlap"][5])
+    assert np.array_equal(r.top10, ref["overlap"][10])
+    # top-1 agreement is same_top: the same tie rule
+    assert np.array_equal(r.same_top, ref["overlap"][1] == 1)
+    assert np.allclose(r.ptop_base, ref["ptop"], rtol=1e-6)
+    return ref, r
+
+
+@pytest.mark.parametrize("seed,noise", [(0, 0.7), (1, 0.05), (2, 2.0)])
+def test_random_rows_match_float64_reference(seed, noise):
+    ref, r = check(*random_case(seed, noise=noise))
+    # JSD is bounded by ln 2 and below both KLDs' mean (a sanity relation, not the reference)
+    assert (r.jsd <= np.log(2) + 1e-6).all()
+
+
+def test_adversarial_rows():
+    q, rows, targets = random_case(7, n=120, v=301)
+    v = q.shape[1]
+    q[0, [3, 200, 17]] = q[0].max() + 2  # a three-way tie for the compared top-1
+    rows[1, 4 + np.array([10, 250, 30, 31, 32, 33])] = 65535  # a six-way tie on the base's top
+    q[2] = 1.25  # all-equal logits: every top-k set is the lowest ids
+    rows[3] = make_base_rows(np.zeros((1, v), np.uint16), scale=np.float32(0), min_log_prob=-np.log(v))[0]
+    q[4, :] = -1e4
+    q[4, 5] = 0.0  # one-hot compared model: q underflows to 0 almost everywhere
+    q[5] = -q[5]  # anti-correlated: disjoint top sets, large divergences
+    q[6, 7] = -0.0  # signed zero ranks as zero
+    q[6, 8] = 0.0
+    rows[7, 4:4 + v] = 0  # a base row clamped everywhere but its top entry
+    rows[7, 4 + 9] = 65535
+    check(q, rows, targets)
+
+
+def test_a_model_against_itself_to_the_last_digits():
+    """The compared logits are the base row itself: divergences of ~1e-7 (from the clamped
+    entries only) must come out to their float64 value, not float32 rounding noise. (Reverse
+    KLD is left ~1e-7 from it by the float32 decoding of the base row, which the reducer shares
+    with llama.cpp: every p is then off by ~1e-6 relative.)"""
+    q, rows, targets = random_case(3, n=40, v=257)
+    head = rows[:, :4].copy().view(np.float32)
+    b = (head[:, :1] * rows[:, 4:4 + 257].astype(np.float32) + head[:, 1:2]).astype(np.float32)
+    ref, r = check(b, rows, targets)
+    assert np.abs(r.rkld - ref["rkld"]).max() < 3e-7
+    assert np.abs(r.jsd - ref["jsd"]).max() < 2e-9
+    assert (r.top5 == 5).all() and (r.top10 == 10).all()
+
+
+def _accumulate(case, chunk_size=30):
+    q, rows, targets = case
+    acc = KldAccumulator()
+    for i, a in enumerate(range(0, len(targets), chunk_size)):
+        sl = slice(a, a + chunk_size)
+        acc.add(reduce(q[sl], rows[sl], targets[sl]), i)
+    return acc
+
+
+def test_summaries_and_top1_buckets_match_reference():
+    case = random_case(4, n=600, v=211, noise=0.4)
+    ref = reference(case[0], case[1])
+    acc = _accumulate(case)
+    e = extra_stats(acc)
+    n = len(case[2])
+
+    def mu(a):
+        a = np.asarray(a, np.float64)
+        return a.mean(), np.sqrt(((a * a).mean() - a.mean() ** 2) / (n - 1))
+
+    for key, want in (("rkld_mean", mu(ref["rkld"])), ("jsd_mean", mu(ref["jsd"])),
+                      ("5", mu(ref["overlap"][5] / 5)), ("10", mu(ref["overlap"][10] / 10))):
+        got = e[key] if key.endswith("mean") else e["top_k_agreement"][key]
+        assert got["value"] == pytest.approx(want[0], rel=1e-3, abs=1e-7)
+        assert got["uncertainty"] == pytest.approx(want[1], rel=1e-2)
+    kld = acc.per_token("kld").astype(np.float64)
+    edges = [0, 0.25, 0.5, 0.75, 0.95]
+    which = np.searchsorted(edges, ref["ptop"], side="right") - 1
+    for i, bucket in enumerate(e["top1_buckets"]):
+        sel = kld[which == i]
+        assert bucket["count"] == len(sel)
+        assert bucket["share"] == pytest.approx(len(sel) / n)
+        if len(sel):
+            assert bucket["kld_mean"] == pytest.approx(sel.mean(), rel=1e-6)
+            assert bucket["kld_99"] == pytest.approx(np.percentile(sel, 99), rel=1e-4, abs=1e-6)
+    assert sum(b["count"] for b in e["top1_buckets"]) == n
+    # the bucket rule itself, on values at the edges
+    from kldtool.stats.extra import top1_buckets
+
+    got = top1_buckets(np.array([0.0, 0.25, 0.7499, 0.95, 1.0, 1.0000001], np.float32), np.ones(6, np.float32))
+    assert [b["count"] for b in got] == [1, 1, 1, 0, 3]
+    assert percentile(np.ones(1, np.float32), 0.99) == 1.0
+
+
+def test_bootstrap_matches_resampling_tokens_by_hand():
+    acc = _accumulate(random_case(5, n=450, v=97, noise=0.3))
+    spec = Bootstrap(resamples=300, seed=42)
+    got = block_bootstrap(acc.chunk_vectors, spec)
+    # by hand: the same draws, each resample's tokens gathered and averaged in float64
+    kld = acc.per_token("kld").astype(np.float64)
+    counts = [int(v[-1]) for v in acc.chunk_vectors]
+    starts = np.cumsum([0] + counts)
+    rng = np.random.default_rng(42)
+    means = []
+    for start in range(0, 300, 256):
+        picks = rng.integers(0, len(counts), size=(min(256, 300 - start), len(counts)))
+        for row in picks:
+            means.append(np.concatenate([kld[starts[c]:starts[c + 1]] for c in row]).mean())
+    assert got["blocks"] == len(counts) and got["resamples"] == 300 and got["seed"] == 42
+    # per-token values are float32, the chunk sums float64: the two agree to float32 precision
+    assert got["kld_mean"]["standard_error"] == pytest.approx(np.std(means, ddof=1), rel=1e-4)
+    lo, hi = np.percentile(means, [2.5, 97.5])
+    assert got["kld_mean"]["interval_95"] == pytest.approx([lo, hi], rel=1e-4)
+    assert block_bootstrap(acc.chunk_vectors[:1], spec) is None
+
+
+def test_bootstrap_is_wider_when_chunks_differ():
+    """Chunks whose tokens share a chunk-level offset: the i.i.d. formula sees only the token
+    spread; resampling chunks sees the spread between chunks as well."""
+    rng = np.random.default_rng(0)
+    vectors = []
+    from kldtool.stats.accumulator import COUNT, SUMS, VECTOR_LEN
+
+    for level in rng.exponential(0.05, 40):
+        x = level + rng.exponential(0.01, 100)
+        v = np.zeros(VECTOR_LEN)
+        v[SUMS.index("kld")], v[SUMS.index("kld2")], v[COUNT] = x.sum(), (x * x).sum(), len(x)
+        vectors.append(v)
+    total = np.sum(vectors, 0)
+    n = total[COUNT]
+    iid = np.sqrt((total[SUMS.index("kld2")] / n - (total[SUMS.index("kld")] / n) ** 2) / (n - 1))
+    boot = block_bootstrap(vectors, Bootstrap(2000, 1))["kld_mean"]["standard_error"]
+    assert boot > 3 * iid

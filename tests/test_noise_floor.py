@@ -1,0 +1,29 @@
+"""kldtool noise-floor and compare --noise-floor on the real SmolLM2 GGUF."""
+
+import json
+
+import pytest
+
+from conftest import WIKI, run_cli
+
+
+def test_noise_floor_and_multiple(tmp_path, requant):
+    base, other = tmp_path / "b.kldt", tmp_path / "o.kldt"
+    run_cli("base", "-f", WIKI, "-c", 128, "--chunks", 2, "--kl-divergence-base", base)
+    run_cli("base", "-f", WIKI, "-c", 128, "--chunks", 3, "--kl-divergence-base", other)
+    same = run_cli("noise-floor", "--kl-divergence-base", base, check_rc=2)
+    assert "the floor would be 0" in same.stderr
+    floor = tmp_path / "floor.json"
+    run_cli("noise-floor", "--kl-divergence-base", base, "-b", 128, "--json", floor)
+    f = json.loads(floor.read_text())
+    assert f["command"] == "noise-floor" and f["noise_floor"]["this_path"]["n_seq"] == 1
+    value = f["noise_floor"]["kld_mean"]["value"]
+    assert 0 < value < 1e-3
+    out = tmp_path / "q.json"
+    p = run_cli("compare", "--kl-divergence-base", base, "-m", requant("Q4_K_M"), "--noise-floor", floor, "--json", out)
+    stats = json.loads(out.read_text())["statistics"]
+    assert stats["noise_floor"]["multiple"] == pytest.approx(stats["kld_mean"]["value"] / value)
+    assert "x the noise floor" in p.stdout + p.stderr
+    wrong = run_cli("compare", "--kl-divergence-base", other, "-m", requant("Q4_K_M"), "--noise-floor", floor,
+                    check_rc=2)
+    assert "another base file" in wrong.stderr
