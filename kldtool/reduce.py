@@ -165,11 +165,15 @@ def _extras_block(logits, big_m, b):
     # rounding of the normalizer M cancels between the two sums.
     rkld = (p * (em * (d - 1) + d)).sum(dim=1, dtype=torch.float64) - (p.sum(dim=1, dtype=torch.float64) - 1)
     jsd = jsd_terms(b, logq, d, em).sum(dim=1, dtype=torch.float64)
-    k = max(TOP_K)
-    top_q = order_keys(logits).topk(k, dim=1).indices
-    top_b = order_keys(b).topk(k, dim=1).indices
-    overlaps = [(top_q[:, :n, None] == top_b[:, None, :n]).sum(dim=(1, 2)) for n in TOP_K]
-    return (rkld, jsd, *overlaps, torch.exp(b.max(dim=1).values))
+    top_b = order_keys(b).topk(max(TOP_K), dim=1).indices
+    return (rkld, jsd, *top_overlaps(logits, top_b), torch.exp(b.max(dim=1).values))
+
+
+def top_overlaps(logits, top_b) -> list:
+    """|top-k(q) ∩ top-k(base)| per row for each k of ``TOP_K``, from the base's top ids (most
+    probable first, at least max(TOP_K) of them)."""
+    top_q = order_keys(logits).topk(max(TOP_K), dim=1).indices
+    return [(top_q[:, :n, None] == top_b[:, None, :n]).sum(dim=(1, 2)) for n in TOP_K]
 
 
 def jsd_terms(b, logq, d=None, em=None):

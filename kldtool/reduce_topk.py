@@ -11,12 +11,8 @@ ranks whose log-probs are known. docs/metrics.md has the measured accuracy.
 
 from __future__ import annotations
 
-import numpy as np
-
-from kldtool.reduce import KLD_FLOOR, ROW_BLOCK, TOP_K, TokenRecords, _records, jsd_terms, order_keys
+from kldtool.reduce import KLD_FLOOR, ROW_BLOCK, TokenRecords, _records, jsd_terms, top_overlaps
 from kldtool.topk import split_records
-
-LN2 = float(np.log(2.0))
 
 
 def reduce_topk_rows(logits, records, targets, k: int) -> TokenRecords:
@@ -63,11 +59,8 @@ def _block(logits, records, targets, k):
     nll = big_m - logits.gather(1, targets[:, None])[:, 0]
     nll_base = -(tcode.to(torch.float32) * scale + low)
     dp = torch.exp(-nll) - torch.exp(-nll_base)
-    n = max(TOP_K)
-    top_q = order_keys(logits).topk(n, dim=1).indices
-    overlaps = [(top_q[:, :j, None] == ids[:, None, :j]).sum(dim=(1, 2)) for j in TOP_K]
     tail = rest_p * _band_kld(p[:, k // 2:], q[:, k // 2:], kept[:, k // 2:])
-    return (nll, nll_base, kld, dp, imax == ids[:, 0], rkld, jsd, *overlaps, p[:, 0], tail)
+    return (nll, nll_base, kld, dp, imax == ids[:, 0], rkld, jsd, *top_overlaps(logits, ids), p[:, 0], tail)
 
 
 def _band_kld(p, q, kept):

@@ -135,9 +135,9 @@ class VllmEngine(Engine):
         return [TokenRecords.from_columns(r) for r in results]
 
     def encode(self, windows: list[Window], codec: str, keep: int | None = None) -> list[tuple[np.ndarray, np.ndarray]]:
-        from kldtool.logitsfile.header import BaseHeader
+        from kldtool.logitsfile.header import rows_width
 
-        width = BaseHeader(1, self.n_vocab, 1, keep=keep).row_width
+        width = rows_width(self.n_vocab, keep)
         results = self._run(windows, lambda w: {"mode": "encode", "row_width": width, "codec": codec, "keep": keep})
         return [(r["rows"], r["nll"]) for r in results]
 

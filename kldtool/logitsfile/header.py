@@ -20,6 +20,11 @@ MAX_VOCAB = 1 << 24
 WindowRow = tuple[int, int, int, int]  # start, length, first, n_scored
 
 
+def rows_width(n_vocab: int, keep: int | None) -> int:
+    """uint16 slots of one stored row: a full row, or a top-``keep`` record."""
+    return topk_width(keep) if keep else row_width(n_vocab)
+
+
 @dataclass(frozen=True)
 class BaseHeader:
     n_ctx: int
@@ -46,7 +51,7 @@ class BaseHeader:
 
     @property
     def row_width(self) -> int:
-        return topk_width(self.keep) if self.keep else row_width(self.n_vocab)
+        return rows_width(self.n_vocab, self.keep)
 
     @property
     def chunk_nbytes(self) -> int:

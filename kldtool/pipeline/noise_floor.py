@@ -10,13 +10,13 @@ from kldtool.pipeline.common import Sinks, read_json, write_json
 from kldtool.pipeline.compare import run_compare
 from kldtool.pipeline.state import base_identity
 
-PATH_KEYS = ("engine", "dtype", "device", "n_seq")
+MODEL_KEYS = ("engine", "dtype", "device")
 KIND = "noise-floor"
 
 
 def numeric_path(model: dict, n_seq) -> dict:
     """What decides the arithmetic a model's logits come out of (not the model's path)."""
-    return {k: model.get(k) for k in PATH_KEYS[:-1]} | {"n_seq": n_seq}
+    return {k: model.get(k) for k in MODEL_KEYS} | {"n_seq": n_seq}
 
 
 def run_noise_floor(engine, reader, json_path: str | None = None, sinks: Sinks | None = None,

@@ -12,6 +12,7 @@ import time
 
 from kldtool.corpus import Corpus
 from kldtool.engines.base import Engine
+from kldtool.errors import UsageError
 from kldtool.logitsfile import BaseHeader, create_writer
 from kldtool.pipeline.common import Sinks, groups, run_metadata, whole_batches
 from kldtool.pipeline.plan import Plan, make_plan
@@ -67,8 +68,6 @@ def run_base(engine: Engine, corpus: Corpus, protocol: Protocol, chunks: int | N
     plan = make_plan(engine, corpus, protocol, chunks, force)
     windows, n_chunk = plan.windows, len(plan.windows)
     if keep and keep > engine.n_vocab:
-        from kldtool.errors import UsageError
-
         raise UsageError(f"--keep top-{keep}: the vocabulary has only {engine.n_vocab} entries")
     header = plan_header(plan, engine.n_vocab, keep)
     n_seq = engine.windows_per_call(plan.n_ctx)

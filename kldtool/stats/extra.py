@@ -12,9 +12,9 @@ from kldtool.stats.summary import mean_unc, percentile
 TOP1_BUCKETS = ((0.0, 0.25), (0.25, 0.5), (0.5, 0.75), (0.75, 0.95), (0.95, 1.0))
 
 
-def extra_stats(acc: KldAccumulator) -> dict:
+def extra_stats(acc: KldAccumulator, same_top: tuple[float, float]) -> dict:
+    """``same_top``: llama.cpp's same top p (value, uncertainty), which is top-1 agreement."""
     s, n = acc.sums, acc.count
-    same = acc.n_same / n if n else 0.0
 
     def overlap(k: int) -> dict:
         m, u = mean_unc(s[f"top{k}"] / k, s[f"top{k}_2"] / (k * k), n)
@@ -24,7 +24,7 @@ def extra_stats(acc: KldAccumulator) -> dict:
         "rkld_mean": dict(zip(("value", "uncertainty"), mean_unc(s["rkld"], s["rkld2"], n))),
         "jsd_mean": dict(zip(("value", "uncertainty"), mean_unc(s["jsd"], s["jsd2"], n))),
         "top_k_agreement": {
-            "1": {"value": same, "uncertainty": float(np.sqrt(same * (1 - same) / (n - 1))) if n > 1 else 0.0},
+            "1": {"value": same_top[0], "uncertainty": same_top[1]},
             "5": overlap(5), "10": overlap(10)},
         "top1_buckets": top1_buckets(acc.per_token("ptop_base"), acc.per_token("kld")),
     }

@@ -24,7 +24,7 @@ def statistics(acc: KldAccumulator, bootstrap: Bootstrap, keep: int | None = Non
     stats = summary.as_dict()
     if full:
         stats["kld_histogram"] = kld_histogram(acc.values()[0])
-        stats["extra"] = extra_stats(acc)
+        stats["extra"] = extra_stats(acc, summary.same_top)
         stats["bootstrap"] = block_bootstrap(acc.chunk_vectors, bootstrap)
     if keep and acc.count:
         lower, tail = summary.kld_mean[0], acc.sums["kld_tail"] / acc.count
