@@ -113,6 +113,9 @@ def base(
     keep: Optional[str] = typer.Option(None, "--keep", help="top-K: store only each position's K most probable "
                                                             "entries and the rest's mass (kldtool format; ~V/3K "
                                                             "times smaller; KLD then a lower bound, see docs/metrics.md)."),
+    clamp: float = typer.Option(16.0, "--clamp", help="Nats below each row's top that the stored codes span "
+                                                      "(16..64; kldtool format beyond 16, as llama.cpp's layout "
+                                                      "holds 16); KLD counts the base entries above -clamp."),
     engine: Optional[str] = EngineOpt,
     dtype: Optional[str] = DtypeOpt,
     device: Optional[str] = DeviceOpt,
@@ -126,7 +129,7 @@ def base(
     remote: bool = RemoteOpt, vllm_arg: Optional[list[str]] = VllmArgOpt,
 ):
     """Phase 1: run the base model over a text, print its PPL and store its log-probs."""
-    from kldtool.codec import CODECS
+    from kldtool.codec import CODECS, check_clamp
     from kldtool.corpus import open_corpus
     from kldtool.logitsfile import FORMATS, check_layout
     from kldtool.pipeline import run_base
@@ -140,14 +143,19 @@ def base(
 
     spec = _protocol(protocol, ctx_size, stride, lengths)
     top = keep_of(keep)
-    check_layout(fmt, spec.name, top)  # before the model loads
+    try:
+        clamp = check_clamp(clamp)
+    except ValueError as e:
+        raise UsageError(f"--clamp: {e}") from None
+    check_layout(fmt, spec.name, top, clamp)  # before the model loads
     corpus = open_corpus(file, corpus_format, text_field)
     eng = _engine(_longest(spec), engine, model, dtype, device, threads, batch, tp, gpu_mem, max_len, quant, kv_dtype,
                   eager, remote, vllm_arg)
     try:
         if resume and not out:
             raise UsageError("--resume needs --kl-divergence-base FILE (the base file to continue)")
-        result = run_base(eng, corpus, spec, chunks, out, fmt, codec=codec, resume=resume, force=force, keep=top)
+        result = run_base(eng, corpus, spec, chunks, out, fmt, codec=codec, resume=resume, force=force, keep=top,
+                          clamp=clamp)
     finally:
         eng.close()
     if json_out:
@@ -388,6 +396,7 @@ def info(
             "path": path, "format": reader.format_name, "complete": True,
             "protocol": reader.metadata.get("protocol", {}).get("name", "llamacpp"),
             "n_ctx": h.n_ctx, "n_vocab": h.n_vocab, "n_chunk": h.n_chunk, "keep": h.keep or "all",
+            "clamp_nats": h.clamp,
             "rows_per_chunk": h.rows_per_chunk, "scored_tokens": h.scored_tokens,
             "file_bytes": reader.file_size, "raw_equivalent_bytes": raw_size,
             "ratio_to_raw": round(reader.file_size / raw_size, 4),

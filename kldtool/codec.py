@@ -18,15 +18,23 @@ Two encoders write that same layout (every reader, llama.cpp's included, decodes
   low): about -2e-5 nats of mean KLD for a bf16 model against itself. On the 2^-12 grid
   such logits are represented exactly, and fp32 logits are no worse off. kldtool's own
   container uses it by default.
+
+The clamp window is 16 nats in llama.cpp's layout. kldtool's container may store a wider one
+(``base --clamp C``, C in 16..64, recorded in its metadata) for models whose tails matter below
+-16; the grid step then doubles per doubling of the window (2^-11 up to 32 nats), so 65535
+codes still span it, and readers count entries above -C in the KLD.
 """
 
 from __future__ import annotations
 
+import math
 import warnings
+from dataclasses import dataclass
 
 import numpy as np
 
 DEFAULT_CLAMP = 16.0
+MAX_CLAMP = 64.0
 CODE_MAX = 65535
 GRID_STEP = 2.0 ** -12
 CODECS = ("llamacpp", "grid")
@@ -35,28 +43,53 @@ HEADER_SLOTS = 4
 ROW_BLOCK = 64
 
 
+@dataclass(frozen=True)
+class Coding:
+    """How base rows are made: the rounding rule (one of ``CODECS``), the clamp window in nats
+    below each row's top, and for compact files the entries kept per row (None: full rows)."""
+
+    codec: str = "grid"
+    clamp: float = DEFAULT_CLAMP
+    keep: int | None = None
+
+
+def check_clamp(clamp: float) -> float:
+    """The clamp window, refused outside DEFAULT_CLAMP..MAX_CLAMP (ValueError with the reason)."""
+    if not DEFAULT_CLAMP <= clamp <= MAX_CLAMP:
+        raise ValueError(f"clamp window of {clamp:g} nats outside {DEFAULT_CLAMP:g}..{MAX_CLAMP:g}")
+    return float(clamp)
+
+
+def grid_step(clamp: float) -> float:
+    """The grid codec's power-of-two step for a clamp window: 2^-12 for 16 nats, doubled per
+    doubling of the window, so 65535 steps always reach (nearly) across it."""
+    return GRID_STEP * 2.0 ** math.ceil(math.log2(clamp / DEFAULT_CLAMP))
+
+
 def row_width(n_vocab: int) -> int:
     """uint16 slots per row: 2*ceil(V/2) + 4 (the odd-V pad keeps rows 4-byte aligned)."""
     return 2 * ((n_vocab + 1) // 2) + HEADER_SLOTS
 
 
-def _window(xp, lowest, mx, lse, codec: str):
+def _window(xp, lowest, mx, lse, codec: str, clamp: float = DEFAULT_CLAMP):
     """Per row (floor mn, step scale), in float32, for numpy or torch (``xp``).
 
-    llama.cpp: mn = max(lowest, mx - 16), scale = (mx - mn) / 65535. grid: mn = max(lowest,
-    mx - 65535 * 2^-12), scale = 2^-12 - except in rows where that would let the clamped tail
-    (code 0, decoded as mn - mx - lse) rise above -16, the absolute floor above which readers
-    (llama-perplexity too) count an entry in the KLD: that happens when the top token holds
-    all but 2^-12 of the mass, and such rows keep llama.cpp's rule.
+    llama.cpp: mn = max(lowest, mx - C), scale = (mx - mn) / 65535, C the clamp window (16 in
+    llama.cpp). grid: step g = grid_step(C), mn = max(lowest, mx - min(C, 65535 g)), scale = g -
+    except in rows where that would let the clamped tail (code 0, decoded as mn - mx - lse)
+    rise above -C, the absolute floor above which readers (llama-perplexity too) count an
+    entry in the KLD: that happens when the top token holds all but ~g of the mass, and such
+    rows keep llama.cpp's rule.
     """
     # Python scalars do not widen float32 arrays (NumPy >= 2 and torch alike).
-    mn = xp.maximum(lowest, mx - DEFAULT_CLAMP)
+    mn = xp.maximum(lowest, mx - clamp)
     scale = (mx - mn) / CODE_MAX
     if codec != "grid":
         return mn, scale
-    g_mn = xp.maximum(lowest, mx - GRID_STEP * CODE_MAX)
-    tail_visible = (lowest < g_mn) & (((g_mn - mx) - lse) > -DEFAULT_CLAMP)
-    return xp.where(tail_visible, mn, g_mn), xp.where(tail_visible, scale, xp.full_like(scale, GRID_STEP))
+    step = grid_step(clamp)
+    g_mn = xp.maximum(lowest, mx - min(clamp, step * CODE_MAX))
+    tail_visible = (lowest < g_mn) & (((g_mn - mx) - lse) > -clamp)
+    return xp.where(tail_visible, mn, g_mn), xp.where(tail_visible, scale, xp.full_like(scale, step))
 
 
 # ---------------------------------------------------------------- numpy
@@ -70,8 +103,9 @@ def normalizer_np(logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return mx, lse
 
 
-def encode_np(logits: np.ndarray, codec: str = "llamacpp") -> tuple[np.ndarray, np.ndarray]:
-    """Encode float32 logits (R, V) into uint16 rows (R, row_width(V)) with ``codec``.
+def encode_np(logits: np.ndarray, codec: str = "llamacpp", clamp: float = DEFAULT_CLAMP) -> tuple[np.ndarray, np.ndarray]:
+    """Encode float32 logits (R, V) into uint16 rows (R, row_width(V)) with ``codec`` over a
+    ``clamp``-nat window.
 
     Returns the rows and ``M = max + lse`` per row (float32), so the caller gets the
     target NLL as ``M - logits[r, t]`` without a second pass.
@@ -82,13 +116,13 @@ def encode_np(logits: np.ndarray, codec: str = "llamacpp") -> tuple[np.ndarray, 
     norm = np.empty(n_rows, dtype=np.float32)
     for a in range(0, n_rows, ROW_BLOCK):
         b = min(a + ROW_BLOCK, n_rows)
-        rows[a:b], norm[a:b] = _encode_block_np(logits[a:b], codec, n_vocab)
+        rows[a:b], norm[a:b] = _encode_block_np(logits[a:b], codec, clamp, n_vocab)
     return rows, norm
 
 
-def _encode_block_np(l: np.ndarray, codec: str, n_vocab: int):
+def _encode_block_np(l: np.ndarray, codec: str, clamp: float, n_vocab: int):
     mx, lse = normalizer_np(l)
-    mn, scale = _window(np, l.min(axis=1), mx, lse, codec)
+    mn, scale = _window(np, l.min(axis=1), mx, lse, codec, clamp)
     min_log_prob = (mn - mx) - lse
     out = np.zeros((l.shape[0], row_width(n_vocab)), dtype=np.uint16)
     out[:, :HEADER_SLOTS] = np.stack([scale, min_log_prob], axis=1).astype(np.float32).view(np.uint16)
@@ -135,14 +169,14 @@ def normalizer_torch(logits, exact: bool = False):
     return mx, imax, lse
 
 
-def encode_torch(logits, codec: str = "llamacpp"):
+def encode_torch(logits, codec: str = "llamacpp", clamp: float = DEFAULT_CLAMP):
     """Torch twin of :func:`encode_np`; returns (int16 rows on the logits' device, M)."""
     import torch
 
     logits = logits.to(torch.float32)
     n_rows, n_vocab = logits.shape
     mx, _, lse = normalizer_torch(logits, exact=True)
-    mn, scale = _window(torch, logits.min(dim=1).values, mx, lse, codec)
+    mn, scale = _window(torch, logits.min(dim=1).values, mx, lse, codec, clamp)
     min_log_prob = (mn - mx) - lse
     inv = torch.where(scale != 0, 1.0 / scale, torch.zeros_like(scale))
     q = torch.round(inv[:, None] * (logits - mn[:, None]))
@@ -153,20 +187,19 @@ def encode_torch(logits, codec: str = "llamacpp"):
     return torch.cat([head, q, pad], dim=1), mx + lse
 
 
-
-def encode_base_rows(logits, targets, codec: str, keep: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+def encode_base_rows(logits, targets, coding: Coding) -> tuple[np.ndarray, np.ndarray]:
     """Base mode for one window on any device: (uint16 host rows, float32 NLL of each target),
-    the NLL as llama.cpp's phase 1 computes it, ``(max + lse) - logit[target]``. With ``keep``
-    the rows are top-K records (topk.py), made on the device."""
+    the NLL as llama.cpp's phase 1 computes it, ``(max + lse) - logit[target]``. With
+    ``coding.keep`` the rows are top-K records (topk.py), made on the device."""
     import torch
 
     logits = logits.to(torch.float32)
-    if keep:
+    if coding.keep:
         from kldtool.topk import encode_topk_torch
 
-        rows, norm = encode_topk_torch(logits, targets, keep, codec)
+        rows, norm = encode_topk_torch(logits, targets, coding)
     else:
-        rows, norm = encode_torch(logits, codec)
+        rows, norm = encode_torch(logits, coding.codec, coding.clamp)
     return rows_to_numpy(rows), _nll(logits, norm, targets)
 
 

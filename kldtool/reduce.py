@@ -3,7 +3,8 @@
 Runs wherever the logits are (CPU or CUDA) with no Python loop over tokens or vocabulary;
 only the per-token records leave the device. The arithmetic follows llama-perplexity's
 ``log_softmax`` (FORMAT.md §5): float32 terms, float64 sums, KLD over the base entries whose
-decoded log-prob exceeds -16, base probabilities not renormalized, first-index argmax.
+decoded log-prob exceeds -16 (minus the file's clamp window, when kldtool's container stores
+a wider one), base probabilities not renormalized, first-index argmax.
 
 Beyond llama.cpp's five records, the same pass yields (conventions in ``docs/metrics.md``):
 reverse KLD KL(q‖base), Jensen–Shannon divergence, the overlap of the two models' top-5 and
@@ -21,7 +22,7 @@ import numpy as np
 
 from kldtool.codec import decode_torch, normalizer_torch
 
-KLD_FLOOR = -16.0
+KLD_FLOOR = -16.0  # llama.cpp's; a base file's own is header.kld_floor
 # Rows reduced at once: bounds the (block, V) float32 temporaries (~8 of them).
 ROW_BLOCK = 32
 TOP_K = (5, 10)  # top-1 agreement is same_top: both break ties by the lowest token id
@@ -65,17 +66,19 @@ class TokenRecords:
         return cls(*(np.concatenate([getattr(p, f) for p in parts]) for f in FIELDS))
 
 
-def reduce_base(logits, base_rows, targets, keep: int | None) -> TokenRecords:
-    """Reduce against full rows, or top-``keep`` records (reduce_topk.py)."""
-    if keep:
+def reduce_base(logits, base_rows, targets, header) -> TokenRecords:
+    """Reduce against a base file's rows as its header (``keep``, ``kld_floor``) describes them:
+    full rows, or top-K records (reduce_topk.py)."""
+    if header.keep:
         from kldtool.reduce_topk import reduce_topk_rows
 
-        return reduce_topk_rows(logits, base_rows, targets, keep)
-    return reduce_rows(logits, base_rows, targets)
+        return reduce_topk_rows(logits, base_rows, targets, header.keep, header.kld_floor)
+    return reduce_rows(logits, base_rows, targets, header.kld_floor)
 
 
-def reduce_rows(logits, base_rows, targets) -> TokenRecords:
-    """Reduce compared logits (R, V) against int16 base rows (R, NV) for target ids (R,)."""
+def reduce_rows(logits, base_rows, targets, floor: float = KLD_FLOOR) -> TokenRecords:
+    """Reduce compared logits (R, V) against int16 base rows (R, NV) for target ids (R,); base
+    entries at or below ``floor`` (minus the clamp window) count as clamped."""
     import torch
 
     base_rows = base_rows.to(logits.device)
@@ -86,10 +89,10 @@ def reduce_rows(logits, base_rows, targets) -> TokenRecords:
     if use_triton(logits.device):
         from kldtool.reduce_triton import reduce_rows_triton
 
-        core = reduce_rows_triton(logits, base_rows, targets, KLD_FLOOR).cpu().numpy()
-        extra = [_extras_only(lg, rows, n_vocab) for lg, rows, _ in blocks]
+        core = reduce_rows_triton(logits, base_rows, targets, floor).cpu().numpy()
+        extra = [_extras_only(lg, rows, n_vocab, floor) for lg, rows, _ in blocks]
         return _records(list(core) + [torch.cat([e[k] for e in extra]).cpu().numpy() for k in range(5)])
-    out = [_reduce_block(lg, rows, t, n_vocab) for lg, rows, t in blocks]
+    out = [_reduce_block(lg, rows, t, n_vocab, floor) for lg, rows, t in blocks]
     return _records([torch.cat([o[k] for o in out]).cpu().numpy() for k in range(10)])
 
 
@@ -125,7 +128,7 @@ def _prepare(logits, rows, n_vocab):
     return logits, mx + lse, imax, decode_torch(rows, n_vocab)
 
 
-def _reduce_block(logits, rows, targets, n_vocab):
+def _reduce_block(logits, rows, targets, n_vocab, floor):
     import torch
 
     logits, big_m, imax, b = _prepare(logits, rows, n_vocab)
@@ -134,17 +137,17 @@ def _reduce_block(logits, rows, targets, n_vocab):
     nll_base = -b.gather(1, tcol)[:, 0]
     imax_base = b.argmax(dim=1)
     terms = torch.exp(b) * ((b - logits) + big_m[:, None])
-    kld = torch.where(b > KLD_FLOOR, terms, torch.zeros_like(terms)).sum(dim=1, dtype=torch.float64)
+    kld = torch.where(b > floor, terms, torch.zeros_like(terms)).sum(dim=1, dtype=torch.float64)
     dp = torch.exp(-nll) - torch.exp(-nll_base)
-    return (nll, nll_base, kld, dp, imax == imax_base, *_extras_block(logits, big_m, b))
+    return (nll, nll_base, kld, dp, imax == imax_base, *_extras_block(logits, big_m, b, floor))
 
 
-def _extras_only(logits, rows, n_vocab):
+def _extras_only(logits, rows, n_vocab, floor):
     logits, big_m, _, b = _prepare(logits, rows, n_vocab)
-    return _extras_block(logits, big_m, b)
+    return _extras_block(logits, big_m, b, floor)
 
 
-def _extras_block(logits, big_m, b):
+def _extras_block(logits, big_m, b, floor):
     """(reverse KLD, JSD, top-5 overlap, top-10 overlap, base top-1 probability) per row.
 
     Reverse KLD sums over every entry, a clamped base entry counting at the floor value its code
@@ -164,7 +167,7 @@ def _extras_block(logits, big_m, b):
     # Σ q d = Σ p (e^d (d - 1) + 1) - (Σ p - 1): each term second order in d, and the
     # rounding of the normalizer M cancels between the two sums.
     rkld = (p * (em * (d - 1) + d)).sum(dim=1, dtype=torch.float64) - (p.sum(dim=1, dtype=torch.float64) - 1)
-    jsd = jsd_terms(b, logq, d, em).sum(dim=1, dtype=torch.float64)
+    jsd = jsd_terms(b, logq, floor, d, em).sum(dim=1, dtype=torch.float64)
     top_b = order_keys(b).topk(max(TOP_K), dim=1).indices
     return (rkld, jsd, *top_overlaps(logits, top_b), torch.exp(b.max(dim=1).values))
 
@@ -176,7 +179,7 @@ def top_overlaps(logits, top_b) -> list:
     return [(top_q[:, :n, None] == top_b[:, None, :n]).sum(dim=(1, 2)) for n in TOP_K]
 
 
-def jsd_terms(b, logq, d=None, em=None):
+def jsd_terms(b, logq, floor, d=None, em=None):
     """Per entry, its share of the Jensen–Shannon divergence: p g(d) for a kept base entry,
     with d = log q - log p and g(d) = (e^d d - (1 + e^d) s) / 2, s = log((1 + e^d) / 2), whose
     rounding error scales with d (the textbook form's with |log p|); q ln 2 / 2 for a clamped
@@ -188,7 +191,7 @@ def jsd_terms(b, logq, d=None, em=None):
         em = torch.expm1(d)
     s = torch.log1p(em / 2)
     g = ((1 + em) * d - (2 + em) * s) / 2
-    return torch.where(b > KLD_FLOOR, torch.exp(b) * g, torch.exp(logq) * float(np.log(2.0) / 2))
+    return torch.where(b > floor, torch.exp(b) * g, torch.exp(logq) * float(np.log(2.0) / 2))
 
 
 def order_keys(x):

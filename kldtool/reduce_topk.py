@@ -11,16 +11,16 @@ ranks whose log-probs are known. docs/metrics.md has the measured accuracy.
 
 from __future__ import annotations
 
-from kldtool.reduce import KLD_FLOOR, ROW_BLOCK, TokenRecords, _records, jsd_terms, top_overlaps
+from kldtool.reduce import ROW_BLOCK, TokenRecords, _records, jsd_terms, top_overlaps
 from kldtool.topk import split_records
 
 
-def reduce_topk_rows(logits, records, targets, k: int) -> TokenRecords:
+def reduce_topk_rows(logits, records, targets, k: int, floor: float) -> TokenRecords:
     import torch
 
     records = records.to(logits.device)
     targets = torch.as_tensor(targets, dtype=torch.int64, device=logits.device)
-    out = [_block(logits[a:a + ROW_BLOCK], records[a:a + ROW_BLOCK], targets[a:a + ROW_BLOCK], k)
+    out = [_block(logits[a:a + ROW_BLOCK], records[a:a + ROW_BLOCK], targets[a:a + ROW_BLOCK], k, floor)
            for a in range(0, logits.shape[0], ROW_BLOCK)]
     if not out:
         return TokenRecords.empty(0)
@@ -34,7 +34,7 @@ def _bucket(a, b):
     return torch.where(a > 0, a * (torch.log(a) - torch.log(b)), torch.zeros_like(a))
 
 
-def _block(logits, records, targets, k):
+def _block(logits, records, targets, k, floor):
     import torch
 
     from kldtool.codec import normalizer_torch
@@ -49,13 +49,13 @@ def _block(logits, records, targets, k):
     # the compared model's mass outside the K ids, over its whole row (no 1 - Σ cancellation)
     rest_q = torch.exp(logits - big_m[:, None]).scatter(1, ids, 0.0).sum(dim=1, dtype=torch.float64)
     rest_p = rest_p.to(torch.float64)
-    kept = b > KLD_FLOOR
+    kept = b > floor
     zero = torch.zeros_like(b)
     kld = torch.where(kept, p * (b - logq), zero).sum(dim=1, dtype=torch.float64) + _bucket(rest_p, rest_q)
     rkld = (q * (logq - b)).sum(dim=1, dtype=torch.float64) + _bucket(rest_q, rest_p)
     m = (rest_p + rest_q) / 2
     m = torch.where(m > 0, m, 1.0)
-    jsd = jsd_terms(b, logq).sum(dim=1, dtype=torch.float64) + 0.5 * (_bucket(rest_p, m) + _bucket(rest_q, m))
+    jsd = jsd_terms(b, logq, floor).sum(dim=1, dtype=torch.float64) + 0.5 * (_bucket(rest_p, m) + _bucket(rest_q, m))
     nll = big_m - logits.gather(1, targets[:, None])[:, 0]
     nll_base = -(tcode.to(torch.float32) * scale + low)
     dp = torch.exp(-nll) - torch.exp(-nll_base)

@@ -16,7 +16,7 @@ PPL and Δp stay exact.
 
 from __future__ import annotations
 
-from kldtool.codec import HEADER_SLOTS, encode_torch
+from kldtool.codec import HEADER_SLOTS, Coding, encode_torch
 
 HEAD = 8
 MIN_KEEP = 10  # top-10 agreement needs the base's ten first
@@ -26,14 +26,15 @@ def topk_width(k: int) -> int:
     return HEAD + 3 * k
 
 
-def encode_topk_torch(logits, targets, k: int, codec: str):
-    """(int16 records (R, topk_width(k)) on the logits' device, M = max + lse per row)."""
+def encode_topk_torch(logits, targets, coding: Coding):
+    """(int16 records (R, topk_width(coding.keep)) on the logits' device, M = max + lse per row)."""
     import torch
 
     from kldtool.reduce import order_keys
 
+    k = coding.keep
     logits = logits.to(torch.float32)
-    full, norm = encode_torch(logits, codec)
+    full, norm = encode_torch(logits, coding.codec, coding.clamp)
     codes = full[:, HEADER_SLOTS:HEADER_SLOTS + logits.shape[1]]
     # rank by code (what a reader of the full row sees), ties to the lower id
     ids = order_keys(codes.to(torch.int32) & 0xFFFF).topk(k, dim=1).indices

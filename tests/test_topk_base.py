@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from conftest import WIKI, run_cli
-from kldtool.codec import decode_np, encode_np
+from kldtool.codec import Coding, decode_np, encode_np
+from kldtool.reduce import KLD_FLOOR
 from kldtool.reduce_topk import reduce_topk_rows
 from kldtool.topk import encode_topk_torch, split_records, topk_width
 
@@ -48,7 +49,7 @@ def reference(base, quant, targets, k):
 def test_records_and_reducer_match_float64_reference(seed, k):
     base, quant, targets = case(seed)
     full, ref = reference(base, quant, targets, k)
-    records, _ = encode_topk_torch(torch.from_numpy(base), targets, k, "llamacpp")
+    records, _ = encode_topk_torch(torch.from_numpy(base), targets, Coding("llamacpp", keep=k))
     assert records.shape == (len(base), topk_width(k))
     scale, low, rest, tcode, ids, codes = split_records(records, k)
     assert np.array_equal(ids.numpy(), ref["ids"])
@@ -58,7 +59,7 @@ def test_records_and_reducer_match_float64_reference(seed, k):
     assert np.array_equal(scale.numpy(), full[:, :2].copy().view(np.float32)[:, 0])
     assert np.allclose(rest.numpy(), ref["rest"], rtol=1e-6, atol=1e-12)
 
-    got = reduce_topk_rows(torch.from_numpy(quant), records, targets, k)
+    got = reduce_topk_rows(torch.from_numpy(quant), records, targets, k, KLD_FLOOR)
     assert np.allclose(got.kld, ref["kld"], rtol=2e-5, atol=2e-6)
     # one bucket can only lower the divergence (log-sum inequality)
     assert (got.kld <= ref["full_kld"] + 2e-6).all()

@@ -9,7 +9,7 @@ from typing import Iterable, Iterator
 
 import numpy as np
 
-from kldtool.codec import encode_base_rows, target_nll
+from kldtool.codec import Coding, encode_base_rows, target_nll
 from kldtool.protocols import Window
 from kldtool.reduce import TokenRecords, reduce_base
 
@@ -66,15 +66,15 @@ class Engine(ABC):
                 rows.clear()
                 rows[w.index] = base.rows_torch(w.index, lg.device)
             n = len(lg)
-            return reduce_base(lg, rows[w.index][off:off + n], w.targets[off:off + n], base.header.keep)
+            return reduce_base(lg, rows[w.index][off:off + n], w.targets[off:off + n], base.header)
 
         return [TokenRecords.concat(p) for p in self._per_block(windows, reduce)]
 
-    def encode(self, windows: list[Window], codec: str, keep: int | None = None) -> list[tuple[np.ndarray, np.ndarray]]:
-        """Base mode: per window, (uint16 base rows made with ``codec``, or top-``keep``
-        records, float32 NLL of each target)."""
+    def encode(self, windows: list[Window], coding: Coding) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Base mode: per window, (uint16 base rows, or top-K records, made as ``coding``
+        says, float32 NLL of each target)."""
         parts = self._per_block(windows, lambda w, off, lg: encode_base_rows(lg, w.targets[off:off + len(lg)],
-                                                                             codec, keep))
+                                                                             coding))
         return [(_join([r for r, _ in p]), _join([n for _, n in p])) for p in parts]
 
     def nll(self, windows: list[Window]) -> list[np.ndarray]:

@@ -134,11 +134,13 @@ class VllmEngine(Engine):
         results = self._run(windows, lambda w: {"mode": "compare", "base": path})
         return [TokenRecords.from_columns(r) for r in results]
 
-    def encode(self, windows: list[Window], codec: str, keep: int | None = None) -> list[tuple[np.ndarray, np.ndarray]]:
+    def encode(self, windows: list[Window], coding) -> list[tuple[np.ndarray, np.ndarray]]:
+        from dataclasses import asdict
+
         from kldtool.logitsfile.header import rows_width
 
-        width = rows_width(self.n_vocab, keep)
-        results = self._run(windows, lambda w: {"mode": "encode", "row_width": width, "codec": codec, "keep": keep})
+        width = rows_width(self.n_vocab, coding.keep)
+        results = self._run(windows, lambda w: {"mode": "encode", "row_width": width, "coding": asdict(coding)})
         return [(r["rows"], r["nll"]) for r in results]
 
     def nll(self, windows: list[Window]) -> list[np.ndarray]:

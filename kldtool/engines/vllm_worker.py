@@ -74,7 +74,7 @@ class WorkerState:
 
             feed = self._feed(spec["base"], logits.device)
             rows = feed.rows(spec["chunk"])[j0:j1]
-            rec = reduce_base(logits, rows, targets, feed.reader.header.keep)
+            rec = reduce_base(logits, rows, targets, feed.reader.header)
             for f in FIELDS:
                 res.arrays[f][j0:j1] = getattr(rec, f)
         elif spec["mode"] == "nll":
@@ -82,10 +82,10 @@ class WorkerState:
 
             res.arrays["nll"][j0:j1] = target_nll(logits, targets)
         else:
-            from kldtool.codec import encode_base_rows
+            from kldtool.codec import Coding, encode_base_rows
 
-            res.arrays["rows"][j0:j1], res.arrays["nll"][j0:j1] = encode_base_rows(logits, targets, spec["codec"],
-                                                                                   spec.get("keep"))
+            res.arrays["rows"][j0:j1], res.arrays["nll"][j0:j1] = encode_base_rows(logits, targets,
+                                                                                   Coding(**spec["coding"]))
         res.filled[j0:j1] += 1
 
     def pop(self, keys: list[str]) -> dict:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 
+from kldtool.codec import DEFAULT_CLAMP
 from kldtool.errors import BaseFileError, TruncatedHeader, UsageError
 from kldtool.logitsfile import container, raw
 from kldtool.logitsfile.header import BaseHeader
@@ -38,14 +39,17 @@ def open_base_file(path: str | os.PathLike):
     return raw.RawReader(p)
 
 
-def check_layout(fmt: str, protocol: str, keep: int | None = None) -> None:
-    """llama.cpp's raw layout has no window table and only full rows: only the llamacpp
-    protocol's chunks of full rows fit it."""
+def check_layout(fmt: str, protocol: str, keep: int | None = None, clamp: float = DEFAULT_CLAMP) -> None:
+    """llama.cpp's raw layout has no window table, only full rows and a 16-nat window: only
+    the llamacpp protocol's chunks of such rows fit it."""
     if fmt == "llamacpp" and protocol != "llamacpp":
         raise UsageError(f"--format llamacpp holds only --protocol llamacpp's chunks, not {protocol}; "
                          f"use --format kldtool")
     if fmt == "llamacpp" and keep:
         raise UsageError(f"--format llamacpp holds full rows only, not the top-{keep} entries; use --format kldtool")
+    if fmt == "llamacpp" and clamp != DEFAULT_CLAMP:
+        raise UsageError(f"--format llamacpp holds a {DEFAULT_CLAMP:g}-nat clamp window only, not {clamp:g}; "
+                         f"use --format kldtool")
 
 
 def create_writer(path, fmt: str, header: BaseHeader, tokens, metadata: dict | None = None,
@@ -55,9 +59,8 @@ def create_writer(path, fmt: str, header: BaseHeader, tokens, metadata: dict | N
     kinds = {"kldtool": container.ContainerWriter, "llamacpp": raw.RawWriter}
     if fmt not in kinds:
         raise UsageError(f"--format {fmt!r}: expected one of {', '.join(FORMATS)}")
-    if header.windows is not None or header.keep:
-        name = "llamacpp" if header.windows is None else (metadata or {}).get("protocol", {}).get("name", "a window table")
-        check_layout(fmt, name, header.keep)
+    name = "llamacpp" if header.windows is None else (metadata or {}).get("protocol", {}).get("name", "a window table")
+    check_layout(fmt, name, header.keep, header.clamp)
     writer = kinds[fmt](path, header, tokens, metadata)
     if not resume:
         writer.start(settings)

@@ -31,7 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import zstandard
 
-from kldtool.codec import HEADER_SLOTS
+from kldtool.codec import DEFAULT_CLAMP, HEADER_SLOTS, check_clamp
 from kldtool.errors import CorruptData, IncompleteFile, MetadataError, NotABaseFile, RowLayoutError, TruncatedHeader
 from kldtool.logitsfile.header import BaseHeader
 from kldtool.logitsfile.reader_base import BaseFileReader, Frame
@@ -164,7 +164,18 @@ class ContainerReader(BaseFileReader):
                 self._fail(f"top-K container with keep={keep!r} in its metadata (need {MIN_KEEP}..{n_vocab})",
                            MetadataError)
             self.header = h = dataclasses.replace(h, keep=keep)
+        if "clamp" in self.metadata:
+            self.header = h = dataclasses.replace(h, clamp=self._clamp(self.metadata["clamp"]))
         self.tokens = self._read_tokens(PREAMBLE)
+
+    def _clamp(self, value) -> float:
+        """The clamp window a container's metadata records (absent: llama.cpp's 16 nats)."""
+        try:
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise ValueError(f"{value!r} is not a number")
+            return check_clamp(value)
+        except ValueError as e:
+            self._fail(f"metadata clamp: {e}", MetadataError)
 
     def _frame_size_range(self, index: int) -> tuple[int, int]:
         """Smallest and largest decoded frame one chunk can have (-1, unknown, is outside)."""
@@ -254,6 +265,8 @@ class ContainerWriter(ResumableWriter):
         self.level, self.transform = level, (TOPK if header.keep else transform)
         if header.keep:
             metadata = (metadata or {}) | {"keep": header.keep}
+        if header.clamp != DEFAULT_CLAMP:
+            metadata = (metadata or {}) | {"clamp": header.clamp}
         super().__init__(path, header, tokens, metadata)
         self.pool = ThreadPoolExecutor(max_workers=max(1, threads))
         self.pending = []

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kldtool.codec import row_width
+from kldtool.codec import DEFAULT_CLAMP, row_width
 from kldtool.topk import topk_width
 
 # Refuse headers that could not describe a real run before sizing anything from them.
@@ -33,6 +33,12 @@ class BaseHeader:
     windows: tuple[WindowRow, ...] | None = None  # None: llama.cpp's uniform chunks
     n_stream: int | None = None
     keep: int | None = None  # compact rows of the K most probable entries (topk.py); None: full rows
+    clamp: float = DEFAULT_CLAMP  # nats below each row's top that its codes span (codec.py)
+
+    @property
+    def kld_floor(self) -> float:
+        """Base entries at or below this log-prob count as clamped (llama.cpp: -16)."""
+        return -self.clamp
 
     @property
     def first(self) -> int:

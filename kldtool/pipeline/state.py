@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from kldtool.codec import DEFAULT_CLAMP
 from kldtool.errors import StateError
 from kldtool.logitsfile.atomic import AtomicFile
 from kldtool.stats import KldAccumulator
@@ -32,6 +33,8 @@ def base_identity(reader) -> dict:
            "tokens_sha256": hashlib.sha256(np.ascontiguousarray(reader.tokens, "<i4").tobytes()).hexdigest()}
     if h.keep:  # a top-K file of the same run gives other (lower-bound) KLDs
         out["keep"] = h.keep
+    if h.clamp != DEFAULT_CLAMP:  # a wider window counts more entries
+        out["clamp"] = h.clamp
     if h.windows is not None:  # one stream can be cut into windows in many ways
         out["windows_sha256"] = hashlib.sha256(np.array(h.windows, dtype="<i8").tobytes()).hexdigest()
     return out

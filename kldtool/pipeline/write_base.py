@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 
+from kldtool.codec import DEFAULT_CLAMP, Coding
 from kldtool.corpus import Corpus
 from kldtool.engines.base import Engine
 from kldtool.errors import UsageError
@@ -28,11 +29,12 @@ def default_codec(fmt: str) -> str:
     return "llamacpp" if fmt == "llamacpp" else "grid"
 
 
-def plan_header(plan: Plan, n_vocab: int, keep: int | None = None) -> BaseHeader:
+def plan_header(plan: Plan, n_vocab: int, coding: Coding) -> BaseHeader:
     """llama.cpp's uniform chunks keep its header; other protocols carry their window table."""
     if plan.protocol.name == "llamacpp":
-        return BaseHeader(plan.protocol.n_ctx, n_vocab, len(plan.windows), keep=keep)
-    return BaseHeader(plan.n_ctx, n_vocab, len(plan.windows), window_table(plan.windows), len(plan.stream), keep)
+        return BaseHeader(plan.protocol.n_ctx, n_vocab, len(plan.windows), keep=coding.keep, clamp=coding.clamp)
+    return BaseHeader(plan.n_ctx, n_vocab, len(plan.windows), window_table(plan.windows), len(plan.stream),
+                      coding.keep, coding.clamp)
 
 
 def _open_writer(out_path, fmt, header, tokens, metadata, settings, windows, n_seq, resume, sinks, ppl):
@@ -61,15 +63,17 @@ def _open_writer(out_path, fmt, header, tokens, metadata, settings, windows, n_s
 
 def run_base(engine: Engine, corpus: Corpus, protocol: Protocol, chunks: int | None,
              out_path: str | None, fmt: str = "kldtool", sinks: Sinks | None = None, codec: str | None = None,
-             resume: bool = False, force: bool = False, keep: int | None = None) -> dict:
+             resume: bool = False, force: bool = False, keep: int | None = None,
+             clamp: float = DEFAULT_CLAMP) -> dict:
     sinks = sinks or Sinks()
     codec = codec or default_codec(fmt)
+    coding = Coding(codec, clamp, keep)
     t0 = time.time()
     plan = make_plan(engine, corpus, protocol, chunks, force)
     windows, n_chunk = plan.windows, len(plan.windows)
     if keep and keep > engine.n_vocab:
         raise UsageError(f"--keep top-{keep}: the vocabulary has only {engine.n_vocab} entries")
-    header = plan_header(plan, engine.n_vocab, keep)
+    header = plan_header(plan, engine.n_vocab, coding)
     n_seq = engine.windows_per_call(plan.n_ctx)
     what = (f"{n_chunk} chunks of {protocol.n_ctx} tokens" if protocol.name == "llamacpp"
             else f"{n_chunk} windows of up to {plan.n_ctx} tokens (protocol {protocol.name})")
@@ -84,14 +88,14 @@ def run_base(engine: Engine, corpus: Corpus, protocol: Protocol, chunks: int | N
         "codec": codec,
         "n_seq": n_seq,
     }
-    settings = {"format": fmt, "codec": codec, "keep": keep, "protocol": described, "n_seq": n_seq,
+    settings = {"format": fmt, "codec": codec, "keep": keep, "clamp": clamp, "protocol": described, "n_seq": n_seq,
                 "model": model_identity(engine.describe()), "tokenizer_identity": engine.tokenizer_identity()}
     ppl = PplAccumulator()
     writer, done = (_open_writer(out_path, fmt, header, plan.stream, metadata, settings, windows, n_seq,
                                  resume, sinks, ppl) if out_path else (None, 0))
     try:
         for group in groups(windows[done:], n_seq):
-            for w, (rows, nll) in zip(group, engine.encode(group, codec, keep)):
+            for w, (rows, nll) in zip(group, engine.encode(group, coding)):
                 if writer:
                     writer.write_chunk(rows, nll)
                 ppl.add(nll)
