@@ -3,7 +3,9 @@ GGUF quants, the same base file, the same chunks and threads, one machine, one r
 
 The peer is built here from the llama.cpp sources inside the llama-cpp-python sdist of the
 installed version (fetched from the package registry) into a cache directory outside the
-repository (``~/.cache/kldtool/peer`` or $KLDTOOL_PEER_DIR); nothing of it is committed.
+repository (``~/.cache/kldtool/peer`` or $KLDTOOL_PEER_DIR); nothing of it is committed. On
+x86-64 it gets the instruction-set flags scripts/setup.sh builds llama-cpp-python with, so
+both tools run the same kernels.
 The base file is written once by kldtool in llama.cpp's raw layout from the built-in Q4_1
 GGUF (byte-identical to what llama-perplexity writes, see tests/test_llamacpp_parity.py);
 the quants are requantized from it with llama-cpp-python. Wall time includes loading the
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import platform
 import subprocess
 import sys
 import tarfile
@@ -31,11 +34,20 @@ WIKI = ROOT.parent / "shared" / "data" / "wikitext-2" / "wiki.test.txt"
 PEER_DIR = Path(os.environ.get("KLDTOOL_PEER_DIR", Path.home() / ".cache" / "kldtool" / "peer"))
 
 
+def cmake_flags() -> list[str]:
+    """The instruction-set flags llama-cpp-python was built with by scripts/setup.sh (x86-64)."""
+    if platform.machine() not in ("x86_64", "AMD64"):
+        return []
+    return (ROOT / "scripts" / "lib" / "llamacpp-cmake-args").read_text().split()
+
+
 def build_peer() -> Path:
     """llama-perplexity from the llama-cpp-python sdist of the installed version (cached)."""
     ver = version("llama_cpp_python")
     src = PEER_DIR / f"llama_cpp_python-{ver}"
-    binary = src / "build" / "bin" / "llama-perplexity"
+    flags = cmake_flags()
+    build = src / ("build-portable" if flags else "build")
+    binary = build / "bin" / "llama-perplexity"
     if binary.exists():
         return binary
     PEER_DIR.mkdir(parents=True, exist_ok=True)
@@ -47,11 +59,10 @@ def build_peer() -> Path:
         with tarfile.open(sdist) as t:
             t.extractall(PEER_DIR, filter="data")
     llama = src / "vendor" / "llama.cpp"
-    build = src / "build"
     print(f"building llama-perplexity from {llama} (a few minutes)...", flush=True)
     subprocess.run(["cmake", "-S", str(llama), "-B", str(build), "-DCMAKE_BUILD_TYPE=Release",
                     "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_SERVER=OFF",
-                    "-DLLAMA_OPENSSL=OFF", "-DGGML_NATIVE=ON"], check=True, stdout=subprocess.DEVNULL)
+                    "-DLLAMA_OPENSSL=OFF", *(flags or ["-DGGML_NATIVE=ON"])], check=True, stdout=subprocess.DEVNULL)
     subprocess.run(["cmake", "--build", str(build), "--target", "llama-perplexity", "-j", str(os.cpu_count() or 2)],
                    check=True, stdout=subprocess.DEVNULL)
     return binary
