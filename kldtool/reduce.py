@@ -78,7 +78,7 @@ def reduce_base(logits, base_rows, targets, header) -> TokenRecords:
 
 def reduce_rows(logits, base_rows, targets, floor: float = KLD_FLOOR) -> TokenRecords:
     """Reduce compared logits (R, V) against int16 base rows (R, NV) for target ids (R,); base
-    entries at or below ``floor`` (minus the clamp window) count as clamped."""
+    entries at or below ``floor`` (the file's -clamp, -16 in llama.cpp's layout) count as clamped."""
     import torch
 
     base_rows = base_rows.to(logits.device)

@@ -52,8 +52,8 @@ def test_wider_window_codes_and_kld_match_float64(codec, clamp):
     else:
         assert np.allclose(scale * CODE_MAX, clamp, rtol=1e-6)
     inside = lp > lp.max(1, keepdims=True) - clamp + scale[:, None]
-    assert inside[:, 8:].mean() > 0.4  # most of the tail is stored, not clamped
-    assert (np.abs(b - lp)[inside] <= (scale[:, None] / 2 + 2e-6).repeat(base.shape[1], 1)[inside]).all()
+    assert inside[:, 8:].mean() > 0.4  # much of the tail is stored, not clamped
+    assert (np.abs(b - lp) <= scale[:, None] / 2 + 2e-6)[inside].all()
 
     got = reduce_rows(torch.from_numpy(quant), rows_to_torch(rows), targets, floor=-clamp).kld
     want, narrow = kld64(base, quant, -clamp), kld64(base, quant, -16.0)
