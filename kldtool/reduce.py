@@ -81,12 +81,18 @@ def reduce_rows(logits, base_rows, targets, floor: float = KLD_FLOOR) -> TokenRe
     entries at or below ``floor`` (the file's -clamp, -16 in llama.cpp's layout) count as clamped."""
     import torch
 
+    kind = reducer_for(logits.device)
+    if kind == "numba":
+        from kldtool.reduce_cpu import reduce_rows_cpu
+
+        return _records(reduce_rows_cpu(logits.to("cpu", torch.float32).numpy(), base_rows.cpu().numpy(),
+                                        np.asarray(targets, np.int64), floor))
     base_rows = base_rows.to(logits.device)
     n_vocab = logits.shape[1]
     targets = torch.as_tensor(targets, dtype=torch.int64, device=logits.device)
     blocks = [(logits[a:a + ROW_BLOCK], base_rows[a:a + ROW_BLOCK], targets[a:a + ROW_BLOCK])
               for a in range(0, logits.shape[0], ROW_BLOCK)]
-    if use_triton(logits.device):
+    if kind == "triton":
         from kldtool.reduce_triton import reduce_rows_triton
 
         core = reduce_rows_triton(logits, base_rows, targets, floor).cpu().numpy()
@@ -103,20 +109,22 @@ def _records(cols: list) -> TokenRecords:
     return TokenRecords(*(np.asarray(a, dt) for a, dt in zip(cols, FIELDS.values())))
 
 
-def use_triton(device) -> bool:
-    """The one-pass Triton kernel on CUDA when Triton is installed; ``KLDTOOL_REDUCER=torch``
-    or ``=triton`` forces a choice (triton on CPU needs ``TRITON_INTERPRET=1``: tests only)."""
+def reducer_for(device) -> str:
+    """Which reducer runs on ``device``: the one-pass Triton kernel on CUDA when Triton is
+    installed, the compiled numba loop (reduce_cpu.py) on the CPU, else the torch ops here.
+    ``KLDTOOL_REDUCER=torch|numba|triton`` forces one (triton on the CPU needs
+    ``TRITON_INTERPRET=1``: tests only)."""
     choice = os.environ.get("KLDTOOL_REDUCER", "auto")
-    if choice in ("torch", "triton"):
-        return choice == "triton"
-    if getattr(device, "type", "cpu") != "cuda":
-        return False
-    return _triton_installed()
+    if choice in ("torch", "numba", "triton"):
+        return choice
+    if getattr(device, "type", "cpu") == "cuda":
+        return "triton" if _installed("triton") else "torch"
+    return "numba" if _installed("numba") else "torch"
 
 
 @functools.cache
-def _triton_installed() -> bool:
-    return importlib.util.find_spec("triton") is not None
+def _installed(module: str) -> bool:
+    return importlib.util.find_spec(module) is not None
 
 
 def _prepare(logits, rows, n_vocab):

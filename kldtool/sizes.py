@@ -69,20 +69,95 @@ def model_size_dict(model) -> dict | None:
 
 
 def _gguf_size(path: str) -> ModelSize:
-    import gguf
-
-    try:
-        reader = gguf.GGUFReader(path, "r")
-    except Exception as e:  # the gguf package raises bare ValueError/struct errors on bad files
-        raise UsageError(f"{path}: not a readable GGUF file ({e})") from e
     lin = [0, 0]
     emb = [0, 0]
-    for t in reader.tensors:
-        bucket = lin if _GGUF_LINEAR.match(t.name) else emb if t.name in _GGUF_EMBED_HEAD else None
+    for name, n_elements, n_bytes in _gguf_tensors(path):
+        bucket = lin if _GGUF_LINEAR.match(name) else emb if name in _GGUF_EMBED_HEAD else None
         if bucket is not None:
-            bucket[0] += int(t.n_elements)
-            bucket[1] += int(t.n_bytes)
+            bucket[0] += n_elements
+            bucket[1] += n_bytes
     return ModelSize(path, "gguf", os.path.getsize(path), lin[0], lin[1], emb[0], emb[1])
+
+
+# ggml tensor types -> (weights per block, bytes per block) for the float and llama-quantize
+# types; any other comes from the gguf package, whose import costs 0.7 s beside vLLM (it pulls
+# in mistral_common), so the common types do not wait for it.
+_GGML_BLOCKS = {0: (1, 4), 1: (1, 2), 30: (1, 2), 2: (32, 18), 3: (32, 20), 6: (32, 22), 7: (32, 24),
+                8: (32, 34), 10: (256, 84), 11: (256, 110), 12: (256, 144), 13: (256, 176), 14: (256, 210)}
+
+
+def _ggml_block(ggml_type: int) -> tuple[int, int]:
+    if ggml_type in _GGML_BLOCKS:
+        return _GGML_BLOCKS[ggml_type]
+    from gguf.constants import GGML_QUANT_SIZES
+
+    return GGML_QUANT_SIZES[ggml_type]
+
+
+# GGUF metadata value types (by their number) -> fixed byte size; 8 is a string, 9 an array.
+_GGUF_SCALAR = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+
+
+def _gguf_tensors(path: str) -> list[tuple[str, int, int]]:
+    """(name, elements, bytes) of every tensor, from the header alone. The gguf package's
+    reader decodes all metadata into numpy views first (6.6 s for SmolLM2's 49,152-token
+    vocabulary, on every compare); this walks past it: milliseconds."""
+    import mmap
+
+    try:
+        with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+            return _walk_gguf(buf)
+    except (OSError, struct.error, ValueError, KeyError, OverflowError, UnicodeDecodeError) as e:
+        raise UsageError(f"{path}: not a readable GGUF file ({type(e).__name__}: {e})") from e
+
+
+def _walk_gguf(buf) -> list[tuple[str, int, int]]:
+    """The header's key/value section skipped by its lengths, then its tensor infos read."""
+    pos = 0
+
+    def take(fmt: str):
+        nonlocal pos
+        got = struct.unpack_from(fmt, buf, pos)
+        pos += struct.calcsize(fmt)
+        return got
+
+    def skip_string() -> None:
+        nonlocal pos
+        pos += 8 + take("<Q")[0]
+
+    def skip_value(kind: int) -> None:
+        nonlocal pos
+        if kind in _GGUF_SCALAR:
+            pos += _GGUF_SCALAR[kind]
+        elif kind == 8:
+            skip_string()
+        elif kind == 9:
+            elem, count = take("<IQ")
+            if elem in _GGUF_SCALAR:
+                pos += count * _GGUF_SCALAR[elem]
+            else:
+                for _ in range(count):
+                    skip_value(elem)
+        else:
+            raise ValueError(f"metadata value type {kind} at byte {pos}")
+
+    magic, ver, n_tensors, n_kv = take("<4sIQQ")
+    if magic != b"GGUF" or ver < 2:
+        raise ValueError(f"magic {magic!r}, version {ver}")
+    for _ in range(n_kv):
+        skip_string()
+        skip_value(take("<I")[0])
+    tensors = []
+    for _ in range(n_tensors):
+        n = take("<Q")[0]
+        name = bytes(buf[pos:pos + n]).decode("utf-8")
+        pos += n
+        dims = take(f"<{take('<I')[0]}Q")
+        ggml_type = take("<IQ")[0]
+        n_elements = _count(dims)
+        block, type_bytes = _ggml_block(ggml_type)
+        tensors.append((name, n_elements, n_elements // block * type_bytes))
+    return tensors
 
 
 def _safetensors_header(path: str) -> tuple[dict, int]:

@@ -64,3 +64,29 @@ def test_what_is_not_a_model(tmp_path):
     (tmp_path / "model.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00not json at all!")
     with pytest.raises(UsageError, match="model.safetensors: not a safetensors file"):
         model_size(str(tmp_path))
+
+
+def test_gguf_tensor_table_matches_the_gguf_packages_reader(q4_1_gguf, tmp_path):
+    """The header walk against gguf's own (slow, full) reader: same tensors, elements, bytes."""
+    import gguf
+
+    from kldtool.sizes import _gguf_tensors
+
+    ref = [(t.name, int(t.n_elements), int(t.n_bytes)) for t in gguf.GGUFReader(str(q4_1_gguf), "r").tensors]
+    assert _gguf_tensors(str(q4_1_gguf)) == ref
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(q4_1_gguf.read_bytes()[:1 << 20])  # inside the vocabulary's strings
+    from kldtool.errors import UsageError
+
+    with pytest.raises(UsageError, match="cut.gguf: not a readable GGUF"):
+        _gguf_tensors(str(cut))
+
+
+def test_ggml_block_table_matches_the_gguf_package():
+    from gguf.constants import GGML_QUANT_SIZES
+
+    from kldtool.sizes import _GGML_BLOCKS, _ggml_block
+
+    for t, blocks in _GGML_BLOCKS.items():
+        assert blocks == GGML_QUANT_SIZES[t], t
+    assert _ggml_block(23) == GGML_QUANT_SIZES[23]  # IQ4_XS: not in the table, from gguf

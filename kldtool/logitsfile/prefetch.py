@@ -36,9 +36,10 @@ def iter_chunks(reader, indices: Iterable[int], ahead: int = 4, threads: int = 2
 def prefetch_plan(chunk_nbytes: int, cpus: int | None = None, budget: int = 2 << 30) -> tuple[int, int]:
     """(chunks ahead, threads): a GPU scores rows faster than one core decodes them (an 8B
     model on an H100 wants ~4 GB/s of rows), so half the cores decode, with up to two chunks
-    each in flight, as long as those fit ``budget`` bytes; never fewer than 4 ahead, 2 threads."""
+    each in flight, as long as those fit ``budget`` bytes. Long windows make big chunks (16k
+    tokens of a 49k vocabulary: 1.5 GiB of rows): then fewer are in flight, down to one."""
     threads = max(2, min(8, (cpus or os.cpu_count() or 2) // 2))
-    ahead = max(4, min(2 * threads, budget // max(chunk_nbytes, 1)))
+    ahead = max(1, min(2 * threads, budget // max(chunk_nbytes, 1)))
     return ahead, min(threads, ahead)
 
 

@@ -1,0 +1,31 @@
+"""Every reducer against the same float64 references. On the CPU the default is the compiled
+numba loop (reduce_cpu.py); here the reference suites run again in a fresh process with
+KLDTOOL_REDUCER forcing each other one: the torch ops (what a GPU without Triton runs), and the
+one-pass Triton kernel (the CUDA default) executed by Triton's CPU interpreter. A fresh process
+because TRITON_INTERPRET only takes effect if set before triton is first imported."""
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+VARIANTS = {
+    "torch": ({"KLDTOOL_REDUCER": "torch"}, ["test_stats_reference.py", "test_extra_metrics.py"], 14),
+    # the kernel computes llama.cpp's records; the extra metrics come from the torch ops
+    "triton": ({"KLDTOOL_REDUCER": "triton", "TRITON_INTERPRET": "1"}, ["test_stats_reference.py"], 8),
+}
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+def test_reference_suites_through(name):
+    env, files, least = VARIANTS[name]
+    p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", "not percentile",
+                        *(str(HERE / f) for f in files)], env=os.environ | env, capture_output=True, text=True,
+                       cwd=HERE.parent, timeout=900)
+    assert p.returncode == 0, p.stdout[-4000:]
+    passed = re.search(r"(\d+) passed", p.stdout)
+    assert passed and int(passed.group(1)) >= least and "skipped" not in p.stdout, p.stdout[-2000:]
