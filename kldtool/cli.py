@@ -235,7 +235,7 @@ def compare(
     threads: Optional[int] = ThreadsOpt,
     batch: int = BatchOpt,
     json_out: Optional[str] = typer.Option(None, "--json", help="Write every statistic and the run's metadata here."),
-    force: bool = typer.Option(False, "--force", help="Compare even when the tokenizer or BOS policy differ (noted in every output)."),
+    force: bool = typer.Option(False, "--force", help="Compare even when the tokenizer or BOS policy differ, or the chunks exceed the model's trained context (noted in every output)."),
     chunks: Optional[int] = typer.Option(None, "--chunks", help="Use only the base file's first N chunks."),
     chunk_range: Optional[str] = typer.Option(None, "--chunk-range", help="Use chunks A:B only (0-based, end excluded: "
                                                                           "printed as A+1..B); for shards, see `merge`."),

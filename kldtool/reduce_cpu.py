@@ -1,12 +1,12 @@
 """The reducer as one compiled loop per row, for logits on the CPU (numba).
 
 The torch reducer makes some thirty passes over (rows, vocab) float32 temporaries per block of
-rows; on 2 cores that cost 1.0 s per 256-row chunk of SmolLM2's 49,152 vocabulary, several
-times llama-perplexity's own KLD loop. Here a row is streamed three times while it sits in
-cache (max, exp-sum, then every record at once) and rows run in parallel on numba's threads.
+rows; on 2 cores that cost 0.5 to 1.7 s per 255-row chunk of real SmolLM2 rows (49,152
+vocabulary). Here a row is streamed three times while it sits in cache (max, exp-sum, then
+every record at once) and rows run in parallel on numba's threads: 0.23 s.
 
-Same arithmetic as the torch reducer (reduce.py), so both meet the same float64 references:
-float32 terms, float64 sums, first-index argmax, top-k ties broken towards the lower id.
+The torch reducer's formulas (reduce.py), so both meet the same float64 references: float32
+terms, float64 sums, first-index argmax, top-k ties broken towards the lower id.
 Compiled on first use and cached on disk (numba's ``cache=True``): the first run on a machine
 pays a few seconds once.
 """
@@ -18,7 +18,7 @@ from numba import njit, prange
 
 from kldtool.codec import HEADER_SLOTS
 
-TOP_N = 10  # the largest k of reduce.TOP_K
+TOP_N = 10  # reduce.TOP_K is (5, TOP_N): _reduce's overlaps
 _ONE, _TWO = np.float32(1.0), np.float32(2.0)
 _HALF_LN2 = np.float32(np.log(2.0) / 2)
 _CUT = 0.5  # |d| below which e^d - 1 comes from its own series

@@ -186,6 +186,18 @@ def test_chunks_longer_than_the_model_context(tmp_path, q4_1_gguf):
     one_line_error(fail("base", "-m", q4_1_gguf, "-f", WIKI, "-c", 16384, "--kl-divergence-base", out),
                    errors.ContextTooLong, "--ctx-size 16384", "8192")
     assert not out.exists()
+    # --force lets compare past the trained context as it does base and ppl, and says so
+    from kldtool.engines.llamacpp import LlamaCppEngine
+    from kldtool.logitsfile import open_base_file
+    from kldtool.pipeline.compare import check_compatible
+
+    engine, reader = LlamaCppEngine(str(q4_1_gguf)), open_base_file(f)
+    try:
+        warnings = check_compatible(engine, reader, force=True)
+    finally:
+        engine.close()
+        reader.close()
+    assert [w for w in warnings if "16384 tokens exceed the model's context of 8192" in w and w.startswith("FORCED")]
 
 
 # ---- text ----------------------------------------------------------------------------------

@@ -31,10 +31,14 @@ def check_compatible(engine: Engine, reader, force: bool) -> list[str]:
     h, meta, where = reader.header, reader.metadata, reader.path
     if engine.n_vocab != h.n_vocab:
         raise VocabMismatch(f"{where}: base file has a vocabulary of {h.n_vocab}, the model {engine.n_vocab}")
+    warnings = []
     n_train = engine.n_ctx_train
     if n_train and h.n_ctx > n_train:
-        raise ContextTooLong(f"{where}: chunks of {h.n_ctx} tokens exceed the model's context of {n_train}")
-    warnings = []
+        # as base and ppl: --force runs past the trained context (a memory or speed test)
+        msg = f"{where}: chunks of {h.n_ctx} tokens exceed the model's context of {n_train}"
+        if not force:
+            raise ContextTooLong(msg + "; --force compares anyway")
+        warnings.append("FORCED: " + msg)
     stored = meta.get("tokenizer_identity")
     if stored is not None and stored != engine.tokenizer_identity():
         msg = (f"{where}: tokenizer differs from the base model's (identity {stored[:19]}... vs "
