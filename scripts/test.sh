@@ -3,6 +3,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-# llm-compressor, in its own environment, builds the quantized checkpoints the vLLM tests load.
-bash scripts/quant/setup.sh
+# The quantized checkpoints the vLLM tests load are built once per machine and cached; their
+# llm-compressor environment (scripts/quant/setup.sh) is set up by the tests only when one is missing.
 exec .venv/bin/python -m pytest "$@"

@@ -87,7 +87,7 @@ def test_grid_codec_numpy_and_torch_agree():
 @pytest.mark.parametrize("codec, bound", [("grid", 1e-6), ("llamacpp", None)])
 def test_bf16_logits_kld_floor(codec, bound):
     """A model against its own base rows: the grid codec is unbiased on bf16 logits; llama.cpp's
-    range/65535 step decodes them systematically low (documented in codec.py)."""
+    range/65535 step decodes them systematically low (documented in codec/rows.py)."""
     from kldtool.reduce import reduce_rows
 
     x = _bf16_rows()

@@ -1,5 +1,5 @@
 """Every reducer against the same float64 references. On the CPU the default is the compiled
-numba loop (reduce_cpu.py); here the reference suites run again in a fresh process with
+numba loop (reduce/numba_cpu.py); here the reference suites run again in a fresh process with
 KLDTOOL_REDUCER forcing each other one: the torch ops (what a GPU without Triton runs), and the
 one-pass Triton kernel (the CUDA default) executed by Triton's CPU interpreter. A fresh process
 because TRITON_INTERPRET only takes effect if set before triton is first imported."""

@@ -56,7 +56,7 @@ def test_the_reducer_under_test():
     kind = os.environ.get("KLDTOOL_REDUCER", "numba")
     assert reducer_for(torch.device("cpu")) == kind
     if kind == "triton":
-        from kldtool import reduce_triton
+        from kldtool.reduce import triton_kernel as reduce_triton
 
         assert type(reduce_triton._reduce_kernel).__name__ == "InterpretedFunction"
 

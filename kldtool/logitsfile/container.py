@@ -7,7 +7,7 @@ Layout (little-endian)::
     12  u32 n_ctx | u32 n_vocab | u32 n_chunk
     24  u32 transform        0: zstd of the rows' bytes; 1: zstd of (row heads, non-zero mask,
                              high bytes, low bytes of the non-zero codes); 2: zstd of top-K
-                             records (topk.py), K in the metadata's "keep"
+                             records (codec/topk.py), K in the metadata's "keep"
     28  u32 n_stream         version 2: tokens in the stream (version 1: 0, n_ctx * n_chunk)
     32  int32 tokens[n_ctx * n_chunk, or n_stream]
         version 2: i64 (start, length, first, n_scored) per window
@@ -36,7 +36,7 @@ from kldtool.errors import CorruptData, IncompleteFile, MetadataError, NotABaseF
 from kldtool.logitsfile.header import BaseHeader
 from kldtool.logitsfile.reader_base import BaseFileReader, Frame
 from kldtool.logitsfile.writer_base import ResumableWriter
-from kldtool.topk import MIN_KEEP
+from kldtool.codec.topk import MIN_KEEP
 
 MAGIC = b"KLDTOOL\x00"
 END_MAGIC = b"KLDDONE\x00"

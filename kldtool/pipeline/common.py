@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import datetime
-import json
 import platform
 import sys
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
 from kldtool import __version__
-from kldtool.logitsfile.atomic import AtomicFile
 
 
 @dataclass
@@ -56,26 +54,3 @@ def run_metadata(command: str) -> dict:
         "python": platform.python_version(),
         "host": platform.node(),
     }
-
-
-def write_text(path: str, text: str) -> None:
-    f = AtomicFile(path)
-    f.write(text.encode("utf-8"))
-    f.commit()
-
-
-def read_json(path: str, where: str) -> object:
-    """A JSON file's content; a one-line UsageError naming ``where`` when it cannot be."""
-    from kldtool.errors import UsageError
-
-    try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
-    except OSError as e:
-        raise UsageError(f"{where}: cannot read ({e.strerror})") from None
-    except ValueError as e:
-        raise UsageError(f"{where}: not JSON ({e})") from None
-
-
-def write_json(path: str, payload: dict) -> None:
-    write_text(path, json.dumps(payload, indent=2, sort_keys=False, allow_nan=True) + "\n")

@@ -13,9 +13,10 @@ from dataclasses import dataclass
 
 from kldtool.engines.base import Engine
 from kldtool.errors import ContextTooLong, TokenizerMismatch, UsageError, VocabMismatch
+from kldtool.identity import base_identity, model_identity
 from kldtool.logitsfile.prefetch import PrefetchedChunks
-from kldtool.pipeline.common import Sinks, groups, run_metadata, whole_batches, write_json
-from kldtool.pipeline.state import RunState, base_identity, check_fits, load_state, model_identity, save_state
+from kldtool.pipeline.common import Sinks, groups, run_metadata, whole_batches
+from kldtool.pipeline.state import RunState, check_fits, load_state, save_state
 from kldtool.protocols import Window, llamacpp_windows, parse_lengths, windows_from_table
 from kldtool.report.console import TABLE_HEADER, chunk_line, extra_block, final_blocks
 from kldtool.report.per_token import PerTokenWriter
@@ -24,6 +25,7 @@ from kldtool.stats import KldAccumulator, summarize
 from kldtool.stats.bootstrap import Bootstrap
 from kldtool.stats.report import statistics
 from kldtool.stats.summary import MIN_TOKENS_FOR_STATS
+from kldtool.textio import write_json
 
 
 def check_compatible(engine: Engine, reader, force: bool) -> list[str]:

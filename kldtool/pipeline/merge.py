@@ -8,12 +8,14 @@ a single run's: it is the same arithmetic, and every printed line matches.
 from __future__ import annotations
 
 from kldtool.errors import StateError
-from kldtool.pipeline.common import Sinks, run_metadata, write_json
+from kldtool.identity import model_identity
+from kldtool.pipeline.common import Sinks, run_metadata
 from kldtool.pipeline.compare import final_report, replay
-from kldtool.pipeline.state import load_state, model_identity
+from kldtool.pipeline.state import load_state
 from kldtool.report.console import TABLE_HEADER
 from kldtool.stats import KldAccumulator
 from kldtool.stats.bootstrap import Bootstrap
+from kldtool.textio import write_json
 
 
 def run_merge(paths: list[str], json_path: str | None = None, sinks: Sinks | None = None,

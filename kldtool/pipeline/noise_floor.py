@@ -6,9 +6,10 @@ quant can be told apart from, so ``compare --noise-floor`` reports a quant as a 
 from __future__ import annotations
 
 from kldtool.errors import UsageError
-from kldtool.pipeline.common import Sinks, read_json, write_json
+from kldtool.identity import base_identity
+from kldtool.pipeline.common import Sinks
 from kldtool.pipeline.compare import run_compare
-from kldtool.pipeline.state import base_identity
+from kldtool.textio import read_json, write_json
 
 MODEL_KEYS = ("engine", "dtype", "device")
 KIND = "noise-floor"

@@ -7,45 +7,20 @@ Stored as an ``.npz`` (no pickles): ``meta`` (UTF-8 JSON) plus the accumulator's
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
-import os
 import zipfile
 from dataclasses import dataclass
 
 import numpy as np
 
-from kldtool.codec import DEFAULT_CLAMP
 from kldtool.errors import StateError
+from kldtool.identity import model_identity
 from kldtool.logitsfile.atomic import AtomicFile
 from kldtool.stats import KldAccumulator
 
 KIND = "kldtool-compare-state"
 VERSION = 2  # 2: the extra metrics' sums and the base top-1 probabilities
-
-
-def base_identity(reader) -> dict:
-    """What makes two base files interchangeable: the header and the tokens (not the path or
-    the format: a converted copy holds the same codes)."""
-    h = reader.header
-    out = {"n_ctx": h.n_ctx, "n_vocab": h.n_vocab, "n_chunk": h.n_chunk,
-           "tokens_sha256": hashlib.sha256(np.ascontiguousarray(reader.tokens, "<i4").tobytes()).hexdigest()}
-    if h.keep:  # a top-K file of the same run gives other (lower-bound) KLDs
-        out["keep"] = h.keep
-    if h.clamp != DEFAULT_CLAMP:  # a wider window counts more entries
-        out["clamp"] = h.clamp
-    if h.windows is not None:  # one stream can be cut into windows in many ways
-        out["windows_sha256"] = hashlib.sha256(np.array(h.windows, dtype="<i8").tobytes()).hexdigest()
-    return out
-
-
-def model_identity(described: dict, full_path: bool = True) -> dict:
-    """The parts of an engine's description that change the numbers. Shards may come from
-    machines with other paths, so merging compares only the model's file or directory name."""
-    model = str(described.get("model"))
-    return {"engine": described.get("engine"), "dtype": described.get("dtype"),
-            "model": model if full_path else os.path.basename(model.rstrip("/"))}
 
 
 @dataclass

@@ -14,10 +14,10 @@ from kldtool.codec import DEFAULT_CLAMP, Coding
 from kldtool.corpus import Corpus
 from kldtool.engines.base import Engine
 from kldtool.errors import UsageError
+from kldtool.identity import model_identity
 from kldtool.logitsfile import BaseHeader, create_writer
 from kldtool.pipeline.common import Sinks, groups, run_metadata, whole_batches
 from kldtool.pipeline.plan import Plan, make_plan
-from kldtool.pipeline.state import model_identity
 from kldtool.protocols import Protocol, window_table
 from kldtool.report.console import final_estimate, ppl_progress
 from kldtool.stats import PplAccumulator
@@ -25,7 +25,7 @@ from kldtool.stats import PplAccumulator
 
 def default_codec(fmt: str) -> str:
     """llama.cpp's own rounding for its raw layout (byte-identical files); the exact-for-bf16
-    power-of-two grid for kldtool's container (see codec.py)."""
+    power-of-two grid for kldtool's container (see codec/rows.py)."""
     return "llamacpp" if fmt == "llamacpp" else "grid"
 
 

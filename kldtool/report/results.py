@@ -12,13 +12,13 @@ import os
 from dataclasses import dataclass
 
 from kldtool.errors import UsageError
-from kldtool.pipeline.common import read_json
-from kldtool.pipeline.state import model_identity
+from kldtool.identity import model_identity
 from kldtool.report.per_token import accumulate, read_per_token
 from kldtool.sizes import model_size_dict
 from kldtool.stats.bootstrap import Bootstrap
 from kldtool.stats.report import statistics
 from kldtool.stats.summary import MIN_TOKENS_FOR_STATS
+from kldtool.textio import read_json
 
 
 @dataclass

@@ -3,7 +3,7 @@ the exact probability mass of all the others, ~V / 3K times smaller than a full 
 
 A record is K-independent of the vocabulary size, in uint16 slots::
 
-    0  float32 scale | 2 float32 min_log_prob    the full row's code parameters (codec.py)
+    0  float32 scale | 2 float32 min_log_prob    the full row's code parameters (rows.py)
     4  float32 rest                              Σ p over the entries not kept (float64 sum)
     6  uint16 target code | 7 pad
     8  uint32 ids[K]                             most probable first, equal codes lowest id first
@@ -16,7 +16,9 @@ PPL and Δp stay exact.
 
 from __future__ import annotations
 
-from kldtool.codec import HEADER_SLOTS, Coding, encode_torch
+from kldtool.codec.keys import order_keys
+from kldtool.codec.rows import HEADER_SLOTS, Coding, encode_torch
+from kldtool.errors import UsageError
 
 HEAD = 8
 MIN_KEEP = 10  # top-10 agreement needs the base's ten first
@@ -29,8 +31,6 @@ def topk_width(k: int) -> int:
 def encode_topk_torch(logits, targets, coding: Coding):
     """(int16 records (R, topk_width(coding.keep)) on the logits' device, M = max + lse per row)."""
     import torch
-
-    from kldtool.reduce import order_keys
 
     k = coding.keep
     logits = logits.to(torch.float32)
@@ -61,8 +61,6 @@ def keep_of(spec: str | None) -> int | None:
     """``--keep top-K`` (or ``K``) -> K; None keeps the full rows."""
     if spec is None or spec in ("all", "full"):
         return None
-    from kldtool.errors import UsageError
-
     text = spec[4:] if spec.startswith("top-") else spec
     if not text.isdigit() or int(text) < MIN_KEEP:
         raise UsageError(f"--keep {spec}: expected top-K with K >= {MIN_KEEP} (e.g. top-256), or all")

@@ -5,7 +5,7 @@ rows; on 2 cores that cost 0.5 to 1.7 s per 255-row chunk of real SmolLM2 rows (
 vocabulary). Here a row is streamed three times while it sits in cache (max, exp-sum, then
 every record at once) and rows run in parallel on numba's threads: 0.23 s.
 
-The torch reducer's formulas (reduce.py), so both meet the same float64 references: float32
+The torch reducer's formulas (torch_ops.py, rowmath.py), so both meet the same float64 references: float32
 terms, float64 sums, first-index argmax, top-k ties broken towards the lower id.
 Compiled on first use and cached on disk (numba's ``cache=True``): the first run on a machine
 pays a few seconds once.
@@ -16,9 +16,9 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from kldtool.codec import HEADER_SLOTS
+from kldtool.codec.rows import HEADER_SLOTS
 
-TOP_N = 10  # reduce.TOP_K is (5, TOP_N): _reduce's overlaps
+TOP_N = 10  # rowmath.TOP_K is (5, TOP_N): _reduce's overlaps
 _ONE, _TWO = np.float32(1.0), np.float32(2.0)
 _HALF_LN2 = np.float32(np.log(2.0) / 2)
 _CUT = 0.5  # |d| below which e^d - 1 comes from its own series

@@ -187,39 +187,6 @@ def encode_torch(logits, codec: str = "llamacpp", clamp: float = DEFAULT_CLAMP):
     return torch.cat([head, q, pad], dim=1), mx + lse
 
 
-def encode_base_rows(logits, targets, coding: Coding) -> tuple[np.ndarray, np.ndarray]:
-    """Base mode for one window on any device: (uint16 host rows, float32 NLL of each target),
-    the NLL as llama.cpp's phase 1 computes it, ``(max + lse) - logit[target]``. With
-    ``coding.keep`` the rows are top-K records (topk.py), made on the device."""
-    import torch
-
-    logits = logits.to(torch.float32)
-    if coding.keep:
-        from kldtool.topk import encode_topk_torch
-
-        rows, norm = encode_topk_torch(logits, targets, coding)
-    else:
-        rows, norm = encode_torch(logits, coding.codec, coding.clamp)
-    return rows_to_numpy(rows), _nll(logits, norm, targets)
-
-
-def target_nll(logits, targets) -> np.ndarray:
-    """Score mode: float32 NLL of each target over the full vocabulary, by the same arithmetic
-    as :func:`encode_base_rows` (so ``kldtool ppl`` prints what ``kldtool base`` prints)."""
-    import torch
-
-    logits = logits.to(torch.float32)
-    mx, _, lse = normalizer_torch(logits, exact=True)
-    return _nll(logits, mx + lse, targets)
-
-
-def _nll(logits, norm, targets) -> np.ndarray:
-    import torch
-
-    target = torch.as_tensor(targets, dtype=torch.int64, device=logits.device)[:, None]
-    return (norm - logits.gather(1, target)[:, 0]).cpu().numpy()
-
-
 def decode_torch(rows, n_vocab: int):
     """Decode int16 (or uint16-bit) rows on any device to float32 log-probs."""
     import torch

@@ -11,20 +11,19 @@ ranks whose log-probs are known. docs/metrics.md has the measured accuracy.
 
 from __future__ import annotations
 
-from kldtool.reduce import ROW_BLOCK, TokenRecords, _records, jsd_terms, top_overlaps
-from kldtool.topk import split_records
+from kldtool.codec.rows import normalizer_torch
+from kldtool.codec.topk import split_records
+from kldtool.reduce.records import TokenRecords, to_records
+from kldtool.reduce.rowmath import jsd_terms, row_blocks, top_overlaps
 
 
 def reduce_topk_rows(logits, records, targets, k: int, floor: float) -> TokenRecords:
     import torch
 
-    records = records.to(logits.device)
-    targets = torch.as_tensor(targets, dtype=torch.int64, device=logits.device)
-    out = [_block(logits[a:a + ROW_BLOCK], records[a:a + ROW_BLOCK], targets[a:a + ROW_BLOCK], k, floor)
-           for a in range(0, logits.shape[0], ROW_BLOCK)]
+    out = [_block(lg, rec, t, k, floor) for lg, rec, t in row_blocks(logits, records, targets)]
     if not out:
         return TokenRecords.empty(0)
-    return _records([torch.cat([o[i] for o in out]).cpu().numpy() for i in range(len(out[0]))])
+    return to_records([torch.cat([o[i] for o in out]).cpu().numpy() for i in range(len(out[0]))])
 
 
 def _bucket(a, b):
@@ -36,8 +35,6 @@ def _bucket(a, b):
 
 def _block(logits, records, targets, k, floor):
     import torch
-
-    from kldtool.codec import normalizer_torch
 
     logits = logits.to(torch.float32)
     mx, imax, lse = normalizer_torch(logits)

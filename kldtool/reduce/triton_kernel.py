@@ -1,6 +1,6 @@
 """The reducer as one Triton kernel, for CUDA devices.
 
-The torch reducer (``reduce.py``) launches a dozen elementwise kernels per block of rows, each
+The torch reducer (``torch_ops.py``) launches a dozen elementwise kernels per block of rows, each
 reading and writing a (rows, vocab) float32 temporary: on an H100 that is memory traffic many
 times the size of the inputs. Here each program owns one row and streams it once: compared
 logits and base codes are each read a single time, in tiles, and everything else stays in
@@ -21,7 +21,9 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from kldtool.codec import HEADER_SLOTS
+from kldtool.codec.rows import HEADER_SLOTS
+from kldtool.reduce.records import TokenRecords, to_records
+from kldtool.reduce.rowmath import extras_only, row_blocks
 
 TILE = 512
 NUM_WARPS = 4
@@ -110,7 +112,7 @@ def _reduce_kernel(logits_ptr, logits_stride, codes_ptr, codes_stride, head_ptr,
 
 def reduce_rows_triton(logits, base_rows, targets, floor: float, tile: int = TILE, num_warps: int = NUM_WARPS,
                        stages: int = STAGES):
-    """Same contract as ``reduce.reduce_rows`` for int16 ``base_rows`` on the logits' device;
+    """The kernel alone, the contract of ``reduce.reduce_rows`` for int16 ``base_rows`` on the logits' device;
     returns the (5, rows) float64 record table (nll, nll_base, kld, dp, same_top) on it."""
     import torch
 
@@ -126,3 +128,14 @@ def reduce_rows_triton(logits, base_rows, targets, floor: float, tile: int = TIL
         _reduce_kernel[(n_rows,)](logits, logits.stride(0), codes, codes.stride(0), head, targets, out,
                                   n_rows, n_vocab, floor, TILE=tile, STAGES=stages, num_warps=num_warps)
     return out
+
+
+def triton_records(logits, base_rows, targets, floor: float) -> TokenRecords:
+    """llama.cpp's five records from the kernel, the extras from the torch row math."""
+    import torch
+
+    base_rows = base_rows.to(logits.device)
+    core = reduce_rows_triton(logits, base_rows, targets, floor).cpu().numpy()
+    n_vocab = logits.shape[1]
+    extra = [extras_only(lg, rows, n_vocab, floor) for lg, rows, _ in row_blocks(logits, base_rows, targets)]
+    return to_records(list(core) + [torch.cat([e[k] for e in extra]).cpu().numpy() for k in range(5)])

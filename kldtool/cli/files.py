@@ -1,0 +1,100 @@
+"""Commands on files, no model run: ``info`` (a base file's header, metadata and sizes),
+``convert`` (llama.cpp's raw layout <-> kldtool's container) and ``quantize`` (GGUF quants for
+sweeps)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Optional
+
+import typer
+
+from kldtool.cli.app import app
+from kldtool.cli.options import ENGINE
+from kldtool.errors import UsageError
+
+
+@app.command()
+def quantize(
+    src: str = typer.Argument(..., help="GGUF to quantize (F16/F32, or a quant: requantized)."),
+    dst: str = typer.Argument(..., help="GGUF to write (atomically)."),
+    type_name: str = typer.Argument(..., metavar="TYPE", help="llama.cpp type: Q8_0, Q6_K, Q4_K_M, Q2_K ..."),
+    threads: Optional[int] = ENGINE["threads"][1],
+):
+    """llama-quantize through llama-cpp-python, for sweeps."""
+    from kldtool.gguf_tools import quantize as run_quantize
+    from kldtool.sizes import model_size
+
+    if not os.path.isfile(src):
+        raise UsageError(f"{src}: no such GGUF file")
+    run_quantize(src, dst, type_name, threads)
+    size = model_size(dst)
+    print(f"{src} -> {dst} ({type_name}, {size.file_bytes / 2**20:.1f} MiB, {size.bpw_linear:.3f} bpw)", file=sys.stderr)
+
+
+@app.command()
+def info(
+    path: str = typer.Argument(..., help="A base file of either format."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of text."),
+):
+    """Show a base file's header, metadata, sizes and completeness."""
+    from kldtool.codec import row_width
+    from kldtool.logitsfile import open_base_file
+
+    reader = open_base_file(path)
+    try:
+        h = reader.header
+        raw_size = 20 + 4 * h.n_tokens + h.scored_tokens * row_width(h.n_vocab) * 2
+        data = {
+            "path": path, "format": reader.format_name, "complete": True,
+            "protocol": reader.metadata.get("protocol", {}).get("name", "llamacpp"),
+            "n_ctx": h.n_ctx, "n_vocab": h.n_vocab, "n_chunk": h.n_chunk, "keep": h.keep or "all",
+            "clamp_nats": h.clamp,
+            "rows_per_chunk": h.rows_per_chunk, "scored_tokens": h.scored_tokens,
+            "file_bytes": reader.file_size, "raw_equivalent_bytes": raw_size,
+            "ratio_to_raw": round(reader.file_size / raw_size, 4),
+            "metadata": reader.metadata,
+        }
+    finally:
+        reader.close()
+    if as_json:
+        print(json.dumps(data, indent=2))
+        return
+    for k, v in data.items():
+        if k != "metadata":
+            print(f"{k:22s}: {v}")
+    print("metadata              :")
+    print(json.dumps(data["metadata"], indent=2))
+
+
+@app.command()
+def convert(
+    src: str = typer.Argument(..., help="Base file to read."),
+    dst: str = typer.Argument(..., help="Base file to write."),
+    to: Optional[str] = typer.Option(None, "--to", help="kldtool or llamacpp (default: the other format)."),
+):
+    """Convert a base file between llama.cpp's raw layout and the kldtool container (lossless)."""
+    from kldtool.logitsfile import FORMATS, create_writer, iter_chunks, open_base_file
+
+    reader = open_base_file(src)
+    try:
+        target = to or ("llamacpp" if reader.format_name == "kldtool" else "kldtool")
+        if target not in FORMATS:
+            raise UsageError(f"--to {target!r}: expected one of {', '.join(FORMATS)}")
+        if os.path.abspath(src) == os.path.abspath(dst):
+            raise UsageError(f"{dst}: is the input file; choose another output path")
+        meta = dict(reader.metadata)
+        meta.setdefault("converted_from", {"path": src, "format": reader.format_name})
+        writer = create_writer(dst, target, reader.header, reader.tokens, meta)
+        try:
+            for _, rows in iter_chunks(reader, range(reader.header.n_chunk)):
+                writer.write_chunk(rows)
+            writer.finish()
+        except BaseException:
+            writer.abort()
+            raise
+    finally:
+        reader.close()
+    print(f"{src} ({reader.format_name}) -> {dst} ({target})", file=sys.stderr)

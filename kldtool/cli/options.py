@@ -1,0 +1,130 @@
+"""Flags that several commands share, defined once: each group is added to a command by
+``@flags(name=GROUP)`` and reaches it as one namespace, which the builders here turn into an
+engine, a protocol, a corpus or a bootstrap with the same checks for every command."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from types import SimpleNamespace
+from typing import Optional
+
+import typer
+
+from kldtool.errors import UsageError
+
+MODEL_HELP = "Model: a .gguf file (llamacpp) or a transformers directory. Default: the built-in SmolLM2-135M."
+ModelOpt = typer.Option(None, "-m", "--model", help=MODEL_HELP)
+
+# name: (type, option); the names are the builders' keywords.
+ENGINE = {
+    "engine": (Optional[str], typer.Option(None, "--engine", help="transformers, llamacpp, vllm or python "
+                                                                  "(default: from the model path; .gguf -> llamacpp).")),
+    "dtype": (Optional[str], typer.Option(None, "--dtype", help="transformers: float32 (default), bfloat16 or float16.")),
+    "device": (Optional[str], typer.Option(None, "--device", help="transformers: cpu (default), cuda, cuda:N.")),
+    "threads": (Optional[int], typer.Option(None, "-t", "--threads", help="CPU threads (default: all cores).")),
+    "batch": (int, typer.Option(2048, "-b", "--batch-size", help="Tokens per engine call; chunks are batched as "
+                                                                 "llama-perplexity's n_seq = batch / ctx.")),
+    "tensor_parallel_size": (Optional[int], typer.Option(None, "--tensor-parallel-size",
+                                                         help="vLLM: tensor-parallel ranks.")),
+    "gpu_memory_utilization": (Optional[float], typer.Option(None, "--gpu-memory-utilization",
+                                                             help="vLLM: memory share it may reserve (CPU default 0.3).")),
+    "max_model_len": (Optional[int], typer.Option(None, "--max-model-len",
+                                                  help="vLLM: context length (default: the window + 1).")),
+    "quantization": (Optional[str], typer.Option(None, "--quantization",
+                                                 help="vLLM: quantization method (default: from the checkpoint).")),
+    "kv_cache_dtype": (Optional[str], typer.Option(None, "--kv-cache-dtype", help="vLLM: KV-cache dtype.")),
+    "enforce_eager": (bool, typer.Option(False, "--enforce-eager", help="vLLM: no CUDA graphs / compilation.")),
+    "trust_remote_code": (bool, typer.Option(False, "--trust-remote-code", help="vLLM: allow the model's own code.")),
+    "vllm_arg": (Optional[list[str]], typer.Option(None, "--vllm-arg", help="vLLM: any other LLM(...) argument, "
+                                                                            "KEY=VALUE (repeatable).")),
+}
+VLLM_KEYS = ("tensor_parallel_size", "gpu_memory_utilization", "max_model_len", "quantization", "kv_cache_dtype",
+             "enforce_eager", "trust_remote_code")
+
+CORPUS = {
+    "file": (Optional[str], typer.Option(None, "-f", "--file", help="Corpus (default: Python's built-in pydoc topics).")),
+    "corpus_format": (str, typer.Option("auto", "--corpus-format", help="text, lines (a document per line), jsonl, dir, "
+                                                                        "tokens (token strings) or ids (default: from -f).")),
+    "text_field": (str, typer.Option("text", "--text-field", help="jsonl: the field that holds a document's text.")),
+}
+
+SCORING = {
+    "protocol": (str, typer.Option("llamacpp", "--protocol", help="llamacpp (chunks of -c, second half scored), exl3 "
+                                                                  "(windows of -c every --stride, all positions), stride "
+                                                                  "(Hugging Face's: each token once) or documents (--lengths).")),
+    "ctx_size": (Optional[int], typer.Option(None, "-c", "--ctx-size", help="llamacpp chunk / exl3, stride window (512).")),
+    "stride": (Optional[int], typer.Option(None, "--stride", help="exl3/stride: tokens between window starts (default: -c / 4).")),
+    "lengths": (Optional[str], typer.Option(None, "--lengths", help="documents: N,N,... first-N-token lengths "
+                                                                    "(default: whole documents).")),
+    "chunks": (Optional[int], typer.Option(None, "--chunks", help="Use at most this many chunks (windows).")),
+    "force": (bool, typer.Option(False, "--force", help="Run windows longer than the model's trained context.")),
+}
+
+BOOTSTRAP = {
+    "resamples": (int, typer.Option(1000, "--bootstrap", help="Block-bootstrap resamples over chunks for the error "
+                                                              "bars (0: none).")),
+    "seed": (int, typer.Option(0, "--seed", help="Seed of the bootstrap's resampling.")),
+}
+
+
+def flags(**groups: dict):
+    """Add each group's options to the decorated command, which receives a group's values as
+    one namespace in its parameter of the group's name (typer reads the rewritten signature)."""
+    def decorate(func):
+        sig = inspect.signature(func, eval_str=True)
+        params = [p for p in sig.parameters.values() if p.name not in groups]
+        for group in groups.values():
+            params += [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=opt, annotation=tp)
+                       for n, (tp, opt) in group.items()]
+
+        @functools.wraps(func)
+        def command(**kwargs):
+            for name, group in groups.items():
+                kwargs[name] = SimpleNamespace(**{n: kwargs.pop(n) for n in group})
+            return func(**kwargs)
+
+        command.__signature__ = sig.replace(parameters=params)
+        command.__annotations__ = {p.name: p.annotation for p in params}
+        return command
+    return decorate
+
+
+def open_engine(opts: SimpleNamespace, model: str | None, n_ctx: int):
+    """The engine a command's ENGINE flags describe, for windows of ``n_ctx`` tokens."""
+    from kldtool.engines import EngineOptions, make_engine
+    from kldtool.engines.vllm import parse_vllm_args
+
+    if opts.threads is not None and opts.threads < 1:
+        raise UsageError(f"--threads {opts.threads}: must be at least 1")
+    if opts.batch < 1:
+        raise UsageError(f"--batch-size {opts.batch}: must be at least 1")
+    # Only flags the user set reach vLLM (and are refused by the other engines); an unset switch is False.
+    vllm = {k: v for k in VLLM_KEYS if (v := getattr(opts, k)) is not None and v is not False}
+    vllm.update(parse_vllm_args(opts.vllm_arg or []))
+    return make_engine(EngineOptions(opts.engine, model, opts.dtype, opts.device, opts.threads, opts.batch, vllm), n_ctx)
+
+
+def protocol_of(opts: SimpleNamespace):
+    from kldtool.protocols import Protocol
+
+    return Protocol.from_flags(opts.protocol, opts.ctx_size, opts.stride, opts.lengths)
+
+
+def longest(spec) -> int:
+    """The window length engines are built for before the corpus is read (vLLM's max_model_len)."""
+    return max(spec.n_ctx, max(spec.lengths, default=0)) or 8192
+
+
+def corpus_of(opts: SimpleNamespace):
+    from kldtool.corpus import open_corpus
+
+    return open_corpus(opts.file, opts.corpus_format, opts.text_field)
+
+
+def bootstrap_of(opts: SimpleNamespace):
+    from kldtool.stats.bootstrap import Bootstrap
+
+    if opts.resamples < 0:
+        raise UsageError(f"--bootstrap {opts.resamples}: must be 0 (none) or more")
+    return Bootstrap(opts.resamples, opts.seed)

@@ -1,0 +1,54 @@
+"""Commands over finished runs: ``merge`` (compare shards into one run's statistics) and
+``report`` (one table and plots for many quants against one base file)."""
+
+from __future__ import annotations
+
+import sys
+from typing import Optional
+
+import typer
+
+from kldtool.cli.app import app
+from kldtool.cli.options import BOOTSTRAP, bootstrap_of, flags
+
+
+@app.command()
+@flags(boot=BOOTSTRAP)
+def merge(
+    states: list[str] = typer.Argument(..., help="State files of compare shards (compare --chunk-range A:B --state FILE)."),
+    json_out: Optional[str] = typer.Option(None, "--json", help="Write every statistic and the shards' metadata here."),
+    force: bool = typer.Option(False, "--force", help="Merge shards even when their models' names differ."),
+    boot=None,
+):
+    """Combine compare shards into the statistics of one run over all their chunks."""
+    from kldtool.pipeline.merge import run_merge
+
+    run_merge(states, json_path=json_out, force=force, bootstrap=bootstrap_of(boot))
+
+
+@app.command()
+def report(
+    results: list[str] = typer.Argument(..., help="compare/merge --json results and compare --per-token .h5 files "
+                                                  "(those of one model are pooled)."),
+    markdown: Optional[str] = typer.Option(None, "--markdown", help="Write the table as Markdown here."),
+    csv_out: Optional[str] = typer.Option(None, "--csv", help="Write the table as CSV (full precision) here."),
+    plots: Optional[str] = typer.Option(None, "--plots", help="Write PNG plots into this directory."),
+    title: Optional[str] = typer.Option(None, "--title", help="Title of the table and Markdown."),
+    mix: bool = typer.Option(False, "--mix", help="Report results of different base files or protocols together."),
+):
+    """One table (and plots) for many quants compared against one base file, sorted by size."""
+    from kldtool.report import table
+    from kldtool.report.results import load_results
+    from kldtool.textio import write_text
+
+    rows = load_results(results, mix=mix)
+    table.console(rows, title)
+    if markdown:
+        write_text(markdown, table.markdown(rows, title))
+    if csv_out:
+        write_text(csv_out, table.csv_text(rows))
+    if plots:
+        from kldtool.report.plots import write_plots
+
+        for path in write_plots(rows, plots):
+            print(f"report: wrote {path}", file=sys.stderr)

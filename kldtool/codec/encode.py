@@ -1,0 +1,40 @@
+"""The base phase's device-side step: one window's logits -> stored rows (full or top-K) and
+the NLL of each target; and score mode's NLL by the same arithmetic."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from kldtool.codec.rows import Coding, encode_torch, normalizer_torch, rows_to_numpy
+from kldtool.codec.topk import encode_topk_torch
+
+
+def encode_base_rows(logits, targets, coding: Coding) -> tuple[np.ndarray, np.ndarray]:
+    """Base mode for one window on any device: (uint16 host rows, float32 NLL of each target),
+    the NLL as llama.cpp's phase 1 computes it, ``(max + lse) - logit[target]``. With
+    ``coding.keep`` the rows are top-K records (codec/topk.py), made on the device."""
+    import torch
+
+    logits = logits.to(torch.float32)
+    if coding.keep:
+        rows, norm = encode_topk_torch(logits, targets, coding)
+    else:
+        rows, norm = encode_torch(logits, coding.codec, coding.clamp)
+    return rows_to_numpy(rows), _nll(logits, norm, targets)
+
+
+def target_nll(logits, targets) -> np.ndarray:
+    """Score mode: float32 NLL of each target over the full vocabulary, by the same arithmetic
+    as :func:`encode_base_rows` (so ``kldtool ppl`` prints what ``kldtool base`` prints)."""
+    import torch
+
+    logits = logits.to(torch.float32)
+    mx, _, lse = normalizer_torch(logits, exact=True)
+    return _nll(logits, mx + lse, targets)
+
+
+def _nll(logits, norm, targets) -> np.ndarray:
+    import torch
+
+    target = torch.as_tensor(targets, dtype=torch.int64, device=logits.device)[:, None]
+    return (norm - logits.gather(1, target)[:, 0]).cpu().numpy()

@@ -1,0 +1,76 @@
+"""The reducer: compared logits + base rows -> a handful of numbers per scored token.
+
+Entry point: ``reduce_base`` (a base file's rows as its header describes them) and
+``reduce_rows`` (full rows), which pick a backend for the logits' device (``reducer_for``):
+``triton_kernel`` on CUDA, ``numba_cpu`` on the CPU, ``torch_ops`` anywhere; ``topk`` for
+compact rows. Every backend returns ``TokenRecords`` (``records``); only those leave the device.
+
+The arithmetic follows llama-perplexity's ``log_softmax`` (FORMAT.md §5): float32 terms,
+float64 sums, KLD over the base entries whose decoded log-prob exceeds -16 (the file's -clamp
+when kldtool's container stores a wider window), base probabilities not renormalized,
+first-index argmax. Beyond llama.cpp's five records the same pass yields reverse KLD, JSD,
+top-5/10 overlap and the base's top-1 probability (``docs/metrics.md``).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import os
+
+import numpy as np
+
+from kldtool.reduce.records import FIELDS, TokenRecords, to_records
+from kldtool.reduce.rowmath import KLD_FLOOR, TOP_K
+
+__all__ = ["FIELDS", "KLD_FLOOR", "TOP_K", "TokenRecords", "reduce_base", "reduce_rows", "reducer_for"]
+
+
+def reduce_base(logits, base_rows, targets, header) -> TokenRecords:
+    """Reduce against a base file's rows as its header (``keep``, ``kld_floor``) describes them:
+    full rows, or top-K records."""
+    if header.keep:
+        from kldtool.reduce.topk import reduce_topk_rows
+
+        return reduce_topk_rows(logits, base_rows, targets, header.keep, header.kld_floor)
+    return reduce_rows(logits, base_rows, targets, header.kld_floor)
+
+
+def reduce_rows(logits, base_rows, targets, floor: float = KLD_FLOOR) -> TokenRecords:
+    """Reduce compared logits (R, V) against int16 base rows (R, NV) for target ids (R,); base
+    entries at or below ``floor`` (the file's -clamp, -16 in llama.cpp's layout) count as clamped."""
+    import torch
+
+    # Backends load on first use: numba compiles and Triton needs CUDA, and neither is needed
+    # by a process that only writes base files.
+    kind = reducer_for(logits.device)
+    if kind == "numba":
+        from kldtool.reduce.numba_cpu import reduce_rows_cpu
+
+        return to_records(reduce_rows_cpu(logits.to("cpu", torch.float32).numpy(), base_rows.cpu().numpy(),
+                                          np.asarray(targets, np.int64), floor))
+    if kind == "triton":
+        from kldtool.reduce.triton_kernel import triton_records
+
+        return triton_records(logits, base_rows, targets, floor)
+    from kldtool.reduce.torch_ops import reduce_rows_torch
+
+    return reduce_rows_torch(logits, base_rows, targets, floor)
+
+
+def reducer_for(device) -> str:
+    """Which reducer runs on ``device``: the one-pass Triton kernel on CUDA when Triton is
+    installed, the compiled numba loop on the CPU, else the torch ops.
+    ``KLDTOOL_REDUCER=torch|numba|triton`` forces one (triton on the CPU needs
+    ``TRITON_INTERPRET=1``: tests only)."""
+    choice = os.environ.get("KLDTOOL_REDUCER", "auto")
+    if choice in ("torch", "numba", "triton"):
+        return choice
+    if getattr(device, "type", "cpu") == "cuda":
+        return "triton" if _installed("triton") else "torch"
+    return "numba" if _installed("numba") else "torch"
+
+
+@functools.cache
+def _installed(module: str) -> bool:
+    return importlib.util.find_spec(module) is not None

@@ -1,0 +1,54 @@
+"""Per-token records, the only thing a reducer hands back: a few host numpy columns per scored
+token, in one fixed order and dtype (``FIELDS``) that every backend, accumulator and per-token
+file shares."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+FIELDS = {"nll": np.float32, "nll_base": np.float32, "kld": np.float64, "dp": np.float32, "same_top": np.bool_,
+          "rkld": np.float64, "jsd": np.float64, "top5": np.uint8, "top10": np.uint8, "ptop_base": np.float32,
+          "kld_tail": np.float64}
+
+
+@dataclass
+class TokenRecords:
+    """Per scored token, host numpy arrays of equal length (dtypes in ``FIELDS``)."""
+
+    nll: np.ndarray  # compared model
+    nll_base: np.ndarray  # decoded from the base row
+    kld: np.ndarray  # KL(base‖q); llama.cpp keeps the double for its sums, float for percentiles
+    dp: np.ndarray  # p_q(target) - p_base(target)
+    same_top: np.ndarray  # argmax agreement
+    rkld: np.ndarray  # KL(q‖base)
+    jsd: np.ndarray  # Jensen–Shannon divergence (nats)
+    top5: np.ndarray  # |top5(q) ∩ top5(base)|
+    top10: np.ndarray  # |top10(q) ∩ top10(base)|
+    ptop_base: np.ndarray  # the base's largest probability
+    kld_tail: np.ndarray  # top-K base rows: estimate of the KLD the unstored tail hides (else 0)
+
+    def __len__(self) -> int:
+        return len(self.nll)
+
+    @classmethod
+    def empty(cls, n: int) -> "TokenRecords":
+        return cls(*(np.zeros(n, dt) for dt in FIELDS.values()))
+
+    @classmethod
+    def from_columns(cls, cols) -> "TokenRecords":
+        return cls(*(np.asarray(cols[f], dt) for f, dt in FIELDS.items()))
+
+    @classmethod
+    def concat(cls, parts: list["TokenRecords"]) -> "TokenRecords":
+        if len(parts) == 1:
+            return parts[0]
+        return cls(*(np.concatenate([getattr(p, f) for p in parts]) for f in FIELDS))
+
+
+def to_records(cols: list) -> TokenRecords:
+    """Records from a backend's columns in ``FIELDS`` order; a missing ``kld_tail`` is 0."""
+    if len(cols) < len(FIELDS):
+        cols = cols + [np.zeros(len(cols[0]))]
+    return TokenRecords(*(np.asarray(a, dt) for a, dt in zip(cols, FIELDS.values())))

@@ -1,0 +1,85 @@
+"""Row math the torch-based backends share (full rows, the Triton path's extras, top-K rows):
+blocks of rows, the normalizer, and the extra records' formulas (``docs/metrics.md``)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from kldtool.codec.keys import order_keys
+from kldtool.codec.rows import decode_torch, normalizer_torch
+
+KLD_FLOOR = -16.0  # llama.cpp's; a base file's own is header.kld_floor
+# Rows reduced at once: bounds the (block, V) float32 temporaries (~8 of them).
+ROW_BLOCK = 32
+TOP_K = (5, 10)  # top-1 agreement is same_top: both break ties by the lowest token id
+
+
+def row_blocks(logits, base_rows, targets):
+    """(logits, base rows, targets) of each block of ROW_BLOCK rows, on the logits' device."""
+    import torch
+
+    base_rows = base_rows.to(logits.device)
+    targets = torch.as_tensor(targets, dtype=torch.int64, device=logits.device)
+    return [(logits[a:a + ROW_BLOCK], base_rows[a:a + ROW_BLOCK], targets[a:a + ROW_BLOCK])
+            for a in range(0, logits.shape[0], ROW_BLOCK)]
+
+
+def prepare(logits, rows, n_vocab):
+    """float32 logits, their log-normalizer M = max + lse and first argmax, decoded base row."""
+    import torch
+
+    logits = logits.to(torch.float32)
+    mx, imax, lse = normalizer_torch(logits)
+    return logits, mx + lse, imax, decode_torch(rows, n_vocab)
+
+
+def extras_only(logits, rows, n_vocab, floor):
+    logits, big_m, _, b = prepare(logits, rows, n_vocab)
+    return extras_block(logits, big_m, b, floor)
+
+
+def extras_block(logits, big_m, b, floor):
+    """(reverse KLD, JSD, top-5 overlap, top-10 overlap, base top-1 probability) per row.
+
+    Reverse KLD sums over every entry, a clamped base entry counting at the floor value its code
+    decodes to (above its true log-prob, so the term is a lower bound of the true one). JSD
+    takes the base's probabilities as the forward KLD does: clamped entries are 0.
+
+    Both are written in d = log q - log p, whose float32 rounding error scales with d: terms
+    like q (log q - log p) would carry an error of eps * |log p| each, ~1e-6 nats a row, as
+    large as the divergence of a model against itself.
+    """
+    import torch
+
+    logq = logits - big_m[:, None]
+    d = logq - b
+    em = torch.expm1(d)
+    p = torch.exp(b)
+    # Σ q d = Σ p (e^d (d - 1) + 1) - (Σ p - 1): each term second order in d, and the
+    # rounding of the normalizer M cancels between the two sums.
+    rkld = (p * (em * (d - 1) + d)).sum(dim=1, dtype=torch.float64) - (p.sum(dim=1, dtype=torch.float64) - 1)
+    jsd = jsd_terms(b, logq, floor, d, em).sum(dim=1, dtype=torch.float64)
+    top_b = order_keys(b).topk(max(TOP_K), dim=1).indices
+    return (rkld, jsd, *top_overlaps(logits, top_b), torch.exp(b.max(dim=1).values))
+
+
+def top_overlaps(logits, top_b) -> list:
+    """|top-k(q) ∩ top-k(base)| per row for each k of ``TOP_K``, from the base's top ids (most
+    probable first, at least max(TOP_K) of them)."""
+    top_q = order_keys(logits).topk(max(TOP_K), dim=1).indices
+    return [(top_q[:, :n, None] == top_b[:, None, :n]).sum(dim=(1, 2)) for n in TOP_K]
+
+
+def jsd_terms(b, logq, floor, d=None, em=None):
+    """Per entry, its share of the Jensen–Shannon divergence: p g(d) for a kept base entry,
+    with d = log q - log p and g(d) = (e^d d - (1 + e^d) s) / 2, s = log((1 + e^d) / 2), whose
+    rounding error scales with d (the textbook form's with |log p|); q ln 2 / 2 for a clamped
+    one (p = 0)."""
+    import torch
+
+    if d is None:
+        d = logq - b
+        em = torch.expm1(d)
+    s = torch.log1p(em / 2)
+    g = ((1 + em) * d - (2 + em) * s) / 2
+    return torch.where(b > floor, torch.exp(b) * g, torch.exp(logq) * float(np.log(2.0) / 2))
