@@ -15,7 +15,7 @@ def encode_base_rows(logits, targets, coding: Coding) -> tuple[np.ndarray, np.nd
     ``coding.keep`` the rows are top-K records (codec/topk.py), made on the device."""
     import torch
 
-    logits = logits.to(torch.float32)
+    logits = torch.as_tensor(logits).to(torch.float32)
     if coding.keep:
         rows, norm = encode_topk_torch(logits, targets, coding)
     else:
@@ -28,7 +28,7 @@ def target_nll(logits, targets) -> np.ndarray:
     as :func:`encode_base_rows` (so ``kldtool ppl`` prints what ``kldtool base`` prints)."""
     import torch
 
-    logits = logits.to(torch.float32)
+    logits = torch.as_tensor(logits).to(torch.float32)
     mx, _, lse = normalizer_torch(logits, exact=True)
     return _nll(logits, mx + lse, targets)
 

@@ -36,9 +36,9 @@ class Engine(ABC):
     @abstractmethod
     def logits(self, windows: list[Window]) -> list:
         """Per window, a float32 (or the model's own float dtype) torch tensor (n_scored,
-        n_vocab) on ``self.device``: the logits at offsets first .. first+n_scored-1. The
-        tensors may be views of the engine's own buffers (no copy of a batch's logits): they
-        are valid until the next call."""
+        n_vocab) on ``self.device``, or for an engine computing on the host a float32 numpy
+        array: the logits at offsets first .. first+n_scored-1. They may be views of the
+        engine's own buffers (no copy of a batch's logits): valid until the next call."""
 
     def logit_blocks(self, windows: list[Window]) -> Iterator[tuple[int, int, object]]:
         """(window number in ``windows``, first scored row, logits of the following rows), in
@@ -57,14 +57,15 @@ class Engine(ABC):
         """Compare mode: per window, its per-token records against the base rows.
 
         ``base`` gives ``rows_torch(chunk_index, device)`` (int16 rows, prefetched, asked for
-        in order) and ``path``; an engine whose workers read the base file themselves uses
-        the latter."""
+        in order; ``rows_numpy(chunk_index)`` beside numpy logits) and ``path``; an engine
+        whose workers read the base file themselves uses the latter."""
         rows: dict = {}
 
         def reduce(w: Window, off: int, lg):
             if w.index not in rows:  # each window's rows once, however many blocks it has
                 rows.clear()
-                rows[w.index] = base.rows_torch(w.index, lg.device)
+                rows[w.index] = (base.rows_numpy(w.index) if isinstance(lg, np.ndarray)
+                                 else base.rows_torch(w.index, lg.device))
             n = len(lg)
             return reduce_base(lg, rows[w.index][off:off + n], w.targets[off:off + n], base.header)
 

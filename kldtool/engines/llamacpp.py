@@ -128,18 +128,16 @@ class LlamaCppEngine(Engine):
         return np.ctypeslib.as_array(ptr, shape=(n_out, self.n_vocab)) if n_out else None
 
     def logits(self, windows: list[Window]) -> list:
-        import torch
-
         n_ctx = len(windows[0].tokens)
         self._ensure_context(n_ctx)
         if n_ctx > self.n_batch:  # the blocks are views of llama.cpp's buffer: keep copies
-            return [torch.cat(p) for p in self._per_block(windows, lambda w, off, lg: lg.clone())]
+            return [np.concatenate(p) for p in self._per_block(windows, lambda w, off, lg: lg.copy())]
         self.lib.llama_memory_clear(self.lib.llama_get_memory(self.ctx), True)
         first = windows[0].first
         items = [(int(t), k, s, k >= first) for s, w in enumerate(windows) for k, t in enumerate(w.tokens)]
         out = self._decode(items)
         per = n_ctx - first
-        return [torch.from_numpy(out[s * per:s * per + w.n_scored]) for s, w in enumerate(windows)]
+        return [out[s * per:s * per + w.n_scored] for s, w in enumerate(windows)]
 
     def logit_blocks(self, windows: list[Window]):
         n_ctx = len(windows[0].tokens)
@@ -152,8 +150,6 @@ class LlamaCppEngine(Engine):
     def _long_blocks(self, windows: list[Window]):
         """A window longer than a batch: one sequence, several decodes (llama-perplexity's
         num_batches > 1); each decode's logits are yielded as a view, valid until the next."""
-        import torch
-
         for s, w in enumerate(windows):
             self.lib.llama_memory_clear(self.lib.llama_get_memory(self.ctx), True)
             done = 0
@@ -163,7 +159,7 @@ class LlamaCppEngine(Engine):
                 got = self._decode(items)
                 if got is not None and done < w.n_scored:
                     rows = got[:w.n_scored - done]
-                    yield s, done, torch.from_numpy(rows)
+                    yield s, done, rows
                     done += len(rows)
 
     def describe(self) -> dict:

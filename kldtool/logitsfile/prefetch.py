@@ -74,6 +74,10 @@ class PrefetchedChunks:
         """Chunk ``index``'s rows as an int16 tensor on ``device``."""
         return self._to_torch(self._next(index), device)
 
+    def rows_numpy(self, index: int) -> np.ndarray:
+        """Chunk ``index``'s uint16 rows on the host (a feed made for the host device)."""
+        return self._next(index)
+
     def close(self) -> None:
         self._it.close()
 

@@ -28,27 +28,37 @@ __all__ = ["FIELDS", "KLD_FLOOR", "TOP_K", "TokenRecords", "reduce_base", "reduc
 
 def reduce_base(logits, base_rows, targets, header) -> TokenRecords:
     """Reduce against a base file's rows as its header (``keep``, ``kld_floor``) describes them:
-    full rows, or top-K records."""
+    full rows, or top-K records. Logits and rows are both torch tensors, or both numpy arrays
+    (a host engine's logits, uint16 rows)."""
     if header.keep:
+        from kldtool.codec.rows import rows_to_torch
         from kldtool.reduce.topk import reduce_topk_rows
 
+        if isinstance(logits, np.ndarray):
+            logits, base_rows = _torch(logits), rows_to_torch(base_rows)
         return reduce_topk_rows(logits, base_rows, targets, header.keep, header.kld_floor)
     return reduce_rows(logits, base_rows, targets, header.kld_floor)
 
 
 def reduce_rows(logits, base_rows, targets, floor: float = KLD_FLOOR) -> TokenRecords:
-    """Reduce compared logits (R, V) against int16 base rows (R, NV) for target ids (R,); base
-    entries at or below ``floor`` (the file's -clamp, -16 in llama.cpp's layout) count as clamped."""
-    import torch
-
+    """Reduce compared logits (R, V) against base rows (R, NV: int16 tensors, or uint16 arrays
+    beside numpy logits) for target ids (R,); base entries at or below ``floor`` (the file's -clamp, -16 in llama.cpp's layout) count as clamped."""
     # Backends load on first use: numba compiles and Triton needs CUDA, and neither is needed
-    # by a process that only writes base files.
-    kind = reducer_for(logits.device)
+    # by a process that only writes base files. Host engines hand numpy arrays, which reach
+    # the numba loop without torch (whose import alone costs a llama.cpp compare ~2 s).
+    host = isinstance(logits, np.ndarray)
+    kind = reducer_for(None if host else logits.device)
     if kind == "numba":
         from kldtool.reduce.numba_cpu import reduce_rows_cpu
 
-        return to_records(reduce_rows_cpu(logits.to("cpu", torch.float32).numpy(), base_rows.cpu().numpy(),
-                                          np.asarray(targets, np.int64), floor))
+        if not host:
+            logits, base_rows = logits.to("cpu").float().numpy(), base_rows.cpu().numpy()
+        return to_records(reduce_rows_cpu(np.asarray(logits, np.float32), base_rows, np.asarray(targets, np.int64),
+                                          floor))
+    if host:
+        from kldtool.codec.rows import rows_to_torch
+
+        logits, base_rows = _torch(logits), rows_to_torch(base_rows)
     if kind == "triton":
         from kldtool.reduce.triton_kernel import triton_records
 
@@ -69,6 +79,12 @@ def reducer_for(device) -> str:
     if getattr(device, "type", "cpu") == "cuda":
         return "triton" if _installed("triton") else "torch"
     return "numba" if _installed("numba") else "torch"
+
+
+def _torch(array):
+    import torch
+
+    return torch.from_numpy(array)
 
 
 @functools.cache
