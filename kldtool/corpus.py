@@ -1,8 +1,9 @@
 """Corpora: plain text (read as llama-perplexity reads ``-f``: raw bytes, CR kept, one
 trailing newline dropped), one document per line, JSONL with a text field, a directory of
-files, and pretokenized files (whitespace-separated token strings of the model's vocabulary,
-or integer ids; one document per line). The built-in default is the Python standard
-library's own help text.
+files, pretokenized files (whitespace-separated token strings of the model's vocabulary,
+or integer ids; one document per line) and a raw WikiText file paged and detokenized as
+lm-eval's ``wikitext`` task reads it. The built-in default is the Python standard library's
+own help text.
 
 Stream protocols see a text corpus's documents joined by a blank line and tokenized once
 (a single text file is exactly its bytes); pretokenized documents are laid end to end as given.
@@ -21,7 +22,7 @@ import numpy as np
 from kldtool.errors import CorpusError, EmptyText, UndecodableText, UsageError
 
 DEFAULT_CORPUS_NAME = "builtin:pydoc_data.topics"
-FORMATS = ("auto", "text", "lines", "jsonl", "dir", "tokens", "ids")
+FORMATS = ("auto", "text", "lines", "jsonl", "dir", "tokens", "ids", "wikitext")
 PRETOKENIZED = ("tokens", "ids")
 JOIN = b"\n\n"
 
@@ -31,6 +32,7 @@ class Corpus:
     name: str
     format: str
     documents: list  # bytes per document; str lists (tokens) or int arrays (ids) when pretokenized
+    counted: list | None = None  # bytes per document that words and bytes are counted on, if not the scored
 
     @property
     def pretokenized(self) -> bool:
@@ -64,7 +66,8 @@ class Corpus:
         bits per byte and word perplexity; None for pretokenized corpora."""
         if self.pretokenized:
             return None
-        parts = [self.text()] if whole_stream else self.documents
+        parts = self.counted or self.documents
+        parts = [JOIN.join(parts)] if whole_stream else parts
         return {"bytes": sum(len(p) for p in parts),
                 "words": sum(len(re.split(r"\s+", p.decode("utf-8"))) for p in parts)}
 
@@ -190,8 +193,21 @@ def open_corpus(path: str | None, fmt: str = "auto", text_field: str = "text") -
         docs = _directory(p)
     elif fmt == "tokens":
         docs = [(i, line.split()) for i, line in _lines(p)]
+    elif fmt == "wikitext":
+        return _wikitext(p)
     else:
         docs = _ids(p)
     if not docs:
         raise EmptyText(f"{p}: no documents ({fmt})")
     return Corpus(p, fmt, docs)
+
+
+def _wikitext(path: str) -> Corpus:
+    from kldtool import wikitext
+
+    data = _read(path)
+    found = wikitext.pages(check_utf8(data, path))
+    if not found:
+        raise EmptyText(f"{path}: no WikiText articles (--corpus-format wikitext)")
+    return Corpus(path, "wikitext", [wikitext.detokenize(p).encode("utf-8") for p in found],
+                  [p.encode("utf-8") for p in found])

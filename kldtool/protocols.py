@@ -10,6 +10,10 @@ engine evaluates, and which of their positions are scored (DESIGN.md "Scoring pr
 - ``documents``: each document on its own, its first N tokens, every position scored; for
   several N one window per document at the largest N it reaches (a causal model's first N
   positions do not depend on what follows), and documents shorter than the smallest N skipped.
+- ``rolling``: lm-evaluation-harness's ``loglikelihood_rolling`` (rolling token windows with a
+  context of one token, made disjoint): each document behind a prefix token, every token of it
+  scored exactly once, in windows of L tokens. A window's last position is scored too (its
+  target is the stream token right after the window), so no window is longer than lm-eval's.
 
 A window's ``start`` is the offset of its first token in the stored token stream: windows
 that overlap share tokens there, so a base file stores each token once.
@@ -23,7 +27,7 @@ import numpy as np
 
 from kldtool.errors import TextTooShort, UsageError
 
-PROTOCOLS = ("llamacpp", "exl3", "stride", "documents")
+PROTOCOLS = ("llamacpp", "exl3", "stride", "documents", "rolling")
 
 
 @dataclass(frozen=True)
@@ -47,25 +51,42 @@ class Window:
         """Stream offsets of the tokens this window's scored positions predict."""
         return self.start + self.first + 1 + np.arange(self.n_scored)
 
+    @property
+    def end(self) -> int:
+        """Stream offset just past the last token the window reads or predicts."""
+        return self.start + max(len(self.tokens), self.first + 1 + self.n_scored)
+
 
 @dataclass(frozen=True)
 class Protocol:
-    """A protocol and its parameters: ``n_ctx`` is llamacpp's chunk and exl3/stride's window
-    length L; ``stride`` is S; ``lengths`` are documents' N (empty: whole documents)."""
+    """A protocol and its parameters: ``n_ctx`` is llamacpp's chunk and exl3/stride/rolling's
+    window length L (rolling: 0 until the model's context fills it in); ``stride`` is S;
+    ``lengths`` are documents' N (empty: whole documents); ``prefix`` is rolling's prefix
+    token (None: the model's BOS, else its EOS, as lm-eval picks it)."""
 
     name: str = "llamacpp"
     n_ctx: int = 512
     stride: int | None = None
     lengths: tuple[int, ...] = ()
+    prefix: int | None = None
 
     @classmethod
-    def from_flags(cls, name: str, ctx_size: int | None, stride: int | None, lengths: str | None) -> "Protocol":
+    def from_flags(cls, name: str, ctx_size: int | None, stride: int | None, lengths: str | None,
+                   prefix: int | None = None) -> "Protocol":
         if name not in PROTOCOLS:
             raise UsageError(f"--protocol {name!r}: expected one of {', '.join(PROTOCOLS)}")
         if name != "documents" and lengths is not None:
             raise UsageError(f"--lengths: only for --protocol documents, not {name}")
-        if name in ("llamacpp", "documents") and stride is not None:
+        if name in ("llamacpp", "documents", "rolling") and stride is not None:
             raise UsageError(f"--stride: only for --protocol exl3 or stride, not {name}")
+        if name != "rolling" and prefix is not None:
+            raise UsageError(f"--prefix-token: only for --protocol rolling, not {name}")
+        if name == "rolling":
+            if ctx_size is not None and ctx_size < 2:
+                raise UsageError(f"--ctx-size {ctx_size}: a window needs at least 2 tokens")
+            if prefix is not None and prefix < 0:
+                raise UsageError(f"--prefix-token {prefix}: a token id is 0 or more")
+            return cls(name, ctx_size or 0, None, (), prefix)
         if name == "documents":
             if ctx_size is not None:
                 raise UsageError("--ctx-size: --protocol documents takes --lengths N,N,... instead")
@@ -85,19 +106,23 @@ class Protocol:
     @classmethod
     def from_metadata(cls, meta: dict) -> "Protocol":
         return cls(meta["name"], int(meta.get("n_ctx") or 0), meta.get("stride"),
-                   tuple(int(n) for n in meta.get("lengths", ())))
+                   tuple(int(n) for n in meta.get("lengths", ())), meta.get("prefix_id"))
 
     def describe(self) -> dict:
         if self.name == "llamacpp":
             return {"name": "llamacpp", "n_ctx": self.n_ctx, "scored_offsets": [self.n_ctx // 2, self.n_ctx - 2]}
         if self.name == "documents":
             return {"name": "documents", "lengths": list(self.lengths)}
+        if self.name == "rolling":
+            return {"name": "rolling", "n_ctx": self.n_ctx, "prefix_id": self.prefix,
+                    "mirrors": "lm_eval loglikelihood_rolling (context_len 1, disjoint windows)"}
         return {"name": self.name, "n_ctx": self.n_ctx, "stride": self.stride}
 
     @property
     def counts_once(self) -> bool:
-        """Whether every token after the first is scored exactly once (bits per byte apply)."""
-        return self.name == "stride" or (self.name == "documents" and not self.lengths)
+        """Whether every token (after the first, but for rolling) is scored exactly once (bits
+        per byte apply)."""
+        return self.name in ("stride", "rolling") or (self.name == "documents" and not self.lengths)
 
 
 def parse_lengths(spec: str | None) -> tuple[int, ...]:
@@ -148,10 +173,13 @@ def llamacpp_windows(tokens: np.ndarray, n_ctx: int, n_chunk: int, bos_id: int |
     return out
 
 
-def _span(tokens: np.ndarray, index: int, start: int, end: int, first: int) -> Window:
-    """The window tokens[start:end] scoring offsets first .. end-start-2 (no BOS substitution)."""
+def _span(tokens: np.ndarray, index: int, start: int, end: int, first: int, n_scored: int | None = None) -> Window:
+    """The window tokens[start:end] scoring offsets first .. end-start-2, or ``n_scored`` of
+    them from first on (rolling also scores the last, predicting tokens[end]); no BOS substitution."""
     w = np.array(tokens[start:end], dtype=np.int32)
-    return Window(index, w, first, w[first + 1:].astype(np.int64), start)
+    n = len(w) - first - 1 if n_scored is None else n_scored
+    at = start + first + 1
+    return Window(index, w, first, np.asarray(tokens[at:at + n], dtype=np.int64), start)
 
 
 def exl3_windows(tokens: np.ndarray, length: int, stride: int) -> list[Window]:
@@ -206,10 +234,34 @@ def document_windows(docs: list[np.ndarray], lengths: tuple[int, ...]) -> Docume
     return Documents(stream, windows, len(docs), sizes)
 
 
+def rolling_windows(docs: list[np.ndarray], length: int, prefix: int) -> Documents:
+    """lm-eval's rolling windows, each document stored behind ``prefix``: the first window is
+    the prefix and the document's first L-1 tokens, predicting its first L; each later one
+    predicts the next L tokens (fewer at the end) from the L tokens before them."""
+    sizes = np.array([len(d) for d in docs], dtype=np.int64)
+    kept = [d for d in docs if len(d)]  # lm-eval scores nothing of an empty document
+    if not kept:
+        raise TextTooShort(f"no document has a token ({len(docs)} documents)")
+    stream = np.concatenate([np.concatenate(([prefix], d)) for d in kept]).astype(np.int32)
+    windows: list[Window] = []
+    at = 0  # the stream offset of the document's prefix
+    for d in kept:
+        n = len(d)
+        m = min(length, n)
+        windows.append(_span(stream, len(windows), at, at + m, 0, m))
+        while m < n:
+            k = min(n - m, length)
+            end = at + m + k  # the window ends right before its last target, document token m+k-1
+            windows.append(_span(stream, len(windows), end - length, end, length - k, k))
+            m += k
+        at += n + 1
+    return Documents(stream, windows, len(docs), sizes)
+
+
 def windows_from_table(stream: np.ndarray, table) -> list[Window]:
     """Windows as a base file stores them: rows of (start, length, first, n_scored), already
-    checked to fit the stream (every window scores offsets first .. length-2)."""
-    return [_span(stream, i, start, start + length, first) for i, (start, length, first, _) in enumerate(table)]
+    checked to fit the stream (scoring offsets first .. length-2, or through length-1)."""
+    return [_span(stream, i, start, start + length, first, n) for i, (start, length, first, n) in enumerate(table)]
 
 
 def window_table(windows: list[Window]) -> tuple[tuple[int, int, int, int], ...]:

@@ -93,6 +93,30 @@ def test_documents_scores_each_document_from_its_start(fp32_dir, tmp_path):
                                                             "8": {"used": 1, "shorter": 3}}}
 
 
+def test_rolling_scores_every_token_of_every_document_once(fp32_dir, tmp_path):
+    # Documents of 3, 5, 9 and 1 tokens behind prefix 7, windows of 4 (lm-eval's layout, which
+    # tests/test_rolling_protocol.py checks against lm-eval itself).
+    docs = [[10, 11, 12], [20, 21, 22, 23, 24], [30, 31, 32, 33, 34, 35, 36, 37, 38], [40]]
+    corpus = tmp_path / "docs.ids"
+    corpus.write_text("\n".join(" ".join(map(str, d)) for d in docs) + "\n")
+    base = tmp_path / "base.kldt"
+    run_cli("base", "--engine", "transformers", "-m", fp32_dir, "-f", corpus, "--corpus-format", "ids",
+            "--protocol", "rolling", "-c", 4, "--prefix-token", 7, "--kl-divergence-base", base)
+    r = open_base_file(base)
+    stream = r.tokens.tolist()
+    assert stream == [t for d in docs for t in [7, *d]]
+    assert r.header.windows == ((0, 3, 0, 3), (4, 4, 0, 4), (5, 4, 3, 1), (10, 4, 0, 4), (14, 4, 0, 4),
+                                (15, 4, 3, 1), (20, 1, 0, 1))
+    r.close()
+    run_cli("compare", "--engine", "transformers", "-m", fp32_dir, "--kl-divergence-base", base,
+            "--per-token", tmp_path / "t.h5", "--json", tmp_path / "c.json")
+    with h5py.File(tmp_path / "t.h5") as f:
+        assert f["position"][:].tolist() == [i for i, t in enumerate(stream) if t != 7]  # each once
+        assert f["target"][:].tolist() == [t for d in docs for t in d]
+    c = json.loads((tmp_path / "c.json").read_text())
+    assert c["statistics"]["kld_mean"]["value"] < 1e-4
+
+
 def _direct_nll(model, ids: np.ndarray) -> np.ndarray:
     """float64 NLL of ids[1:] given their prefix, one window, no batching."""
     with torch.inference_mode():

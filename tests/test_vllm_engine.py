@@ -106,3 +106,22 @@ def test_vllm_score_mode_and_a_stride_base_file(fp32_dir, tmp_path):
     r = compare_json(base, tmp_path, "--engine", "vllm", "-m", fp32_dir, "--dtype", "float32")
     assert r["protocol"]["name"] == "stride" and r["scored_tokens"] == got["vllm"]["scored_tokens"]
     assert r["statistics"]["kld_mean"]["value"] < 1e-3 and r["statistics"]["same_top_p"]["value"] > 0.99
+
+
+def test_vllm_compare_on_a_rolling_base_file(fp32_dir, tmp_path):
+    """lm-eval's rolling windows score each window's last position too: its target lies past
+    the prompt vLLM sees, and the workers take it from the request's spec."""
+    docs = tmp_path / "docs.jsonl"
+    text = WIKI.read_text(encoding="utf-8")
+    docs.write_text("".join(json.dumps({"text": text[a:a + 1500]}) + "\n" for a in (0, 20000, 40000)))
+    base = tmp_path / "rolling.kldt"
+    run_cli("base", "--engine", "transformers", "-m", fp32_dir, "-f", docs, "--protocol", "rolling", "-c", 128,
+            "--kl-divergence-base", base, "--json", tmp_path / "base.json")
+    made = json.loads((tmp_path / "base.json").read_text())
+    r = compare_json(base, tmp_path, "--engine", "vllm", "-m", fp32_dir, "--dtype", "float32")
+    s = r["statistics"]
+    assert r["protocol"]["name"] == "rolling" and r["scored_tokens"] == made["scored_tokens"]
+    assert s["kld_mean"]["value"] < 1e-3 and s["same_top_p"]["value"] > 0.99
+    # The same targets: PPL(Q) against the base run's own (unclamped) PPL; PPL(base) here
+    # reads the stored rows, clamped at -16 nats as llama.cpp's are.
+    assert s["ppl_q"]["value"] == pytest.approx(made["ppl"], rel=1e-4)

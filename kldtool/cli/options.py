@@ -52,11 +52,15 @@ CORPUS = {
 SCORING = {
     "protocol": (str, typer.Option("llamacpp", "--protocol", help="llamacpp (chunks of -c, second half scored), exl3 "
                                                                   "(windows of -c every --stride, all positions), stride "
-                                                                  "(Hugging Face's: each token once) or documents (--lengths).")),
-    "ctx_size": (Optional[int], typer.Option(None, "-c", "--ctx-size", help="llamacpp chunk / exl3, stride window (512).")),
+                                                                  "(Hugging Face's: each token once), documents (--lengths) "
+                                                                  "or rolling (lm-eval's loglikelihood_rolling).")),
+    "ctx_size": (Optional[int], typer.Option(None, "-c", "--ctx-size", help="llamacpp chunk / exl3, stride window (512); "
+                                                                            "rolling window (the model's context).")),
     "stride": (Optional[int], typer.Option(None, "--stride", help="exl3/stride: tokens between window starts (default: -c / 4).")),
     "lengths": (Optional[str], typer.Option(None, "--lengths", help="documents: N,N,... first-N-token lengths "
                                                                     "(default: whole documents).")),
+    "prefix_token": (Optional[int], typer.Option(None, "--prefix-token", help="rolling: the token id before each "
+                                                                              "document (default: BOS, else EOS).")),
     "chunks": (Optional[int], typer.Option(None, "--chunks", help="Use at most this many chunks (windows).")),
     "force": (bool, typer.Option(False, "--force", help="Run windows longer than the model's trained context.")),
 }
@@ -108,12 +112,13 @@ def open_engine(opts: SimpleNamespace, model: str | None, n_ctx: int):
 def protocol_of(opts: SimpleNamespace):
     from kldtool.protocols import Protocol
 
-    return Protocol.from_flags(opts.protocol, opts.ctx_size, opts.stride, opts.lengths)
+    return Protocol.from_flags(opts.protocol, opts.ctx_size, opts.stride, opts.lengths, opts.prefix_token)
 
 
 def longest(spec) -> int:
-    """The window length engines are built for before the corpus is read (vLLM's max_model_len)."""
-    return max(spec.n_ctx, max(spec.lengths, default=0)) or 8192
+    """The window length engines are built for before the corpus is read (vLLM's max_model_len);
+    0 lets the engine take the model's context (rolling's default window)."""
+    return max(spec.n_ctx, max(spec.lengths, default=0)) or (0 if spec.name == "rolling" else 8192)
 
 
 def corpus_of(opts: SimpleNamespace):

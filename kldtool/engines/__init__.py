@@ -31,7 +31,8 @@ def guess_engine(model: str | None) -> str:
 
 
 def make_engine(opts: EngineOptions, n_ctx: int) -> Engine:
-    """Build an engine for windows of ``n_ctx`` tokens; with no model, the built-in default."""
+    """Build an engine for windows of ``n_ctx`` tokens (0: as long as the model's context, which
+    the engine reads itself); with no model, the built-in default."""
     from kldtool.engines import defaults
 
     engine = opts.engine or guess_engine(opts.model)
@@ -66,8 +67,8 @@ def make_engine(opts: EngineOptions, n_ctx: int) -> Engine:
     if opts.device not in (None, "cuda", "cpu"):
         raise UsageError(f"--device {opts.device}: vLLM picks its devices itself (see --tensor-parallel-size)")
     return VllmEngine(opts.model or defaults.default_transformers_model(), dtype=opts.dtype,
-                      max_model_len=opts.vllm.pop("max_model_len", None) or n_ctx + 1,
-                      windows_per_call=max(4, 65536 // n_ctx), vllm_args=opts.vllm)
+                      max_model_len=opts.vllm.pop("max_model_len", None) or (n_ctx + 1 if n_ctx else None),
+                      windows_per_call=max(4, 65536 // (n_ctx or 2048)), vllm_args=opts.vllm)
 
 
 __all__ = ["Engine", "EngineOptions", "ENGINES", "guess_engine", "make_engine"]

@@ -18,6 +18,7 @@ class Engine(ABC):
     name: str = "?"
     n_vocab: int
     bos_id: int | None  # set when the model wants a BOS first (llama.cpp's add_bos)
+    prefix_id: int | None = None  # what lm-eval puts before a document (rolling): BOS, else EOS
     device: str = "cpu"
     n_ctx_train: int | None = None  # the longest context the model was trained for, if known
 

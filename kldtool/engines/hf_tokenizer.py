@@ -12,6 +12,11 @@ def bos_to_substitute(tokenizer) -> int | None:
     return bos if bos is not None and probe and probe[0] == bos else None
 
 
+def prefix_token(tokenizer) -> int | None:
+    """lm-eval's prefix_token_id: the tokenizer's BOS, else its EOS."""
+    return tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
+
+
 def tokenize(tokenizer, text: bytes, bos_id: int | None) -> np.ndarray:
     """Whole text, special tokens added as the tokenizer asks, but never a trailing EOS."""
     ids = tokenizer(text.decode("utf-8"), add_special_tokens=True)["input_ids"]

@@ -51,6 +51,8 @@ class LlamaCppEngine(Engine):
         self.n_vocab = int(lib.llama_vocab_n_tokens(self.vocab))
         self.n_ctx_train = int(lib.llama_model_n_ctx_train(self.model)) or None
         self.bos_id = int(lib.llama_vocab_bos(self.vocab)) if lib.llama_vocab_get_add_bos(self.vocab) else None
+        self.prefix_id = next((t for t in (int(lib.llama_vocab_bos(self.vocab)), int(lib.llama_vocab_eos(self.vocab)))
+                               if t >= 0), None)
         if lib.llama_vocab_get_add_eos(self.vocab):
             raise EngineError(f"{model}: the model asks for EOS after every text; llama-perplexity's protocol has none")
         self.ctx = None

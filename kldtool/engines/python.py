@@ -7,7 +7,8 @@ The factory is called with no arguments and returns an object with
 - ``logits(ids)`` (or the object itself is callable): int64 tensor (batch, seq) -> float
   tensor (batch, seq, vocab) of next-token logits, on any device;
 - optionally ``bos_id`` (put first in every tokenized text, and replaced at chunk starts as
-  llama.cpp does), ``n_ctx_train`` and ``name``.
+  llama.cpp does), ``prefix_id`` (the token before each document under ``--protocol
+  rolling``; default ``bos_id``), ``n_ctx_train`` and ``name``.
 
 This is how a model transformers does not know (a recurrent xLSTM, a music model) is scored.
 """
@@ -66,6 +67,7 @@ class PythonEngine(Engine):
         if self.fn is None:
             raise EngineError(f"--model {spec}: the factory's object has no logits(ids) and is not callable")
         self.bos_id = getattr(obj, "bos_id", None)
+        self.prefix_id = getattr(obj, "prefix_id", self.bos_id)
         self.n_ctx_train = getattr(obj, "n_ctx_train", None)
         self.model_name = getattr(obj, "name", spec)
         probe = self._forward(torch.zeros((1, 1), dtype=torch.int64))

@@ -12,7 +12,7 @@ from kldtool.engines.base import Engine
 from kldtool.errors import EngineError, UsageError
 from kldtool.protocols import Window
 
-DTYPES = ("float32", "bfloat16", "float16")
+DTYPES = ("float32", "bfloat16", "float16", "float64")  # float64: reference runs
 
 
 class TransformersEngine(Engine):
@@ -53,6 +53,7 @@ class TransformersEngine(Engine):
         self.n_vocab = int(self.model.get_output_embeddings().weight.shape[0])
         self.n_ctx_train = getattr(self.model.config, "max_position_embeddings", None)
         self.bos_id = hf_tokenizer.bos_to_substitute(self.tokenizer)
+        self.prefix_id = hf_tokenizer.prefix_token(self.tokenizer)
         self._versions = {"transformers": transformers.__version__, "torch": torch.__version__}
 
     def tokenize(self, text: bytes) -> np.ndarray:

@@ -88,6 +88,7 @@ class VllmEngine(Engine):
         self.n_vocab = int(self.llm.llm_engine.model_config.get_vocab_size())
         self.n_ctx_train = getattr(self.llm.llm_engine.model_config.hf_text_config, "max_position_embeddings", None)
         self.bos_id = hf_tokenizer.bos_to_substitute(self.tokenizer)
+        self.prefix_id = hf_tokenizer.prefix_token(self.tokenizer)
         self._versions = {"vllm": vllm.__version__, "hook": vllm_seam.TESTED_VERSIONS[-1]}
 
     def tokenize(self, text: bytes) -> np.ndarray:
@@ -114,7 +115,8 @@ class VllmEngine(Engine):
         prompts = [TokensPrompt(prompt_token_ids=[int(t) for t in w.tokens]) for w in windows]
         params = [SamplingParams(max_tokens=1, temperature=0.0, detokenize=False,
                                  extra_args={SPEC_KEY: {"key": k, "first": w.first, "n_scored": w.n_scored,
-                                                        "chunk": w.index, **spec_for(w)}})
+                                                        "chunk": w.index, "after": int(w.targets[-1]),
+                                                        **spec_for(w)}})
                   for k, w in zip(keys, windows)]
         self.llm.generate(prompts, sampling_params=params, use_tqdm=False)
         merged: dict = {}

@@ -66,7 +66,10 @@ class WorkerState:
         if self.rank != 0 or logits is None:
             return
         logits = logits.to(torch.float32)
-        targets = torch.as_tensor(list(prompt[lo + 1:hi + 1]), dtype=torch.int64, device=logits.device)
+        ids = list(prompt[lo + 1:hi + 1])
+        if len(ids) < hi - lo:  # the prompt's last position is scored (rolling): its target follows it
+            ids.append(spec["after"])
+        targets = torch.as_tensor(ids, dtype=torch.int64, device=logits.device)
         res = self.results.setdefault(spec["key"], _RequestResult(spec))
         j0, j1 = lo - first, hi - first
         if spec["mode"] == "compare":

@@ -80,7 +80,7 @@ class BaseHeader:
     def problems(self) -> list[str]:
         """Why these numbers cannot be a base file's (empty when they can)."""
         out = []
-        lowest = 2 if self.windows is not None else 4
+        lowest = 1 if self.windows is not None else 4
         if not lowest <= self.n_ctx <= MAX_CTX:
             out.append(f"n_ctx {self.n_ctx} outside [{lowest}, {MAX_CTX}]")
         if not 2 <= self.n_vocab <= MAX_VOCAB:
@@ -91,10 +91,12 @@ class BaseHeader:
             if self.n_stream is None or not 0 < self.n_stream <= MAX_CTX * self.n_chunk:
                 out.append(f"token stream of {self.n_stream} tokens")
             for i, (start, length, first, n) in enumerate(self.windows):
-                if not (0 <= start and start + length <= (self.n_stream or 0) and 2 <= length <= self.n_ctx
-                        and 0 <= first and n >= 1 and first + n == length - 1):
+                # Offsets first .. length-2 are scored, or through length-1 (rolling), whose
+                # target is the stream token after the window.
+                if not (0 <= start and start + max(length, first + n + 1) <= (self.n_stream or 0)
+                        and 1 <= length <= self.n_ctx and 0 <= first and n >= 1 and length - 1 <= first + n <= length):
                     out.append(f"window {i} (start {start}, length {length}, first {first}, rows {n}) does not "
                                f"fit the stream of {self.n_stream} tokens and n_ctx {self.n_ctx}, or does not "
-                               f"score offsets first .. length-2")
+                               f"score offsets first .. length-2 (or length-1)")
                     break
         return out

@@ -3,14 +3,17 @@ token stream a base file stores (shared by ``base``, ``ppl`` and, through the fi
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from kldtool.corpus import Corpus
-from kldtool.errors import ContextTooLong
+from kldtool.errors import ContextTooLong, UsageError
 from kldtool.protocols import (Protocol, Window, document_windows, exl3_windows, limit, llamacpp_chunk_count,
-                               llamacpp_windows, stride_windows)
+                               llamacpp_windows, rolling_windows, stride_windows)
+
+# lm-eval's max_length when neither the model's config nor its tokenizer names one.
+LMEVAL_DEFAULT_LENGTH = 2048
 
 
 @dataclass
@@ -39,6 +42,10 @@ def make_plan(engine, corpus: Corpus, protocol: Protocol, chunks: int | None, fo
         plan = _documents_plan(engine, corpus, protocol, chunks)
         _check_context(engine, plan.n_ctx, f"documents cut to {plan.n_ctx} tokens (--lengths)", force)
         return plan
+    if protocol.name == "rolling":
+        protocol = rolling_protocol(engine, protocol)
+        _check_context(engine, protocol.n_ctx, f"--ctx-size {protocol.n_ctx}", force)
+        return _rolling_plan(engine, corpus, protocol, chunks)
     _check_context(engine, protocol.n_ctx, f"--ctx-size {protocol.n_ctx}", force)  # before tokenizing a long text
     return _stream_plan(engine, corpus, protocol, chunks)
 
@@ -46,7 +53,7 @@ def make_plan(engine, corpus: Corpus, protocol: Protocol, chunks: int | None, fo
 def _documents_plan(engine, corpus: Corpus, p: Protocol, chunks: int | None) -> Plan:
     docs = document_windows(corpus.document_tokens(engine), p.lengths)
     windows = limit(docs.windows, chunks)
-    end = windows[-1].start + len(windows[-1].tokens)
+    end = windows[-1].end
     lens = docs.doc_lengths
     counts = {"total": docs.n_documents, "per_length": {
         str(n): {"used": sum(1 for w in windows if len(w.tokens) >= n), "shorter": int((lens < n).sum())}
@@ -54,6 +61,27 @@ def _documents_plan(engine, corpus: Corpus, p: Protocol, chunks: int | None) -> 
     whole = p.counts_once and len(windows) == len(corpus.documents)
     return Plan(p, docs.stream[:end], windows, int(lens.sum()), counts,
                 corpus.size(whole_stream=False) if whole else None)
+
+
+def rolling_protocol(engine, p: Protocol) -> Protocol:
+    """Fill in what rolling takes from the model: the window (its trained context, lm-eval's
+    default max_length) and the prefix token (BOS, else EOS, as lm-eval's prefix_token_id)."""
+    n_ctx = p.n_ctx or engine.n_ctx_train or LMEVAL_DEFAULT_LENGTH
+    prefix = p.prefix if p.prefix is not None else engine.prefix_id
+    if prefix is None:
+        raise UsageError(f"--protocol rolling: {engine.describe().get('model')} has no BOS or EOS token to put "
+                         "before each document; give --prefix-token ID")
+    if prefix >= engine.n_vocab:
+        raise UsageError(f"--prefix-token {prefix}: outside the vocabulary of {engine.n_vocab}")
+    return replace(p, n_ctx=n_ctx, prefix=prefix)
+
+
+def _rolling_plan(engine, corpus: Corpus, p: Protocol, chunks: int | None) -> Plan:
+    docs = rolling_windows(corpus.document_tokens(engine), p.n_ctx, p.prefix)
+    windows = limit(docs.windows, chunks)
+    whole = len(windows) == len(docs.windows)
+    return Plan(p, docs.stream[:windows[-1].end], windows, int(docs.doc_lengths.sum()),
+                {"total": docs.n_documents}, corpus.size(whole_stream=False) if whole else None)
 
 
 def _stream_plan(engine, corpus: Corpus, p: Protocol, chunks: int | None) -> Plan:
@@ -64,7 +92,7 @@ def _stream_plan(engine, corpus: Corpus, p: Protocol, chunks: int | None) -> Pla
     else:
         made = (exl3_windows if p.name == "exl3" else stride_windows)(stream, p.n_ctx, p.stride)
         windows = limit(made, chunks)
-    end = windows[-1].start + len(windows[-1].tokens)
+    end = windows[-1].end
     whole = p.counts_once and end == len(stream)
     return Plan(p, stream[:end], windows, len(stream), {}, corpus.size(whole_stream=True) if whole else None)
 

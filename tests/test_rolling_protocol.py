@@ -1,0 +1,136 @@
+"""``--protocol rolling`` against lm-evaluation-harness itself (installed from the package
+registry into .venv-lmeval, beside kldtool's environment): the window layout of its
+``get_rolling_token_windows``/``make_disjoint_window``, and the word perplexity, byte
+perplexity and bits per byte its Hugging Face model class and ``wikitext`` task compute on the
+built-in SmolLM2 over ten WikiText-2 test articles (c = 256, so most take several windows).
+
+lm-eval runs at float64, so its numbers are the exact values of its definitions: at float32 its
+log-softmax sits about 8e-6 nats per token below the exact value (measured: 1.0e-5 in word
+perplexity), which would blur a 1e-5 comparison. kldtool runs at float32, as users run it.
+"""
+
+import json
+import re
+import subprocess
+
+import numpy as np
+import pytest
+
+from conftest import ROOT, WIKI, compare_json, run_cli
+
+from kldtool import wikitext
+from kldtool.protocols import Protocol, rolling_windows
+from kldtool.errors import UsageError
+
+LENGTH = 256
+TITLE = re.compile(r"^ = [^=].* = \r?$")  # " = Robert Boulter = ", not " = = Career = = "
+
+
+def articles() -> list[str]:
+    """The test's own paging of the raw text (independent of kldtool.wikitext): a new article
+    at each top-level title line."""
+    out: list[list[str]] = [[]]
+    for line in WIKI.read_text(encoding="utf-8").split("\n"):
+        if TITLE.match(line):
+            out.append([])
+        out[-1].append(line)
+    return [p for p in ("\n".join(a) for a in out) if p.strip()]
+
+
+@pytest.fixture(scope="module")
+def pages() -> dict[str, list[str]]:
+    found = articles()
+    by_size = sorted(range(len(found)), key=lambda i: len(found[i]))
+    return {"wikitext": [found[i] for i in sorted(by_size[:10])],  # the ten shortest, in file order
+            "plain": [found[i] for i in sorted(by_size[1:4])]}
+
+
+@pytest.fixture(scope="module")
+def lmeval(fp32_dir, pages, tmp_path_factory) -> dict:
+    py = ROOT / ".venv-lmeval" / "bin" / "python"
+    if not py.exists():
+        subprocess.run(["bash", str(ROOT / "scripts" / "lmeval" / "setup.sh")], check=True)
+    d = tmp_path_factory.mktemp("lmeval")
+    runs = {"wikitext": {"pages": pages["wikitext"], "detokenize": True},
+            "plain": {"pages": pages["plain"], "detokenize": False}}
+    (d / "runs.json").write_text(json.dumps(runs))
+    p = subprocess.run([str(py), str(ROOT / "tests" / "helpers" / "lmeval_rolling.py"), fp32_dir, str(LENGTH),
+                        "float64", str(d / "runs.json"), str(d / "out.json")], capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr[-3000:]
+    return json.loads((d / "out.json").read_text())
+
+
+def test_paging_and_detokenizer_are_lmevals(pages, lmeval):
+    assert wikitext.pages(WIKI.read_text(encoding="utf-8")) == articles()
+    assert len(articles()) == 62
+    assert [wikitext.detokenize(p) for p in pages["wikitext"]] == lmeval["runs"]["wikitext"]["texts"]
+
+
+def test_window_layout_is_lmevals(lmeval):
+    prefix = lmeval["prefix_token_id"]
+    for n, theirs in lmeval["synthetic_layouts"].items():
+        doc = np.arange(100, 100 + int(n))
+        if not theirs:
+            assert int(n) == 0
+            continue
+        ours = rolling_windows([doc], 8, prefix).windows
+        assert len(ours) == len(theirs), n
+        for w, (context, continuation) in zip(ours, theirs):
+            assert list(w.targets) == continuation  # the same tokens predicted
+            assert list(w.tokens) == (context + continuation)[:-1]  # from the same model input
+            assert w.first + w.n_scored == len(w.tokens)
+
+
+@pytest.mark.parametrize("run", ["wikitext", "plain"])
+def test_ppl_rolling_reproduces_lmeval(fp32_dir, pages, lmeval, run, tmp_path):
+    theirs = lmeval["runs"][run]
+    if run == "wikitext":
+        corpus = tmp_path / "wiki.raw"
+        corpus.write_text("\n".join(pages[run]), encoding="utf-8")
+        fmt = ("--corpus-format", "wikitext")
+    else:
+        corpus = tmp_path / "pages.jsonl"
+        corpus.write_text("".join(json.dumps({"text": p}) + "\n" for p in pages[run]), encoding="utf-8")
+        fmt = ()
+    run_cli("ppl", "-m", fp32_dir, "-f", corpus, *fmt, "--protocol", "rolling", "-c", LENGTH,
+            "--json", tmp_path / "r.json")
+    ours = json.loads((tmp_path / "r.json").read_text())
+    print(run, {k: (ours["text"][k], theirs[k]) for k in ("word_perplexity", "byte_perplexity", "bits_per_byte")})
+    assert ours["scored_tokens"] == sum(len(ids) for ids in theirs["ids"])  # every token, once
+    assert ours["nll_sum"] == pytest.approx(-sum(theirs["loglikelihoods"]), rel=1e-6)
+    for k in ("word_perplexity", "byte_perplexity", "bits_per_byte"):
+        assert ours["text"][k] == pytest.approx(theirs[k], rel=1e-5), k
+    assert ours["protocol"] | {"prefix_id": lmeval["prefix_token_id"], "n_ctx": LENGTH} == ours["protocol"]
+
+
+def test_compare_over_lmevals_tokens(fp32_dir, q4_1_gguf, pages, lmeval, tmp_path):
+    """A rolling base file stores lm-eval's scored tokens; a quant (the built-in Q4_1 GGUF,
+    through llama.cpp) is compared over exactly those."""
+    corpus = tmp_path / "pages.jsonl"
+    corpus.write_text("".join(json.dumps({"text": p}) + "\n" for p in pages["plain"]), encoding="utf-8")
+    base = tmp_path / "rolling.kldt"
+    run_cli("base", "-m", fp32_dir, "-f", corpus, "--protocol", "rolling", "-c", LENGTH, "--kl-divergence-base", base,
+            "--json", tmp_path / "base.json")
+    r = compare_json(base, tmp_path, "-m", q4_1_gguf)
+    theirs = lmeval["runs"]["plain"]
+    n = sum(len(ids) for ids in theirs["ids"])
+    assert r["protocol"]["name"] == "rolling" and r["scored_tokens"] == n
+    ppl_base = float(np.exp(-sum(theirs["loglikelihoods"]) / n))
+    assert json.loads((tmp_path / "base.json").read_text())["ppl"] == pytest.approx(ppl_base, rel=1e-5)
+    # compare's PPL(base) comes from the stored rows, whose log-probs are clamped at -16 nats
+    # below each row's top, as llama.cpp's are: a few rare targets read higher.
+    assert r["statistics"]["ppl_base"]["value"] == pytest.approx(ppl_base, rel=0.01)
+    assert 1e-3 < r["statistics"]["kld_mean"]["value"] < 1.0  # Q4_1 weights against the fp32 model
+    info = json.loads(run_cli("info", base, "--json").stdout)
+    assert info["protocol"] == "rolling"
+
+
+def test_rolling_flags_refused():
+    with pytest.raises(UsageError, match="--stride"):
+        Protocol.from_flags("rolling", 256, 64, None)
+    with pytest.raises(UsageError, match="--prefix-token"):
+        Protocol.from_flags("stride", 256, 64, None, prefix=0)
+    with pytest.raises(UsageError, match="--ctx-size 1"):
+        Protocol.from_flags("rolling", 1, None, None)
+    p = run_cli("ppl", "--protocol", "rolling", "--prefix-token", "999999", "-c", 64, "--chunks", 1, check_rc=None)
+    assert p.returncode != 0 and "outside the vocabulary" in p.stderr.strip().splitlines()[-1]
