@@ -1,5 +1,6 @@
-"""Commands over finished runs: ``merge`` (compare shards into one run's statistics) and
-``report`` (one table and plots for many quants against one base file)."""
+"""Commands over finished runs: ``merge`` (compare shards into one run's statistics),
+``report`` (one table and plots for many quants against one base file) and ``diff`` (two
+quants, paired chunk by chunk: is the difference real)."""
 
 from __future__ import annotations
 
@@ -52,3 +53,19 @@ def report(
 
         for path in write_plots(rows, plots):
             print(f"report: wrote {path}", file=sys.stderr)
+
+
+@app.command()
+@flags(boot=BOOTSTRAP)
+def diff(
+    a: str = typer.Argument(..., help="Run A: a compare --per-token .h5 file or a compare --state file."),
+    b: str = typer.Argument(..., help="Run B, against the same base file over the same chunks."),
+    json_out: Optional[str] = typer.Option(None, "--json", help="Write both runs' values, A − B, intervals and "
+                                                                "chunk wins here."),
+    boot=None,
+):
+    """Two quants against one base file, paired chunk by chunk: A − B with a paired block
+    bootstrap interval and chunk wins for mean KLD, ln PPL ratio, same top p and RMS Δp."""
+    from kldtool.pipeline.diff import run_diff
+
+    run_diff(a, b, bootstrap_of(boot), json_path=json_out)
