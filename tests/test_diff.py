@@ -1,6 +1,6 @@
-"""``kldtool diff``: two quants against llama-perplexity's own base file (the fixture), paired
-chunk by chunk, checked against a float64 numpy paired bootstrap written here from the
-per-token columns (not from kldtool's accumulators)."""
+"""``kldtool diff`` and ``report``'s ordering test: two quants against llama-perplexity's own
+base file (the fixture), paired chunk by chunk, checked against a float64 numpy paired
+bootstrap written here from the per-token columns (not from kldtool's accumulators)."""
 
 import json
 
@@ -18,7 +18,8 @@ def runs(fixture_base, requant, tmp_path_factory):
     d = tmp_path_factory.mktemp("diff")
     out = {}
     for q in ("Q8_0", "Q2_K"):
-        run_cli("compare", "-m", requant(q), "--kl-divergence-base", fixture_base, "--per-token", d / f"{q}.h5")
+        run_cli("compare", "-m", requant(q), "--kl-divergence-base", fixture_base, "--per-token", d / f"{q}.h5",
+                "--json", d / f"{q}.json")
         out[q] = d / f"{q}.h5"
     # Q8_0 again, kept as a state file this time: the same run by the other kind of file.
     run_cli("compare", "-m", requant("Q8_0"), "--kl-divergence-base", fixture_base, "--state", d / "Q8_0-again.npz")
@@ -89,3 +90,39 @@ def test_diff_refuses_what_it_cannot_pair(runs, fixture_base, requant, tmp_path)
         assert p.returncode != 0 and says in p.stderr.strip().splitlines()[-1], p.stderr
     p = run_cli("diff", runs["Q8_0"], runs["Q2_K"], "--bootstrap", 0, check_rc=None)
     assert p.returncode != 0 and "--bootstrap 0" in p.stderr
+
+
+def _pair_line(text: str, a: str, b: str) -> tuple[float, list[float], str]:
+    line = next(l for l in text.splitlines() if l.strip().lstrip("- ").startswith(f"{a} vs {b}:"))
+    d = float(line.split("A − B ")[1].split()[0])
+    lo, hi = (float(x) for x in line.split("[")[1].split("]")[0].split(","))
+    return d, [lo, hi], line
+
+
+def test_report_pairs_adjacent_rows_as_numpy_does(runs, tmp_path):
+    jsons = [runs[q].with_suffix(".json") for q in ("Q8_0", "Q2_K")]
+    p = run_cli("report", *jsons, "--bootstrap", RESAMPLES, "--seed", SEED, "--markdown", tmp_path / "r.md")
+    ref = reference(runs["Q2_K"], runs["Q8_0"])["kld_mean"]  # sorted by size: Q2_K first
+    for text in (p.stdout, (tmp_path / "r.md").read_text()):
+        d, interval, line = _pair_line(text, "Q2_K", "Q8_0")
+        assert d == pytest.approx(ref["difference"], abs=1e-6) and "significant" in line and "not" not in line
+        assert interval == pytest.approx(list(ref["interval_95"]), abs=1e-6)
+
+
+def test_report_labels_differences_below_the_noise_floor(runs, fixture_base, q4_1_gguf, tmp_path):
+    floor = tmp_path / "floor.json"
+    run_cli("noise-floor", "--kl-divergence-base", fixture_base, "-m", q4_1_gguf, "-b", 512, "--json", floor)
+    jsons = [runs[q].with_suffix(".json") for q in ("Q8_0", "Q2_K")]
+    real = run_cli("report", *jsons, "--noise-floor", floor).stdout
+    assert _pair_line(real, "Q2_K", "Q8_0")[2].endswith("significant; Q2_K lower in 0 of 8 chunks")
+    # The same file claiming a floor above the pair's difference (0.48): labelled, not "significant".
+    data = json.loads(floor.read_text())
+    data["noise_floor"]["kld_mean"]["value"] = 0.5
+    high = tmp_path / "high.json"
+    high.write_text(json.dumps(data))
+    assert "below the noise floor 0.500000" in _pair_line(run_cli("report", *jsons, "--noise-floor", high).stdout,
+                                                          "Q2_K", "Q8_0")[2]
+    data["base"] = {"other": True}
+    high.write_text(json.dumps(data))
+    p = run_cli("report", *jsons, "--noise-floor", high, check_rc=None)
+    assert p.returncode != 0 and "measured on another base file" in p.stderr.strip().splitlines()[-1]

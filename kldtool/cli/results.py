@@ -28,6 +28,7 @@ def merge(
 
 
 @app.command()
+@flags(boot=BOOTSTRAP)
 def report(
     results: list[str] = typer.Argument(..., help="compare/merge --json results and compare --per-token .h5 files "
                                                   "(those of one model are pooled)."),
@@ -36,16 +37,28 @@ def report(
     plots: Optional[str] = typer.Option(None, "--plots", help="Write PNG plots into this directory."),
     title: Optional[str] = typer.Option(None, "--title", help="Title of the table and Markdown."),
     mix: bool = typer.Option(False, "--mix", help="Report results of different base files or protocols together."),
+    paired: bool = typer.Option(False, "--paired", help="Pair every two quants' mean KLD chunk by chunk (default: "
+                                                        "each against the next larger one)."),
+    noise_floor: Optional[str] = typer.Option(None, "--noise-floor", help="A `kldtool noise-floor --json` result of "
+                                                                          "the base file: differences below it are "
+                                                                          "labelled so."),
+    boot=None,
 ):
     """One table (and plots) for many quants compared against one base file, sorted by size."""
     from kldtool.report import table
+    from kldtool.report.ordering import ordering, read_floor
     from kldtool.report.results import load_results
     from kldtool.textio import write_text
 
     rows = load_results(results, mix=mix)
+    floor = read_floor(noise_floor, rows[0].base, rows[0].sources[0])["kld_mean"] if noise_floor else None
+    pairs = ordering(rows, bootstrap_of(boot), every=paired, floor=floor)
     table.console(rows, title)
+    if pairs:
+        print("\n".join(pairs))
     if markdown:
-        write_text(markdown, table.markdown(rows, title))
+        listed = "".join(f"\n{pairs[0]}\n\n" if i == 0 else f"- {p.strip()}\n" for i, p in enumerate(pairs))
+        write_text(markdown, table.markdown(rows, title) + listed)
     if csv_out:
         write_text(csv_out, table.csv_text(rows))
     if plots:

@@ -271,6 +271,7 @@ def run_compare(engine: Engine, reader, force: bool = False, json_path: str | No
         "warnings": warnings,
     }
     result["statistics"] = final_report(acc, sinks, warnings, bootstrap, h.keep, floor)
+    result["chunk_sums"] = acc.chunk_table()
     result["wall_time_s"] = round(time.time() - t0, 3)
     if per_token:
         per_token.finish(result["statistics"])

@@ -64,6 +64,7 @@ def run_merge(paths: list[str], json_path: str | None = None, sinks: Sinks | Non
         "warnings": warnings,
     }
     result["statistics"] = final_report(acc, sinks, warnings, bootstrap, first.meta["base"].get("keep"))
+    result["chunk_sums"] = acc.chunk_table()
     if json_path:
         write_json(json_path, result)
     return result

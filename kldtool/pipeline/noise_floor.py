@@ -9,7 +9,9 @@ from kldtool.errors import UsageError
 from kldtool.identity import base_identity
 from kldtool.pipeline.common import Sinks
 from kldtool.pipeline.compare import run_compare
-from kldtool.textio import read_json, write_json
+from kldtool.report.ordering import FLOOR_KIND as KIND
+from kldtool.report.ordering import read_floor
+from kldtool.textio import write_json
 
 MODEL_KEYS = ("engine", "dtype", "device")
 KIND = "noise-floor"
@@ -43,11 +45,4 @@ def run_noise_floor(engine, reader, json_path: str | None = None, sinks: Sinks |
 
 def load_floor(path: str, reader) -> dict:
     """The floor of a ``noise-floor --json`` result, checked to belong to ``reader``'s base file."""
-    floor = read_json(path, f"--noise-floor {path}")
-    if not isinstance(floor, dict) or floor.get("command") != KIND or "noise_floor" not in floor:
-        raise UsageError(f"--noise-floor {path}: not a `kldtool noise-floor --json` result")
-    if floor.get("base") != base_identity(reader):
-        raise UsageError(f"--noise-floor {path}: measured on another base file than {reader.path} "
-                         f"(header or tokens differ)")
-    return {"kld_mean": floor["noise_floor"]["kld_mean"]["value"], "source": path,
-            "path": floor["noise_floor"]["this_path"]}
+    return read_floor(path, base_identity(reader), reader.path)

@@ -11,10 +11,13 @@ import json
 import os
 from dataclasses import dataclass
 
+import numpy as np
+
 from kldtool.errors import UsageError
 from kldtool.identity import model_identity
 from kldtool.report.per_token import accumulate, read_per_token
 from kldtool.sizes import model_size_dict
+from kldtool.stats.accumulator import SUMS, VECTOR_LEN
 from kldtool.stats.bootstrap import Bootstrap
 from kldtool.stats.report import statistics
 from kldtool.stats.summary import MIN_TOKENS_FOR_STATS
@@ -30,6 +33,8 @@ class ResultRow:
     protocol: dict | None
     statistics: dict
     size: dict | None = None
+    chunks: list[int] | None = None  # the chunks the run scored, with their sums (pairing runs)
+    vectors: np.ndarray | None = None
 
     @property
     def bpw(self) -> float | None:
@@ -56,7 +61,21 @@ def _from_json(path: str) -> ResultRow:
     if "kld_mean" not in run["statistics"]:
         raise UsageError(f"{path}: the run scored too few tokens for statistics")
     return ResultRow(_label(path), [path], run.get("model") or {}, run.get("base"), run.get("protocol"),
-                     run["statistics"], _size(run))
+                     run["statistics"], _size(run), *_chunk_sums(run.get("chunk_sums"), path))
+
+
+def _chunk_sums(table, path: str) -> tuple[list[int] | None, np.ndarray | None]:
+    """A result's per-chunk sums; (None, None) for results written before they were kept."""
+    if table is None:
+        return None, None
+    try:
+        if table["columns"] != [*SUMS, "n_same", "count"]:
+            return None, None  # another kldtool's layout: report without pairing
+        chunks = [int(c) for c in table["chunks"]]
+        vectors = np.asarray(table["vectors"], np.float64).reshape(len(chunks), VECTOR_LEN)
+    except (KeyError, TypeError, ValueError) as e:
+        raise UsageError(f"{path}: corrupt chunk_sums ({e})") from None
+    return chunks, vectors
 
 
 def _from_per_token(files: list[tuple[str, dict, dict]]) -> ResultRow:
@@ -68,7 +87,7 @@ def _from_per_token(files: list[tuple[str, dict, dict]]) -> ResultRow:
     stats = statistics(acc, Bootstrap())[1]
     first = runs[0]
     return ResultRow(_label(paths[0]), list(paths), first.get("model") or {}, first.get("base"),
-                     first.get("protocol"), stats, _size(first))
+                     first.get("protocol"), stats, _size(first), list(acc.chunks), np.asarray(acc.chunk_vectors))
 
 
 def _group_per_token(paths: list[str]) -> list[list[tuple[str, dict, dict]]]:

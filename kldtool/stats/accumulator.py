@@ -122,6 +122,11 @@ class KldAccumulator:
         """All per-token (kld, dp) float32 values in scoring order."""
         return self.per_token("kld"), self.per_token("dp")
 
+    def chunk_table(self) -> dict:
+        """The per-chunk sums as JSON (a result's ``chunk_sums``): what ``report`` pairs runs by."""
+        return {"columns": [*SUMS, "n_same", "count"], "chunks": list(self.chunks),
+                "vectors": np.asarray(self.chunk_vectors, np.float64).reshape(-1, VECTOR_LEN).tolist()}
+
     def arrays(self) -> dict[str, np.ndarray]:
         """Everything needed to rebuild this accumulator exactly (see :meth:`from_arrays`)."""
         vectors = np.array(self.chunk_vectors, np.float64).reshape(-1, VECTOR_LEN)
