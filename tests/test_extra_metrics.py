@@ -36,7 +36,8 @@ def reference(logits: np.ndarray, rows: np.ndarray) -> dict:
     # the reducer sees float32 decoded rows: rank on those, as it must
     b32 = b.astype(np.float32)
     overlap = {k: np.array([len(top_set(logits[i], k) & top_set(b32[i], k)) for i in range(n)]) for k in (1, 5, 10)}
-    return {"rkld": rkld, "jsd": jsd, "overlap": overlap, "ptop": np.exp(b.max(1))}
+    top1 = {"q": [min(top_set(logits[i], 1)) for i in range(n)], "base": [min(top_set(b32[i], 1)) for i in range(n)]}
+    return {"rkld": rkld, "jsd": jsd, "overlap": overlap, "ptop": np.exp(b.max(1)), "top1": top1}
 
 
 def reduce(logits, rows, targets):
@@ -53,6 +54,7 @@ def check(logits, rows, targets):
     # top-1 agreement is same_top: the same tie rule
     assert np.array_equal(r.same_top, ref["overlap"][1] == 1)
     assert np.allclose(r.ptop_base, ref["ptop"], rtol=1e-6)
+    assert r.top1_q.tolist() == ref["top1"]["q"] and r.top1_base.tolist() == ref["top1"]["base"]
     return ref, r
 
 

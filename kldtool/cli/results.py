@@ -82,3 +82,23 @@ def diff(
     from kldtool.pipeline.diff import run_diff
 
     run_diff(a, b, bootstrap_of(boot), json_path=json_out)
+
+
+@app.command()
+def worst(
+    result: str = typer.Argument(..., help="A compare --per-token .h5 file."),
+    n: int = typer.Option(20, "-n", help="How many rows."),
+    by: str = typer.Option("kld", "--by", help="kld (largest KLD), dp (largest |Δp|), nll (largest rise of the "
+                                               "target's NLL) or window (chunks by mean KLD)."),
+    context: int = typer.Option(12, "--context", help="Tokens of text shown before each position (window: from "
+                                                      "its first scored position)."),
+    base: Optional[str] = typer.Option(None, "--base", help="The base file, if it moved since the compare run."),
+    model: Optional[str] = typer.Option(None, "-m", "--model", help="Tokenizer source (default: the base file's "
+                                                                    "model, else the compared model)."),
+    json_out: Optional[str] = typer.Option(None, "--json", help="Write the rows here."),
+):
+    """Where a quant goes wrong: the positions (or windows) with the largest divergence, with
+    their text, the target, both models' top-1 tokens and probabilities."""
+    from kldtool.report.worst import run_worst
+
+    run_worst(result, n, by, context, base, model, json_out)

@@ -204,6 +204,8 @@ def _reduce(logits, codes, heads, targets, floor, out64, out32, outi):
         outi[r, 0] = qi[0] == bi[0]
         outi[r, 1] = _overlap(qi, bi, 5)
         outi[r, 2] = _overlap(qi, bi, TOP_N)
+        outi[r, 3] = qi[0]
+        outi[r, 4] = bi[0]
 
 
 def reduce_rows_cpu(logits: np.ndarray, rows: np.ndarray, targets: np.ndarray, floor: float) -> list[np.ndarray]:
@@ -215,8 +217,8 @@ def reduce_rows_cpu(logits: np.ndarray, rows: np.ndarray, targets: np.ndarray, f
     codes = rows[:, HEADER_SLOTS:HEADER_SLOTS + n_vocab]
     out64 = np.empty((n_rows, 3), np.float64)
     out32 = np.empty((n_rows, 4), np.float32)
-    outi = np.empty((n_rows, 3), np.int64)
+    outi = np.empty((n_rows, 5), np.int64)
     _reduce(np.ascontiguousarray(logits, np.float32), codes, heads, np.ascontiguousarray(targets, np.int64),
             np.float32(floor), out64, out32, outi)
     return [out32[:, 0], out32[:, 1], out64[:, 0], out32[:, 2], outi[:, 0].astype(bool),
-            out64[:, 1], out64[:, 2], outi[:, 1], outi[:, 2], out32[:, 3]]
+            out64[:, 1], out64[:, 2], outi[:, 1], outi[:, 2], out32[:, 3], outi[:, 3], outi[:, 4]]

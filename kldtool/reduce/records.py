@@ -10,7 +10,7 @@ import numpy as np
 
 FIELDS = {"nll": np.float32, "nll_base": np.float32, "kld": np.float64, "dp": np.float32, "same_top": np.bool_,
           "rkld": np.float64, "jsd": np.float64, "top5": np.uint8, "top10": np.uint8, "ptop_base": np.float32,
-          "kld_tail": np.float64}
+          "kld_tail": np.float64, "top1_q": np.int32, "top1_base": np.int32}
 
 
 @dataclass
@@ -28,6 +28,8 @@ class TokenRecords:
     top10: np.ndarray  # |top10(q) ∩ top10(base)|
     ptop_base: np.ndarray  # the base's largest probability
     kld_tail: np.ndarray  # top-K base rows: estimate of the KLD the unstored tail hides (else 0)
+    top1_q: np.ndarray  # the compared model's most probable token id (the lowest id on a tie)
+    top1_base: np.ndarray  # the base's
 
     def __len__(self) -> int:
         return len(self.nll)
@@ -47,8 +49,11 @@ class TokenRecords:
         return cls(*(np.concatenate([getattr(p, f) for p in parts]) for f in FIELDS))
 
 
+TAIL = list(FIELDS).index("kld_tail")
+
+
 def to_records(cols: list) -> TokenRecords:
-    """Records from a backend's columns in ``FIELDS`` order; a missing ``kld_tail`` is 0."""
-    if len(cols) < len(FIELDS):
-        cols = cols + [np.zeros(len(cols[0]))]
+    """Records from a backend's columns in ``FIELDS`` order; full rows leave ``kld_tail`` (0) out."""
+    if len(cols) == len(FIELDS) - 1:
+        cols = cols[:TAIL] + [np.zeros(len(cols[0]))] + cols[TAIL:]
     return TokenRecords(*(np.asarray(a, dt) for a, dt in zip(cols, FIELDS.values())))

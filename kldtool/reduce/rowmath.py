@@ -39,7 +39,8 @@ def extras_only(logits, rows, n_vocab, floor):
 
 
 def extras_block(logits, big_m, b, floor):
-    """(reverse KLD, JSD, top-5 overlap, top-10 overlap, base top-1 probability) per row.
+    """(reverse KLD, JSD, top-5 overlap, top-10 overlap, base top-1 probability, compared and
+    base top-1 ids) per row.
 
     Reverse KLD sums over every entry, a clamped base entry counting at the floor value its code
     decodes to (above its true log-prob, so the term is a lower bound of the true one). JSD
@@ -60,14 +61,15 @@ def extras_block(logits, big_m, b, floor):
     rkld = (p * (em * (d - 1) + d)).sum(dim=1, dtype=torch.float64) - (p.sum(dim=1, dtype=torch.float64) - 1)
     jsd = jsd_terms(b, logq, floor, d, em).sum(dim=1, dtype=torch.float64)
     top_b = order_keys(b).topk(max(TOP_K), dim=1).indices
-    return (rkld, jsd, *top_overlaps(logits, top_b), torch.exp(b.max(dim=1).values))
+    *overlaps, top1_q = top_overlaps(logits, top_b)
+    return (rkld, jsd, *overlaps, torch.exp(b.max(dim=1).values), top1_q, top_b[:, 0])
 
 
 def top_overlaps(logits, top_b) -> list:
     """|top-k(q) ∩ top-k(base)| per row for each k of ``TOP_K``, from the base's top ids (most
-    probable first, at least max(TOP_K) of them)."""
+    probable first, at least max(TOP_K) of them), then the compared model's top-1 id."""
     top_q = order_keys(logits).topk(max(TOP_K), dim=1).indices
-    return [(top_q[:, :n, None] == top_b[:, None, :n]).sum(dim=(1, 2)) for n in TOP_K]
+    return [(top_q[:, :n, None] == top_b[:, None, :n]).sum(dim=(1, 2)) for n in TOP_K] + [top_q[:, 0]]
 
 
 def jsd_terms(b, logq, floor, d=None, em=None):

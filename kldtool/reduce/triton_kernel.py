@@ -138,4 +138,4 @@ def triton_records(logits, base_rows, targets, floor: float) -> TokenRecords:
     core = reduce_rows_triton(logits, base_rows, targets, floor).cpu().numpy()
     n_vocab = logits.shape[1]
     extra = [extras_only(lg, rows, n_vocab, floor) for lg, rows, _ in row_blocks(logits, base_rows, targets)]
-    return to_records(list(core) + [torch.cat([e[k] for e in extra]).cpu().numpy() for k in range(5)])
+    return to_records(list(core) + [torch.cat([e[k] for e in extra]).cpu().numpy() for k in range(len(extra[0]))])

@@ -4,7 +4,8 @@ them back into an accumulator.
 One row per scored token, in scoring order: ``chunk``, ``position`` (index of the predicted
 token in the base file's token stream), ``target`` (its id), then the reducer's records:
 ``nll_q``, ``nll_base``, ``kld``, ``dp``, ``same_top``, ``rkld``, ``jsd``, ``top5``, ``top10``,
-``ptop_base`` (docs/metrics.md). The run's metadata is the JSON attribute ``run``; ``complete`` is set last.
+``ptop_base``, ``kld_tail``, ``top1_q`` and ``top1_base`` (both models' most probable token ids;
+-1 when read from a file written before they were kept) (docs/metrics.md). The run's metadata is the JSON attribute ``run``; ``complete`` is set last.
 
 While the run goes, the records are appended to ``.NAME.partial`` beside the target, synced to
 disk whenever the compare state is checkpointed; ``--resume`` cuts them back to the
@@ -28,6 +29,7 @@ FIELDS = {"chunk": np.int32, "position": np.int64, "target": np.int32,
           **{COLUMN_OF[f]: dt for f, dt in RECORD_FIELDS.items()}}
 RECORD = np.dtype([(name, dtype) for name, dtype in FIELDS.items()])
 KIND = "kldtool-per-token"
+LATER = ("top1_q", "top1_base")  # columns files of earlier versions lack: read as -1
 
 
 class PerTokenWriter:
@@ -116,11 +118,13 @@ def read_per_token(path: str) -> tuple[dict, dict[str, np.ndarray]]:
         if not f.attrs.get("complete"):
             raise UsageError(f"{path}: incomplete per-token file (its compare run did not finish)")
         run = json.loads(f.attrs["run"])
-        missing = [name for name in FIELDS if name not in f]
+        missing = [name for name in FIELDS if name not in f and name not in LATER]
         if missing:
             raise UsageError(f"{path}: written by an older kldtool (no column {missing[0]}); "
                              f"rerun compare --per-token")
-        cols = {name: f[name][:] for name in FIELDS}
+        cols = {name: f[name][:] for name in FIELDS if name in f}
+    n = len(cols["chunk"])
+    cols.update({name: np.full(n, -1, FIELDS[name]) for name in LATER if name not in cols})
     if len({len(c) for c in cols.values()}) != 1:
         raise UsageError(f"{path}: per-token columns of different lengths")
     return run, cols

@@ -1,0 +1,144 @@
+"""``kldtool worst RESULT.h5``: where a quant goes wrong. The N scored positions with the
+largest KLD (``--by dp``: largest |Δp|, ``--by nll``: largest rise in the target's NLL over the
+base's), each with the text before it, the target, both models' top-1 tokens and both models'
+probability of the target; ``--by window``: the chunks ranked by mean KLD.
+
+The tokens come from the base file the per-token file names (``--base`` if it moved); token
+texts from a tokenizer: ``-m``, else the base file's model, else the compared model.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import numpy as np
+
+from kldtool.errors import UsageError
+
+BY = ("kld", "dp", "nll", "window")
+
+
+@dataclass
+class Decoder:
+    """Token ids to text, through the model's own tokenizer (GGUF or transformers directory)."""
+
+    source: str
+
+    def __post_init__(self):
+        if self.source.endswith(".gguf"):
+            import llama_cpp
+
+            from kldtool.engines.llamacpp import silence_llama_logs
+
+            silence_llama_logs(llama_cpp)
+            self._llama = llama_cpp.Llama(self.source, vocab_only=True, verbose=False)
+            self.piece = lambda ids: self._llama.detokenize([int(i) for i in ids], special=True).decode("utf-8", "replace")
+        else:
+            from transformers import AutoTokenizer
+
+            tok = AutoTokenizer.from_pretrained(self.source)
+            self.piece = lambda ids: tok.decode([int(i) for i in ids])
+
+    def text(self, ids) -> str:
+        return self.piece(ids) if len(ids) else ""
+
+
+def tokenizer_source(explicit: str | None, base_meta: dict, run: dict) -> str:
+    for candidate in (explicit, (base_meta.get("model") or {}).get("model"), (run.get("model") or {}).get("model")):
+        if candidate and os.path.exists(candidate):
+            return candidate
+    raise UsageError("worst: no tokenizer at hand (the base file's and the compared model's paths are gone); give -m MODEL")
+
+
+def _order(cols: dict, by: str) -> np.ndarray:
+    if by == "kld":
+        key = cols["kld"]
+    elif by == "dp":
+        key = np.abs(cols["dp"])
+    else:
+        key = cols["nll_q"].astype(np.float64) - cols["nll_base"]
+    return np.argsort(-key, kind="stable")
+
+
+def worst_tokens(cols: dict, tokens: np.ndarray, decode: Decoder, n: int, by: str, context: int) -> list[dict]:
+    out = []
+    for i in _order(cols, by)[:n]:
+        pos = int(cols["position"][i])
+        row = {"chunk": int(cols["chunk"][i]), "position": pos, "kld": float(cols["kld"][i]),
+               "dp": float(cols["dp"][i]), "nll_q": float(cols["nll_q"][i]), "nll_base": float(cols["nll_base"][i]),
+               "p_q": float(np.exp(-cols["nll_q"][i])), "p_base": float(np.exp(-cols["nll_base"][i])),
+               "target_id": int(cols["target"][i]), "top1_q_id": int(cols["top1_q"][i]),
+               "top1_base_id": int(cols["top1_base"][i])}
+        row["context"] = decode.text(tokens[max(0, pos - context):pos])
+        for k in ("target", "top1_q", "top1_base"):
+            row[k] = decode.text([row[f"{k}_id"]]) if row[f"{k}_id"] >= 0 else "?"
+        out.append(row)
+    return out
+
+
+def worst_windows(cols: dict, tokens: np.ndarray, decode: Decoder, n: int, context: int) -> list[dict]:
+    chunks = cols["chunk"]
+    ids, at = np.unique(chunks, return_inverse=True)
+    count = np.bincount(at)
+    mean = np.bincount(at, weights=cols["kld"].astype(np.float64)) / count
+    first = np.array([int(cols["position"][np.argmax(chunks == c)]) for c in ids])
+    order = np.argsort(-mean, kind="stable")[:n]
+    return [{"chunk": int(ids[j]), "kld_mean": float(mean[j]), "tokens": int(count[j]),
+             "same_top": float(np.mean(cols["same_top"][at == j])),
+             "text": decode.text(tokens[first[j]:first[j] + context])} for j in order]
+
+
+def _show(s: str) -> str:
+    return repr(s)[1:-1]
+
+
+def print_tokens(rows: list[dict], by: str) -> None:
+    print(f"{'#':>3} {'chunk':>5} {'pos':>7} {'KLD':>9} {'Δp':>8} {'p_base':>7} {'p_q':>7}  "
+          f"{'target':>12} {'base top1':>12} {'q top1':>12}  context")
+    for k, r in enumerate(rows, 1):
+        print(f"{k:>3} {r['chunk'] + 1:>5} {r['position']:>7} {r['kld']:>9.5f} {r['dp']:>+8.4f} {r['p_base']:>7.4f} "
+              f"{r['p_q']:>7.4f}  {_show(r['target']):>12} {_show(r['top1_base']):>12} {_show(r['top1_q']):>12}  "
+              f"…{_show(r['context'])}[{_show(r['target'])}]")
+    print(f"(ranked by {by})")
+
+
+def print_windows(rows: list[dict]) -> None:
+    print(f"{'#':>3} {'chunk':>5} {'mean KLD':>10} {'tokens':>7} {'same top':>9}  text")
+    for k, r in enumerate(rows, 1):
+        print(f"{k:>3} {r['chunk'] + 1:>5} {r['kld_mean']:>10.6f} {r['tokens']:>7} {100 * r['same_top']:>8.2f}%  "
+              f"{_show(r['text'])}…")
+
+
+def run_worst(result: str, n: int = 20, by: str = "kld", context: int = 12, base: str | None = None,
+              model: str | None = None, json_path: str | None = None) -> list[dict]:
+    from kldtool.identity import base_identity
+    from kldtool.logitsfile import open_base_file
+    from kldtool.report.per_token import read_per_token
+    from kldtool.textio import write_json
+
+    if by not in BY:
+        raise UsageError(f"--by {by!r}: expected one of {', '.join(BY)}")
+    if n < 1 or context < 0:
+        raise UsageError(f"-n {n} --context {context}: need at least 1 row and 0 or more context tokens")
+    run, cols = read_per_token(result)
+    path = base or run.get("base_path")
+    if not path or not os.path.exists(path):
+        raise UsageError(f"{result}: its base file {path} is not there; give --base FILE")
+    reader = open_base_file(path)
+    try:
+        if base_identity(reader) != run.get("base"):
+            raise UsageError(f"{path}: not the base file {result} was compared against (header or tokens differ)")
+        tokens, meta = np.asarray(reader.tokens), reader.metadata or {}
+    finally:
+        reader.close()
+    decode = Decoder(tokenizer_source(model, meta, run))
+    if by == "window":
+        rows = worst_windows(cols, tokens, decode, n, context)
+        print_windows(rows)
+    else:
+        rows = worst_tokens(cols, tokens, decode, n, by, context)
+        print_tokens(rows, by)
+    if json_path:
+        write_json(json_path, {"kind": "kldtool-worst", "result": result, "by": by, "rows": rows})
+    return rows
