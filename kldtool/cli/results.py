@@ -19,12 +19,14 @@ def merge(
     states: list[str] = typer.Argument(..., help="State files of compare shards (compare --chunk-range A:B --state FILE)."),
     json_out: Optional[str] = typer.Option(None, "--json", help="Write every statistic and the shards' metadata here."),
     force: bool = typer.Option(False, "--force", help="Merge shards even when their models' names differ."),
+    mix: bool = typer.Option(False, "--mix", help="Merge shards even when their manifests (engine, versions, dtype, "
+                                                  "device, instruction set...) differ."),
     boot=None,
 ):
     """Combine compare shards into the statistics of one run over all their chunks."""
     from kldtool.pipeline.merge import run_merge
 
-    run_merge(states, json_path=json_out, force=force, bootstrap=bootstrap_of(boot))
+    run_merge(states, json_path=json_out, force=force, bootstrap=bootstrap_of(boot), mix=mix)
 
 
 @app.command()
@@ -35,8 +37,12 @@ def report(
     markdown: Optional[str] = typer.Option(None, "--markdown", help="Write the table as Markdown here."),
     csv_out: Optional[str] = typer.Option(None, "--csv", help="Write the table as CSV (full precision) here."),
     plots: Optional[str] = typer.Option(None, "--plots", help="Write PNG plots into this directory."),
+    html_out: Optional[str] = typer.Option(None, "--html", help="Write one self-contained HTML page here: table, "
+                                                                "paired comparisons, plots, and the worst windows "
+                                                                "token by token for per-token inputs."),
     title: Optional[str] = typer.Option(None, "--title", help="Title of the table and Markdown."),
-    mix: bool = typer.Option(False, "--mix", help="Report results of different base files or protocols together."),
+    mix: bool = typer.Option(False, "--mix", help="Report results of different base files or protocols, or whose "
+                                                  "manifests disagree, together."),
     paired: bool = typer.Option(False, "--paired", help="Pair every two quants' mean KLD chunk by chunk (default: "
                                                         "each against the next larger one)."),
     noise_floor: Optional[str] = typer.Option(None, "--noise-floor", help="A `kldtool noise-floor --json` result of "
@@ -66,6 +72,11 @@ def report(
 
         for path in write_plots(rows, plots):
             print(f"report: wrote {path}", file=sys.stderr)
+    if html_out:
+        from kldtool.report.html import render
+
+        write_text(html_out, render(rows, pairs, title))
+        print(f"report: wrote {html_out}", file=sys.stderr)
 
 
 @app.command()
@@ -75,13 +86,15 @@ def diff(
     b: str = typer.Argument(..., help="Run B, against the same base file over the same chunks."),
     json_out: Optional[str] = typer.Option(None, "--json", help="Write both runs' values, A − B, intervals and "
                                                                 "chunk wins here."),
+    mix: bool = typer.Option(False, "--mix", help="Pair runs whose manifests (dtype, device, instruction set...) "
+                                                  "disagree."),
     boot=None,
 ):
     """Two quants against one base file, paired chunk by chunk: A − B with a paired block
     bootstrap interval and chunk wins for mean KLD, ln PPL ratio, same top p and RMS Δp."""
     from kldtool.pipeline.diff import run_diff
 
-    run_diff(a, b, bootstrap_of(boot), json_path=json_out)
+    run_diff(a, b, bootstrap_of(boot), json_path=json_out, mix=mix)
 
 
 @app.command()

@@ -27,6 +27,14 @@ def silence_llama_logs(lib) -> None:
         lib.llama_log_set(_LOG_CALLBACK, ctypes.c_void_p(0))
 
 
+def cpu_features(lib) -> str:
+    """The instruction sets this llama.cpp build's CPU kernels use ("SSE3 AVX AVX2 ..."):
+    an AVX-512 build computes other logits than an AVX2 one."""
+    info = lib.llama_print_system_info().decode("utf-8", "replace")
+    pairs = (p.partition("=") for p in info.split("|"))
+    return " ".join(k.split(":")[-1].strip() for k, _, v in pairs if v.strip() == "1") or "unknown"
+
+
 class LlamaCppEngine(Engine):
     name = "llamacpp"
 
@@ -168,4 +176,5 @@ class LlamaCppEngine(Engine):
         import llama_cpp
 
         return {"engine": self.name, "model": self.model_path, "dtype": "gguf", "device": "cpu",
-                "threads": self.threads, "versions": {"llama-cpp-python": llama_cpp.__version__}}
+                "threads": self.threads, "versions": {"llama-cpp-python": llama_cpp.__version__},
+                "cpu_isa": cpu_features(llama_cpp)}

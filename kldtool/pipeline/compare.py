@@ -17,6 +17,7 @@ from kldtool.identity import base_identity, model_identity
 from kldtool.logitsfile.prefetch import PrefetchedChunks
 from kldtool.pipeline.common import Sinks, groups, run_metadata, whole_batches
 from kldtool.pipeline.state import RunState, check_fits, load_state, save_state
+from kldtool.manifest import run_manifest
 from kldtool.protocols import Window, llamacpp_windows, parse_lengths, windows_from_table
 from kldtool.report.console import TABLE_HEADER, chunk_line, extra_block, final_blocks
 from kldtool.report.per_token import PerTokenWriter
@@ -195,7 +196,8 @@ def run_compare(engine: Engine, reader, force: bool = False, json_path: str | No
     n_seq = engine.windows_per_call(h.n_ctx)
     meta = {"base": base_identity(reader), "base_path": reader.path, "model": engine.describe(),
             "chunk_range": [a, b], "n_seq": n_seq, "warnings": warnings,
-            "protocol": file_protocol(reader)}
+            "protocol": file_protocol(reader),
+            "manifest": run_manifest(engine.describe(), engine.tokenizer_identity())}
     state = _start_state(ck, meta, sinks)
     start = state.next_chunk
     in_range = base_windows(reader, engine.bos_id)[a:b]
@@ -266,6 +268,8 @@ def run_compare(engine: Engine, reader, force: bool = False, json_path: str | No
         "model_size": model_size_dict(meta["model"].get("model")),
         "tokenizer_identity": {"model": engine.tokenizer_identity(),
                                "base": reader.metadata.get("tokenizer_identity")},
+        "manifest": meta["manifest"],
+        "base_manifest": reader.metadata.get("manifest"),
         "state": ck.path,
         "resumed_at_chunks": state.meta.get("resumed", []),
         "warnings": warnings,

@@ -11,6 +11,7 @@ import os
 import numpy as np
 
 from kldtool.errors import UsageError
+from kldtool.manifest import check_manifests
 from kldtool.stats.accumulator import KldAccumulator
 from kldtool.stats.bootstrap import Bootstrap
 from kldtool.stats.paired import MEASURES, compare_runs, sentence
@@ -47,8 +48,10 @@ def _labels(paths: list[str], metas: list[dict]) -> list[str]:
     return names if names[0] != names[1] else ["A", "B"]
 
 
-def run_diff(path_a: str, path_b: str, bootstrap: Bootstrap, json_path: str | None = None) -> dict:
+def run_diff(path_a: str, path_b: str, bootstrap: Bootstrap, json_path: str | None = None, mix: bool = False) -> dict:
     (meta_a, acc_a), (meta_b, acc_b) = load_run(path_a), load_run(path_b)
+    if not mix:
+        check_manifests([(path_a, meta_a.get("manifest")), (path_b, meta_b.get("manifest"))])
     if meta_a.get("base") != meta_b.get("base"):
         raise UsageError(f"{path_b}: compared against another base file than {path_a} (header or tokens "
                          f"differ); diff pairs the chunks of one base file")
@@ -65,8 +68,10 @@ def run_diff(path_a: str, path_b: str, bootstrap: Bootstrap, json_path: str | No
     rows = compare_runs(np.asarray(acc_a.chunk_vectors), np.asarray(acc_b.chunk_vectors), bootstrap)
     lines = [sentence(m, labels, rows[m.key]) for m in MEASURES]
     _print(labels, rows, lines)
-    result = {"kind": "kldtool-diff", "a": {"path": path_a, "label": labels[0], "model": meta_a.get("model")},
-              "b": {"path": path_b, "label": labels[1], "model": meta_b.get("model")},
+    result = {"kind": "kldtool-diff", "a": {"path": path_a, "label": labels[0], "model": meta_a.get("model"),
+                                            "manifest": meta_a.get("manifest")},
+              "b": {"path": path_b, "label": labels[1], "model": meta_b.get("model"),
+                    "manifest": meta_b.get("manifest")},
               "base": meta_a.get("base"), "protocol": meta_a.get("protocol"), "scored_tokens": acc_a.count,
               "bootstrap": {"method": "paired chunk block bootstrap", "resamples": bootstrap.resamples,
                             "seed": bootstrap.seed},

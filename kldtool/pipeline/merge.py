@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from kldtool.errors import StateError
 from kldtool.identity import model_identity
+from kldtool.manifest import ONE_RUN, check_manifests
 from kldtool.pipeline.common import Sinks, run_metadata
 from kldtool.pipeline.compare import final_report, replay
 from kldtool.pipeline.state import load_state
@@ -19,7 +20,7 @@ from kldtool.textio import write_json
 
 
 def run_merge(paths: list[str], json_path: str | None = None, sinks: Sinks | None = None,
-              force: bool = False, bootstrap: Bootstrap = Bootstrap()) -> dict:
+              force: bool = False, bootstrap: Bootstrap = Bootstrap(), mix: bool = False) -> dict:
     sinks = sinks or Sinks()
     if not paths:
         raise StateError("merge needs at least one state file (compare --state FILE)")
@@ -40,6 +41,8 @@ def run_merge(paths: list[str], json_path: str | None = None, sinks: Sinks | Non
                 raise StateError(msg + "; --force merges anyway")
             warnings.append("FORCED: " + msg)
         warnings.extend(w for w in s.meta.get("warnings", []) if w not in warnings)
+    if not mix:
+        check_manifests([(p, s.meta.get("manifest")) for s, p in shards], ONE_RUN, per_engine=False)
     for (s, p), (t, q) in zip(shards, shards[1:]):
         if t.chunk_range[0] < s.chunk_range[1]:
             raise StateError(f"{q}: chunks {t.chunk_range[0]}:{t.chunk_range[1]} overlap {p}'s "
@@ -60,6 +63,7 @@ def run_merge(paths: list[str], json_path: str | None = None, sinks: Sinks | Non
         "scored_tokens": acc.count,
         "base": first.meta["base"],
         "model": first.meta["model"],
+        "manifest": first.meta.get("manifest"),
         "shards": [p for _, p in shards],
         "warnings": warnings,
     }

@@ -18,6 +18,7 @@ from kldtool.identity import model_identity
 from kldtool.logitsfile import BaseHeader, create_writer
 from kldtool.pipeline.common import Sinks, groups, run_metadata, whole_batches
 from kldtool.pipeline.plan import Plan, make_plan
+from kldtool.manifest import run_manifest
 from kldtool.protocols import Protocol, window_table
 from kldtool.report.console import final_estimate, ppl_progress
 from kldtool.stats import PplAccumulator
@@ -84,6 +85,7 @@ def run_base(engine: Engine, corpus: Corpus, protocol: Protocol, chunks: int | N
         "corpus": corpus.name,
         "model": engine.describe(),
         "tokenizer_identity": engine.tokenizer_identity(),
+        "manifest": run_manifest(engine.describe(), engine.tokenizer_identity()),
         "n_vocab": engine.n_vocab,
         "codec": codec,
         "n_seq": n_seq,

@@ -15,6 +15,7 @@ import numpy as np
 
 from kldtool.errors import UsageError
 from kldtool.identity import model_identity
+from kldtool.manifest import check_manifests
 from kldtool.report.per_token import accumulate, read_per_token
 from kldtool.sizes import model_size_dict
 from kldtool.stats.accumulator import SUMS, VECTOR_LEN
@@ -35,6 +36,7 @@ class ResultRow:
     size: dict | None = None
     chunks: list[int] | None = None  # the chunks the run scored, with their sums (pairing runs)
     vectors: np.ndarray | None = None
+    manifest: dict | None = None
 
     @property
     def bpw(self) -> float | None:
@@ -61,7 +63,7 @@ def _from_json(path: str) -> ResultRow:
     if "kld_mean" not in run["statistics"]:
         raise UsageError(f"{path}: the run scored too few tokens for statistics")
     return ResultRow(_label(path), [path], run.get("model") or {}, run.get("base"), run.get("protocol"),
-                     run["statistics"], _size(run), *_chunk_sums(run.get("chunk_sums"), path))
+                     run["statistics"], _size(run), *_chunk_sums(run.get("chunk_sums"), path), run.get("manifest"))
 
 
 def _chunk_sums(table, path: str) -> tuple[list[int] | None, np.ndarray | None]:
@@ -87,7 +89,8 @@ def _from_per_token(files: list[tuple[str, dict, dict]]) -> ResultRow:
     stats = statistics(acc, Bootstrap())[1]
     first = runs[0]
     return ResultRow(_label(paths[0]), list(paths), first.get("model") or {}, first.get("base"),
-                     first.get("protocol"), stats, _size(first), list(acc.chunks), np.asarray(acc.chunk_vectors))
+                     first.get("protocol"), stats, _size(first), list(acc.chunks), np.asarray(acc.chunk_vectors),
+                     first.get("manifest"))
 
 
 def _group_per_token(paths: list[str]) -> list[list[tuple[str, dict, dict]]]:
@@ -130,4 +133,5 @@ def load_results(paths: list[str], mix: bool = False) -> list[ResultRow]:
             if not same_protocol(r.protocol, ref.protocol):
                 raise UsageError(f"{r.sources[0]}: protocol {r.protocol} differs from {ref.sources[0]}'s "
                                  f"{ref.protocol}; --mix reports them together anyway")
+        check_manifests([(r.sources[0], r.manifest) for r in rows])
     return sorted(rows, key=lambda r: (r.size is None, (r.size or {}).get("file_bytes", 0), r.label))

@@ -110,10 +110,26 @@ def print_windows(rows: list[dict]) -> None:
               f"{_show(r['text'])}…")
 
 
-def run_worst(result: str, n: int = 20, by: str = "kld", context: int = 12, base: str | None = None,
-              model: str | None = None, json_path: str | None = None) -> list[dict]:
+def base_tokens(run: dict, base: str | None, result: str) -> tuple[np.ndarray, dict]:
+    """The token stream and metadata of the base file a per-token run was compared against
+    (``base``, if it moved), checked to be that very file."""
     from kldtool.identity import base_identity
     from kldtool.logitsfile import open_base_file
+
+    path = base or run.get("base_path")
+    if not path or not os.path.exists(path):
+        raise UsageError(f"{result}: its base file {path} is not there; give --base FILE")
+    reader = open_base_file(path)
+    try:
+        if base_identity(reader) != run.get("base"):
+            raise UsageError(f"{path}: not the base file {result} was compared against (header or tokens differ)")
+        return np.asarray(reader.tokens), reader.metadata or {}
+    finally:
+        reader.close()
+
+
+def run_worst(result: str, n: int = 20, by: str = "kld", context: int = 12, base: str | None = None,
+              model: str | None = None, json_path: str | None = None) -> list[dict]:
     from kldtool.report.per_token import read_per_token
     from kldtool.textio import write_json
 
@@ -122,16 +138,7 @@ def run_worst(result: str, n: int = 20, by: str = "kld", context: int = 12, base
     if n < 1 or context < 0:
         raise UsageError(f"-n {n} --context {context}: need at least 1 row and 0 or more context tokens")
     run, cols = read_per_token(result)
-    path = base or run.get("base_path")
-    if not path or not os.path.exists(path):
-        raise UsageError(f"{result}: its base file {path} is not there; give --base FILE")
-    reader = open_base_file(path)
-    try:
-        if base_identity(reader) != run.get("base"):
-            raise UsageError(f"{path}: not the base file {result} was compared against (header or tokens differ)")
-        tokens, meta = np.asarray(reader.tokens), reader.metadata or {}
-    finally:
-        reader.close()
+    tokens, meta = base_tokens(run, base, result)
     decode = Decoder(tokenizer_source(model, meta, run))
     if by == "window":
         rows = worst_windows(cols, tokens, decode, n, context)

@@ -1,0 +1,55 @@
+"""A run's manifest: how its numbers were computed (engine and versions, dtype, device kind,
+tensor-parallel size, vLLM's runner generation and eager mode, the llama.cpp build's
+instruction set, the tokenizer). Base files, compare results, per-token and state files record
+it; ``report``, ``diff`` and ``merge`` refuse runs whose manifests disagree on what changes the
+numbers, naming the field, unless told ``--mix``.
+
+Runs of different engines are compared on purpose (a GGUF quant through llama.cpp against a
+vLLM quant), so only runs of one engine must agree on the numeric fields; shards of one run
+(``merge``) must agree on everything.
+"""
+
+from __future__ import annotations
+
+from kldtool.errors import UsageError
+
+# Fields that change a run's numbers, compared between runs of one engine.
+NUMERIC = ("dtype", "device_kind", "tensor_parallel", "runner", "eager", "cpu_isa")
+# What shards of one run share besides (merge).
+ONE_RUN = ("engine", "versions", *NUMERIC)
+
+
+def run_manifest(described: dict, tokenizer_identity: str | None) -> dict:
+    """The manifest of a run from its engine's ``describe()``."""
+    engine = described.get("engine")
+    args = described.get("vllm_args") or {}
+    runners = sorted({h.rsplit(":", 1)[-1] for h in described.get("hooks") or []})
+    return {
+        "engine": engine, "versions": described.get("versions"), "dtype": described.get("dtype"),
+        "device_kind": str(described.get("device") or "cpu").split(":")[0],
+        "tensor_parallel": int(args.get("tensor_parallel_size") or 1),
+        "runner": ",".join(runners) if runners else None,
+        "eager": bool(args.get("enforce_eager")) if engine == "vllm" else None,
+        "cpu_isa": described.get("cpu_isa"),
+        "head_sha256": described.get("head_sha256"),
+        "tokenizer": tokenizer_identity,
+    }
+
+
+def check_manifests(items: list[tuple[str, dict | None]], fields: tuple[str, ...] = NUMERIC,
+                    per_engine: bool = True, hint: str = "--mix") -> None:
+    """Refuse, naming the first field, two manifests that disagree on ``fields`` (between runs
+    of one engine when ``per_engine``). Runs without a manifest (older kldtool) are not checked."""
+    seen: dict = {}
+    for where, m in items:
+        if not m:
+            continue
+        key = m.get("engine") if per_engine else None
+        if key not in seen:
+            seen[key] = (where, m)
+            continue
+        first, ref = seen[key]
+        for f in fields:
+            if m.get(f) != ref.get(f):
+                raise UsageError(f"{where}: manifest field {f} is {m.get(f)!r}, {first}'s is {ref.get(f)!r}: their "
+                                 f"numbers are not comparable; {hint} allows it")

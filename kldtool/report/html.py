@@ -1,0 +1,115 @@
+"""``kldtool report ... --html FILE``: one self-contained page (no network: plots inlined as
+PNG data, no scripts) with the table, the paired comparisons, the plots, each run's manifest
+and, for every model
+given as a per-token file, its worst windows as text: each token shaded by its KLD, and
+hovering a token shows the target, both models' probability of it and both top-1 tokens
+(CSS only, so the page works wherever it is opened)."""
+
+from __future__ import annotations
+
+import base64
+import html
+import os
+import tempfile
+
+import numpy as np
+
+from kldtool.report import table
+from kldtool.report.results import ResultRow
+
+WINDOWS = 2  # worst windows shown per model
+FULL_SHADE_KLD = 1.0  # a token at or above this KLD gets the darkest shade
+
+STYLE = """
+body{font-family:system-ui,sans-serif;margin:2em;color:#222}
+table{border-collapse:collapse;font-size:13px}th,td{padding:3px 8px;border-bottom:1px solid #ddd;text-align:right}
+th:first-child,td:first-child{text-align:left}
+.pairs li{font-family:monospace;font-size:13px}
+.tokens{font-family:monospace;font-size:14px;line-height:2;white-space:pre-wrap;border:1px solid #ccc;padding:8px}
+.tok{position:relative;border-radius:2px}
+.tok .tip{display:none;position:absolute;left:0;top:1.8em;z-index:5;background:#333;color:#fff;padding:4px 8px;
+ border-radius:4px;white-space:pre;font-size:12px;line-height:1.4}
+.tok:hover .tip{display:block}
+img{max-width:640px;margin:8px 8px 8px 0;border:1px solid #eee}
+"""
+
+
+def _table(rows: list[ResultRow]) -> str:
+    head, body = table.text_rows(rows)
+    th = "".join(f"<th>{html.escape(h)}</th>" for h in head)
+    trs = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>" for cells in body)
+    return f'<table id="summary"><thead><tr>{th}</tr></thead><tbody>{trs}</tbody></table>'
+
+
+def _manifests(rows: list[ResultRow]) -> str:
+    """How each run's numbers were computed (kldtool/manifest.py)."""
+    fields = ("engine", "versions", "dtype", "device_kind", "tensor_parallel", "runner", "eager", "cpu_isa")
+    th = "".join(f"<th>{f}</th>" for f in ("quant", *fields))
+    def cell(v):
+        return html.escape(", ".join(f"{k} {x}" for k, x in v.items()) if isinstance(v, dict) else str(v))
+    trs = "".join(f"<tr><td>{html.escape(r.label)}</td>" + "".join(f"<td>{cell((r.manifest or {}).get(f, '-'))}</td>"
+                                                                  for f in fields) + "</tr>" for r in rows)
+    return f'<table id="manifests"><thead><tr>{th}</tr></thead><tbody>{trs}</tbody></table>'
+
+
+def _plots(rows: list[ResultRow]) -> str:
+    from kldtool.report.plots import write_plots
+
+    with tempfile.TemporaryDirectory() as d:
+        paths = write_plots(rows, d)
+        imgs = []
+        for p in paths:
+            with open(p, "rb") as f:
+                data = base64.b64encode(f.read()).decode("ascii")
+            imgs.append(f'<img alt="{html.escape(os.path.basename(p))}" src="data:image/png;base64,{data}">')
+    return "".join(imgs)
+
+
+def _token(text: str, kld: float, tip: str) -> str:
+    alpha = min(1.0, max(0.0, kld) / FULL_SHADE_KLD)
+    return (f'<span class="tok" data-kld="{kld:.6g}" style="background:rgba(220,40,40,{alpha:.3f})">'
+            f'{html.escape(text)}<span class="tip">{html.escape(tip)}</span></span>')
+
+
+def _windows(row: ResultRow) -> str:
+    """The model's worst windows by mean KLD, token by token."""
+    from kldtool.report.per_token import read_per_token
+    from kldtool.report.worst import base_tokens, Decoder, tokenizer_source
+
+    run, cols = read_per_token(row.sources[0])
+    try:
+        tokens, meta = base_tokens(run, None, row.sources[0])
+        decode = Decoder(tokenizer_source(None, meta, run))
+    except Exception as e:  # a moved base file or model: the page still has everything else
+        return f"<p>token view unavailable: {html.escape(str(e))}</p>"
+    chunk = cols["chunk"]
+    ids, at = np.unique(chunk, return_inverse=True)
+    mean = np.bincount(at, weights=cols["kld"].astype(np.float64)) / np.bincount(at)
+    parts = []
+    for j in np.argsort(-mean, kind="stable")[:WINDOWS]:
+        sel = np.flatnonzero(at == j)
+        spans = []
+        for i in sel:
+            t = lambda k: decode.text([int(cols[k][i])]) if cols[k][i] >= 0 else "?"  # noqa: E731
+            tip = (f"target {t('target')!r}\np_base {np.exp(-cols['nll_base'][i]):.4f}  p_q {np.exp(-cols['nll_q'][i]):.4f}"
+                   f"\nKLD {cols['kld'][i]:.5f}\ntop-1 base {t('top1_base')!r}  top-1 q {t('top1_q')!r}")
+            spans.append(_token(decode.text([int(tokens[cols["position"][i]])]), float(cols["kld"][i]), tip))
+        parts.append(f'<h4>chunk {int(ids[j]) + 1}: mean KLD {mean[j]:.6f}</h4><div class="tokens">{"".join(spans)}</div>')
+    return "".join(parts)
+
+
+def render(rows: list[ResultRow], pairs: list[str], title: str | None) -> str:
+    name = html.escape(title or "kldtool report")
+    body = [f"<h1>{name}</h1>", _table(rows)]
+    if pairs:
+        body.append(f'<h2>Paired comparisons</h2><p>{html.escape(pairs[0])}</p><ul class="pairs">'
+                    + "".join(f"<li>{html.escape(p.strip())}</li>" for p in pairs[1:]) + "</ul>")
+    body.append(f"<h2>Plots</h2>{_plots(rows)}")
+    body.append(f"<h2>How each run was computed</h2>{_manifests(rows)}")
+    views = [(r, _windows(r)) for r in rows if r.sources[0].endswith((".h5", ".hdf5"))]
+    if views:
+        body.append("<h2>Worst windows</h2><p>Each token shaded by its KLD (darkest at "
+                    f"{FULL_SHADE_KLD:g} nats and above); hover a token for its values.</p>")
+        body += [f'<section class="model"><h3>{html.escape(r.label)}</h3>{v}</section>' for r, v in views]
+    return (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>{name}</title>'
+            f"<style>{STYLE}</style></head><body>{''.join(body)}</body></html>")

@@ -1,0 +1,76 @@
+"""``report --html``: the page as a person sees it, rendered by a real headless Chromium
+(Debian's chromium + chromedriver, driven by selenium; scripts/setup.sh installs them). The
+test asserts on the DOM after layout: the table's rows, the token spans of the worst windows,
+and a tooltip that appears only when the pointer is over its token. Its screenshot is written
+to the test's directory (and, with KLDTOOL_SCREENSHOT=PATH, there too: docs/img/report_html.png
+was taken so)."""
+
+import os
+import shutil
+
+import pytest
+
+from conftest import run_cli
+
+CHROMIUM, DRIVER = shutil.which("chromium"), shutil.which("chromedriver")
+webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed (pip install -e '.[test]')")
+pytestmark = pytest.mark.skipif(not (CHROMIUM and DRIVER), reason="no chromium/chromedriver on this machine "
+                                "(scripts/setup.sh installs Debian's as root)")
+
+
+@pytest.fixture(scope="module")
+def page(fixture_base, requant, tmp_path_factory):
+    d = tmp_path_factory.mktemp("html")
+    for q in ("Q8_0", "Q2_K"):
+        run_cli("compare", "-m", requant(q), "--kl-divergence-base", fixture_base, "--per-token", d / f"{q}.h5")
+    run_cli("report", d / "Q8_0.h5", d / "Q2_K.h5", "--html", d / "report.html", "--title", "SmolLM2 quants")
+    html = (d / "report.html").read_text()
+    assert "http://" not in html and "https://" not in html and "<script" not in html  # self-contained
+    return d / "report.html"
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from selenium.webdriver.chrome.options import Options
+    from selenium.webdriver.chrome.service import Service
+
+    opts = Options()
+    opts.binary_location = CHROMIUM
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1400,1000"):
+        opts.add_argument(flag)
+    drv = webdriver.Chrome(service=Service(DRIVER), options=opts)
+    yield drv
+    drv.quit()
+
+
+def test_report_page_in_a_real_browser(page, browser, tmp_path):
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.by import By
+
+    browser.get(page.as_uri())
+    assert browser.title == "SmolLM2 quants"
+    rows = browser.find_elements(By.CSS_SELECTOR, "#summary tbody tr")
+    assert [r.find_element(By.TAG_NAME, "td").text for r in rows] == ["Q2_K", "Q8_0"]  # sorted by size
+    assert "significant" in browser.find_element(By.CSS_SELECTOR, ".pairs li").text
+    assert len(browser.find_elements(By.CSS_SELECTOR, "img")) == 3
+    assert all(img.get_property("naturalWidth") > 100 for img in browser.find_elements(By.CSS_SELECTOR, "img"))
+    manifests = browser.find_elements(By.CSS_SELECTOR, "#manifests tbody tr")
+    assert [len(m.find_elements(By.TAG_NAME, "td")) for m in manifests] == [9, 9]
+    assert "AVX2" in manifests[0].text and "llamacpp" in manifests[0].text
+    models = browser.find_elements(By.CSS_SELECTOR, "section.model")
+    assert [m.find_element(By.TAG_NAME, "h3").text for m in models] == ["Q2_K", "Q8_0"]
+    tokens = models[0].find_elements(By.CSS_SELECTOR, ".tok")
+    assert len(tokens) == 2 * 63  # two worst windows of 63 scored tokens each
+    worst = max(tokens, key=lambda t: float(t.get_attribute("data-kld")))
+    tip = worst.find_element(By.CSS_SELECTOR, ".tip")
+    assert not tip.is_displayed()
+    browser.execute_script("arguments[0].scrollIntoView({block: 'center'})", worst)
+    ActionChains(browser).move_to_element(worst).perform()
+    assert tip.is_displayed()
+    text = tip.text
+    assert "target" in text and "p_base" in text and "p_q" in text and "top-1 base" in text and "top-1 q" in text
+    assert float(text.split("KLD ")[1].split()[0]) == pytest.approx(float(worst.get_attribute("data-kld")), rel=1e-4)
+    shot = tmp_path / "report_html.png"
+    assert browser.save_screenshot(str(shot)) and shot.stat().st_size > 10_000
+    if os.environ.get("KLDTOOL_SCREENSHOT"):
+        shutil.copy(shot, os.environ["KLDTOOL_SCREENSHOT"])
