@@ -75,16 +75,24 @@ def test_protocol_scores_the_positions_its_definition_says(flags, id_corpus, fp3
     assert c["statistics"]["kld_mean"]["value"] < 1e-4  # the model against its own base
 
 
-def test_documents_scores_each_document_from_its_start(fp32_dir, tmp_path):
-    # 4 documents of 3, 5, 9 and 1 tokens, lengths 4 and 8: the 3- and 1-token documents are
-    # shorter than 4; the 5-token one is cut to 4, the 9-token one to 8.
-    docs = [[10, 11, 12], [20, 21, 22, 23, 24], [30, 31, 32, 33, 34, 35, 36, 37, 38], [40]]
+# 4 documents of 3, 5, 9 and 1 tokens
+DOCS = [[10, 11, 12], [20, 21, 22, 23, 24], [30, 31, 32, 33, 34, 35, 36, 37, 38], [40]]
+
+
+def _docs_base(fp32_dir, tmp_path, *protocol):
+    """A base file of DOCS (an ids corpus) written with ``--protocol PROTOCOL...``."""
     corpus = tmp_path / "docs.ids"
-    corpus.write_text("\n".join(" ".join(map(str, d)) for d in docs) + "\n")
+    corpus.write_text("\n".join(" ".join(map(str, d)) for d in DOCS) + "\n")
     base = tmp_path / "base.kldt"
     run_cli("base", "--engine", "transformers", "-m", fp32_dir, "-f", corpus, "--corpus-format", "ids",
-            "--protocol", "documents", "--lengths", "8,4", "--kl-divergence-base", base)
-    r = open_base_file(base)
+            "--protocol", *protocol, "--kl-divergence-base", base)
+    return base
+
+
+def test_documents_scores_each_document_from_its_start(fp32_dir, tmp_path):
+    # Lengths 4 and 8: the 3- and 1-token documents are shorter than 4; the 5-token one is cut
+    # to 4, the 9-token one to 8.
+    r = open_base_file(_docs_base(fp32_dir, tmp_path, "documents", "--lengths", "8,4"))
     assert r.tokens.tolist() == [20, 21, 22, 23, 30, 31, 32, 33, 34, 35, 36, 37]
     assert r.header.windows == ((0, 4, 0, 3), (4, 8, 0, 7))
     meta = r.metadata["protocol"]
@@ -94,14 +102,10 @@ def test_documents_scores_each_document_from_its_start(fp32_dir, tmp_path):
 
 
 def test_rolling_scores_every_token_of_every_document_once(fp32_dir, tmp_path):
-    # Documents of 3, 5, 9 and 1 tokens behind prefix 7, windows of 4 (lm-eval's layout, which
+    # DOCS behind prefix 7, windows of 4 (lm-eval's layout, which
     # tests/test_rolling_protocol.py checks against lm-eval itself).
-    docs = [[10, 11, 12], [20, 21, 22, 23, 24], [30, 31, 32, 33, 34, 35, 36, 37, 38], [40]]
-    corpus = tmp_path / "docs.ids"
-    corpus.write_text("\n".join(" ".join(map(str, d)) for d in docs) + "\n")
-    base = tmp_path / "base.kldt"
-    run_cli("base", "--engine", "transformers", "-m", fp32_dir, "-f", corpus, "--corpus-format", "ids",
-            "--protocol", "rolling", "-c", 4, "--prefix-token", 7, "--kl-divergence-base", base)
+    docs = DOCS
+    base = _docs_base(fp32_dir, tmp_path, "rolling", "-c", 4, "--prefix-token", 7)
     r = open_base_file(base)
     stream = r.tokens.tolist()
     assert stream == [t for d in docs for t in [7, *d]]

@@ -194,10 +194,10 @@ def run_compare(engine: Engine, reader, force: bool = False, json_path: str | No
     h = reader.header
     a, b = chunk_range or (0, h.n_chunk)
     n_seq = engine.windows_per_call(h.n_ctx)
-    meta = {"base": base_identity(reader), "base_path": reader.path, "model": engine.describe(),
+    described = engine.describe()
+    meta = {"base": base_identity(reader), "base_path": reader.path, "model": described,
             "chunk_range": [a, b], "n_seq": n_seq, "warnings": warnings,
-            "protocol": file_protocol(reader),
-            "manifest": run_manifest(engine.describe(), engine.tokenizer_identity())}
+            "protocol": file_protocol(reader), "manifest": run_manifest(described, engine.tokenizer_identity())}
     state = _start_state(ck, meta, sinks)
     start = state.next_chunk
     in_range = base_windows(reader, engine.bos_id)[a:b]

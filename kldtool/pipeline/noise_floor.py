@@ -9,12 +9,11 @@ from kldtool.errors import UsageError
 from kldtool.identity import base_identity
 from kldtool.pipeline.common import Sinks
 from kldtool.pipeline.compare import run_compare
-from kldtool.report.ordering import FLOOR_KIND as KIND
+from kldtool.report.ordering import FLOOR_KIND as KIND  # the command name a floor file records
 from kldtool.report.ordering import read_floor
 from kldtool.textio import write_json
 
 MODEL_KEYS = ("engine", "dtype", "device")
-KIND = "noise-floor"
 
 
 def numeric_path(model: dict, n_seq) -> dict:

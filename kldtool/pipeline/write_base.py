@@ -80,18 +80,19 @@ def run_base(engine: Engine, corpus: Corpus, protocol: Protocol, chunks: int | N
             else f"{n_chunk} windows of up to {plan.n_ctx} tokens (protocol {protocol.name})")
     sinks.info(f"base: {what} ({plan.n_source_tokens} tokens in {corpus.name}), {n_seq} per pass, engine {engine.name}")
     described = plan.describe(engine.bos_id)
+    model = engine.describe()
     metadata = run_metadata("base") | {
         "protocol": described,
         "corpus": corpus.name,
-        "model": engine.describe(),
+        "model": model,
         "tokenizer_identity": engine.tokenizer_identity(),
-        "manifest": run_manifest(engine.describe(), engine.tokenizer_identity()),
+        "manifest": run_manifest(model, engine.tokenizer_identity()),
         "n_vocab": engine.n_vocab,
         "codec": codec,
         "n_seq": n_seq,
     }
     settings = {"format": fmt, "codec": codec, "keep": keep, "clamp": clamp, "protocol": described, "n_seq": n_seq,
-                "model": model_identity(engine.describe()), "tokenizer_identity": engine.tokenizer_identity()}
+                "model": model_identity(model), "tokenizer_identity": engine.tokenizer_identity()}
     ppl = PplAccumulator()
     writer, done = (_open_writer(out_path, fmt, header, plan.stream, metadata, settings, windows, n_seq,
                                  resume, sinks, ppl) if out_path else (None, 0))

@@ -1,9 +1,8 @@
 """``kldtool report ... --html FILE``: one self-contained page (no network: plots inlined as
 PNG data, no scripts) with the table, the paired comparisons, the plots, each run's manifest
-and, for every model
-given as a per-token file, its worst windows as text: each token shaded by its KLD, and
-hovering a token shows the target, both models' probability of it and both top-1 tokens
-(CSS only, so the page works wherever it is opened)."""
+and, for every model given as a per-token file, its worst windows as text: each token shaded by
+its KLD, and hovering a token shows the target, both models' probability of it and both top-1
+tokens (CSS only, so the page works wherever it is opened)."""
 
 from __future__ import annotations
 
@@ -74,7 +73,7 @@ def _token(text: str, kld: float, tip: str) -> str:
 def _windows(row: ResultRow) -> str:
     """The model's worst windows by mean KLD, token by token."""
     from kldtool.report.per_token import read_per_token
-    from kldtool.report.worst import base_tokens, Decoder, tokenizer_source
+    from kldtool.report.worst import Decoder, base_tokens, rank_windows, tokenizer_source
 
     run, cols = read_per_token(row.sources[0])
     try:
@@ -82,11 +81,9 @@ def _windows(row: ResultRow) -> str:
         decode = Decoder(tokenizer_source(None, meta, run))
     except Exception as e:  # a moved base file or model: the page still has everything else
         return f"<p>token view unavailable: {html.escape(str(e))}</p>"
-    chunk = cols["chunk"]
-    ids, at = np.unique(chunk, return_inverse=True)
-    mean = np.bincount(at, weights=cols["kld"].astype(np.float64)) / np.bincount(at)
+    ids, at, _, mean, order = rank_windows(cols)
     parts = []
-    for j in np.argsort(-mean, kind="stable")[:WINDOWS]:
+    for j in order[:WINDOWS]:
         sel = np.flatnonzero(at == j)
         spans = []
         for i in sel:

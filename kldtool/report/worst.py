@@ -77,16 +77,21 @@ def worst_tokens(cols: dict, tokens: np.ndarray, decode: Decoder, n: int, by: st
     return out
 
 
-def worst_windows(cols: dict, tokens: np.ndarray, decode: Decoder, n: int, context: int) -> list[dict]:
-    chunks = cols["chunk"]
-    ids, at = np.unique(chunks, return_inverse=True)
+def rank_windows(cols: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(chunk ids, each token's index into them, tokens per chunk, mean KLD per chunk, chunk
+    indices from the largest mean KLD down)."""
+    ids, at = np.unique(cols["chunk"], return_inverse=True)
     count = np.bincount(at)
     mean = np.bincount(at, weights=cols["kld"].astype(np.float64)) / count
-    first = np.array([int(cols["position"][np.argmax(chunks == c)]) for c in ids])
-    order = np.argsort(-mean, kind="stable")[:n]
+    return ids, at, count, mean, np.argsort(-mean, kind="stable")
+
+
+def worst_windows(cols: dict, tokens: np.ndarray, decode: Decoder, n: int, context: int) -> list[dict]:
+    ids, at, count, mean, order = rank_windows(cols)
+    first = np.array([int(cols["position"][np.argmax(cols["chunk"] == c)]) for c in ids])
     return [{"chunk": int(ids[j]), "kld_mean": float(mean[j]), "tokens": int(count[j]),
              "same_top": float(np.mean(cols["same_top"][at == j])),
-             "text": decode.text(tokens[first[j]:first[j] + context])} for j in order]
+             "text": decode.text(tokens[first[j]:first[j] + context])} for j in order[:n]]
 
 
 def _show(s: str) -> str:

@@ -26,12 +26,24 @@ class Bootstrap:
     seed: int = 0
 
 
-def _statistics(v: np.ndarray) -> dict[str, np.ndarray]:
-    """The bootstrapped statistics from summed chunk vectors (rows: resamples)."""
-    n = v[:, COUNT]
-    col = {k: v[:, i] for i, k in enumerate(SUMS)}
+# What a run's own error bars are drawn for (``paired.py`` also pairs RMS Δp).
+BOOTSTRAPPED = ("kld_mean", "ln_ppl_ratio", "same_top_p")
+
+
+def chunk_statistics(v: np.ndarray) -> dict[str, np.ndarray]:
+    """Mean KLD, ln PPL ratio, same top p and RMS Δp from summed chunk vectors (the last axis:
+    one chunk's, or a resample's, or a whole run's sums)."""
+    n = v[..., COUNT]
+    col = {k: v[..., i] for i, k in enumerate(SUMS)}
     return {"kld_mean": col["kld"] / n, "ln_ppl_ratio": (col["nll"] - col["base"]) / n,
-            "same_top_p": v[:, N_SAME] / n}
+            "same_top_p": v[..., N_SAME] / n, "rms_dp": np.sqrt(col["dp2"] / n)}
+
+
+def resample_weights(picks: np.ndarray, n_chunks: int) -> np.ndarray:
+    """(resamples, chunks) counts of how often each resample drew each chunk."""
+    weights = np.zeros((len(picks), n_chunks))
+    np.add.at(weights, (np.arange(len(picks))[:, None], picks), 1.0)
+    return weights
 
 
 def block_bootstrap(chunk_vectors: list[np.ndarray], spec: Bootstrap) -> dict | None:
@@ -46,10 +58,9 @@ def block_bootstrap(chunk_vectors: list[np.ndarray], spec: Bootstrap) -> dict | 
     for start in range(0, spec.resamples, BATCH):
         size = min(BATCH, spec.resamples - start)
         picks = rng.integers(0, n_chunks, size=(size, n_chunks))
-        weights = np.zeros((size, n_chunks))
-        np.add.at(weights, (np.arange(size)[:, None], picks), 1.0)
-        for k, x in _statistics(weights @ vectors).items():
-            draws.setdefault(k, []).append(x)
+        stats = chunk_statistics(resample_weights(picks, n_chunks) @ vectors)
+        for k in BOOTSTRAPPED:
+            draws.setdefault(k, []).append(stats[k])
     out = {"blocks": n_chunks, "resamples": spec.resamples, "seed": spec.seed, "method": "chunk block bootstrap"}
     for k, parts in draws.items():
         x = np.concatenate(parts)

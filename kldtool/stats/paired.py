@@ -15,8 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kldtool.stats.accumulator import COUNT, N_SAME, SUMS
-from kldtool.stats.bootstrap import Bootstrap
+from kldtool.stats.bootstrap import Bootstrap, chunk_statistics, resample_weights
 
 # Rows of picks turned into weights at once: bounds the (rows, chunks) matrix.
 ROWS = 256
@@ -33,14 +32,6 @@ MEASURES = (Measure("kld_mean", "mean KLD", "lower"), Measure("ln_ppl_ratio", "l
             Measure("same_top_p", "same top p", "higher"), Measure("rms_dp", "RMS Δp", "lower"))
 
 
-def statistics(v: np.ndarray) -> dict[str, np.ndarray]:
-    """Each measure from summed chunk vectors (one row per chunk, resample or run)."""
-    n = v[..., COUNT]
-    col = {k: v[..., i] for i, k in enumerate(SUMS)}
-    return {"kld_mean": col["kld"] / n, "ln_ppl_ratio": (col["nll"] - col["base"]) / n,
-            "same_top_p": v[..., N_SAME] / n, "rms_dp": np.sqrt(col["dp2"] / n)}
-
-
 def _wins(a: np.ndarray, b: np.ndarray, better: str) -> int:
     if better == "lower":
         return int(np.sum(a < b))
@@ -55,10 +46,8 @@ def paired_bootstrap(va: np.ndarray, vb: np.ndarray, spec: Bootstrap) -> dict[st
     picks = np.random.default_rng(spec.seed).integers(0, n, size=(spec.resamples, n))
     out: dict[str, list[np.ndarray]] = {m.key: [] for m in MEASURES}
     for r0 in range(0, spec.resamples, ROWS):
-        rows = picks[r0:r0 + ROWS]
-        weights = np.zeros((len(rows), n))
-        np.add.at(weights, (np.arange(len(rows))[:, None], rows), 1.0)
-        sa, sb = statistics(weights @ va), statistics(weights @ vb)
+        weights = resample_weights(picks[r0:r0 + ROWS], n)
+        sa, sb = chunk_statistics(weights @ va), chunk_statistics(weights @ vb)
         for k in out:
             out[k].append(sa[k] - sb[k])
     return {k: np.concatenate(v) for k, v in out.items()}
@@ -69,8 +58,8 @@ def compare_runs(va: np.ndarray, vb: np.ndarray, spec: Bootstrap) -> dict[str, d
     excludes 0, and in how many chunks each run is the better one. ``va`` and ``vb`` are the
     runs' chunk vectors over the same chunks, in the same order (at least 2 chunks)."""
     va, vb = np.asarray(va, np.float64), np.asarray(vb, np.float64)
-    whole_a, whole_b = statistics(va.sum(axis=0)), statistics(vb.sum(axis=0))
-    per_a, per_b = statistics(va), statistics(vb)
+    whole_a, whole_b = chunk_statistics(va.sum(axis=0)), chunk_statistics(vb.sum(axis=0))
+    per_a, per_b = chunk_statistics(va), chunk_statistics(vb)
     draws = paired_bootstrap(va, vb, spec)
     out = {}
     for m in MEASURES:
