@@ -8,12 +8,16 @@ training context run with --force: this measures memory, not quality. Prints the
 16k/2k ratio for both modes and what the logits alone would take, and appends a dated row to
 benchmarks/RESULTS.md.
 
-With ``--phase compare`` each length writes a base file (kldtool's container, one window) and
-compares the same model against it, block-wise: the peaks of both processes, beside the size
-of the window's uint16 base rows, which the reader holds whole (one frame per window).
+With ``--phase compare`` each length writes a base file (kldtool's container, in frames of
+about 8 MiB) and compares the same model against it, block-wise: the peaks of both processes,
+beside the size of the window's KV cache (which any attention model holds) and of its uint16
+base rows (which neither process holds whole any more); at --check-length the statistics are
+checked against a one-frame-per-window copy of the base. ``--phase step`` runs the python
+engine's step API (tests/helpers/tiny_lm.py, a recurrent model) on long documents.
 
     .venv/bin/python benchmarks/long_window_memory.py [--lengths 2048,8192,16384] [--block 512] [--whole 2048]
-    .venv/bin/python benchmarks/long_window_memory.py --phase compare
+    .venv/bin/python benchmarks/long_window_memory.py --phase compare --lengths 2048,8192,16384,32768
+    .venv/bin/python benchmarks/long_window_memory.py --phase step
 """
 
 from __future__ import annotations
@@ -35,11 +39,16 @@ def main() -> None:
     ap.add_argument("--block", type=int, default=512)
     ap.add_argument("--whole", default="2048", help="lengths also run as one whole window (-b = L)")
     ap.add_argument("--text", default=str(WIKI))
-    ap.add_argument("--phase", choices=("ppl", "compare"), default="ppl")
+    ap.add_argument("--phase", choices=("ppl", "compare", "step"), default="ppl")
+    ap.add_argument("--check-length", type=int, default=8192,
+                    help="compare: the length also compared against a one-frame copy of its base")
+    ap.add_argument("--doc-lengths", default="1024,5120,10240,16384", help="step: document lengths")
     a = ap.parse_args()
     lengths = [int(x) for x in a.lengths.split(",")]
     if a.phase == "compare":
         return compare_phase(a, lengths)
+    if a.phase == "step":
+        return step_phase(a)
     whole = [int(x) for x in a.whole.split(",") if x]
     rows = {}
     for mode, ls in (("block", lengths), ("whole", whole)):
@@ -62,27 +71,101 @@ def main() -> None:
                f"block-wise {hi // 1024}k/{lo // 1024}k {ratio:.2f}")
 
 
+def kv_bytes_per_token() -> int:
+    """K and V of every layer for one token, in float32: what the KV cache adds per token."""
+    import json
+    from pathlib import Path
+
+    from kldtool.engines.defaults import default_transformers_model
+
+    c = json.loads((Path(default_transformers_model()) / "config.json").read_text())
+    head_dim = c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]
+    return c["num_hidden_layers"] * 2 * c.get("num_key_value_heads", c["num_attention_heads"]) * head_dim * 4
+
+
+def _stats(path: str) -> tuple[float, float]:
+    import json
+
+    with open(path) as f:
+        s = json.load(f)["statistics"]
+    return s["kld_mean"]["value"], s["ppl_q"]["value"]
+
+
 def compare_phase(a, lengths: list[int]) -> None:
+    """Base and compare of one window per length, the container in frames (the default); at
+    --check-length the base is also converted to one frame per window and compared again:
+    the statistics must be equal."""
     window = ["--engine", "transformers", "-f", a.text, "--protocol", "exl3", "--chunks", "1", "-b", str(a.block),
               "--force"]
+    kv = kv_bytes_per_token()
     rows = {}
     with tempfile.TemporaryDirectory() as tmp:
         for n in lengths:
             base = os.path.join(tmp, f"base-{n}.kldt")
             rss_b, wall_b = run_measured(["base", *window, "-c", str(n), "--stride", str(n),
                                           "--kl-divergence-base", base])
+            out = os.path.join(tmp, f"c-{n}.json")
             rss_c, wall_c = run_measured(["compare", "--engine", "transformers", "-b", str(a.block), "--force",
-                                          "--kl-divergence-base", base])
-            rows[n] = (rss_b, rss_c)
-            print(f"L={n:6d} (-b {a.block}): base peak RSS {rss_b:8.1f} MiB ({wall_b:5.1f} s), compare "
-                  f"{rss_c:8.1f} MiB ({wall_c:5.1f} s); the window's uint16 base rows: "
-                  f"{n * (VOCAB + 4) * 2 / 2**20:7.1f} MiB", flush=True)
+                                          "--kl-divergence-base", base, "--json", out])
+            rows[n] = (rss_b, rss_c, kv * n / 2**20)
+            print(f"L={n:6d} (-b {a.block}): base peak RSS {rss_b:8.1f} MiB ({wall_b:6.1f} s), compare "
+                  f"{rss_c:8.1f} MiB ({wall_c:6.1f} s); KV cache {kv * n / 2**20:7.1f} MiB; the window's uint16 "
+                  f"base rows: {n * (VOCAB + 4) * 2 / 2**20:7.1f} MiB", flush=True)
+            if n == a.check_length:
+                one = os.path.join(tmp, f"one-{n}.kldt")
+                run_measured(["convert", base, one, "--to", "kldtool", "--frame-rows", "0"])
+                out1 = os.path.join(tmp, f"c1-{n}.json")
+                run_measured(["compare", "--engine", "transformers", "-b", str(a.block), "--force",
+                              "--kl-divergence-base", one, "--json", out1])
+                (k, p), (k1, p1) = _stats(out), _stats(out1)
+                same = "equal" if (k, p) == (k1, p1) else "DIFFER"
+                print(f"L={n}: mean KLD {k:.9g} / {k1:.9g}, PPL(Q) {p:.9g} / {p1:.9g} (frames / one frame): {same}")
     lo, hi = lengths[0], lengths[-1]
-    ratio = rows[hi][1] / rows[lo][1]
-    print(f"compare peak RSS ratio, {hi} vs {lo} tokens: {ratio:.2f}")
-    append_row(f"base + compare peak RSS, one long window (transformers fp32 SmolLM2, block {a.block})",
-               ", ".join(f"{n // 1024}k base {b:.0f} MiB / compare {c:.0f} MiB" for n, (b, c) in rows.items()),
-               f"compare {hi // 1024}k/{lo // 1024}k {ratio:.2f}")
+    grow = {m: rows[hi][m] / rows[lo][m] for m in (0, 1)}
+    # What the run holds beyond the KV cache, which any attention model needs for the window.
+    net = {m: (rows[hi][m] - rows[hi][2]) / (rows[lo][m] - rows[lo][2]) for m in (0, 1)}
+    print(f"peak RSS {hi // 1024}k/{lo // 1024}k: base {grow[0]:.2f}, compare {grow[1]:.2f}; without the KV "
+          f"cache: base {net[0]:.2f}, compare {net[1]:.2f}")
+    append_row(f"base + compare peak RSS, one long window, container in frames (transformers fp32 SmolLM2, "
+               f"block {a.block}; KV cache {kv // 1024} KiB/token)",
+               ", ".join(f"{n // 1024}k base {b:.0f} / compare {c:.0f} MiB (KV {k:.0f})"
+                         for n, (b, c, k) in rows.items()),
+               f"{hi // 1024}k/{lo // 1024}k base {grow[0]:.2f}, compare {grow[1]:.2f}; "
+               f"less the KV cache {net[0]:.2f}, {net[1]:.2f}")
+
+
+def step_phase(a) -> None:
+    """The python engine's step API: tests/helpers/tiny_lm.py (a recurrent model) on documents
+    of the given lengths, one length per process, in blocks of -b and as one whole window."""
+    import json
+
+    tiny = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "helpers", "tiny_lm.py")
+    lengths = [int(x) for x in a.doc_lengths.split(",")]
+    text = open(a.text, encoding="utf-8").read()
+    rows = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        docs = os.path.join(tmp, "docs.jsonl")
+        with open(docs, "w") as f:
+            for i in range(3):
+                f.write(json.dumps({"text": text[i * (max(lengths) + 1000):(i + 1) * (max(lengths) + 1000)]}) + "\n")
+        for n in lengths:
+            for mode, b in (("step", a.block), ("whole", max(lengths) + 1)):
+                out = os.path.join(tmp, f"{mode}-{n}.json")
+                rss, wall = run_measured(["ppl", "--engine", "python", "-m", f"{tiny}:make_base", "-f", docs,
+                                          "--protocol", "documents", "--lengths", str(n), "-b", str(b),
+                                          "--json", out])
+                with open(out) as f:
+                    rows[mode, n] = (rss, json.load(f)["ppl"])
+            (rs, ps), (rw, pw) = rows["step", n], rows["whole", n]
+            print(f"N={n:6d}: step (-b {a.block}) {rs:7.1f} MiB PPL {ps:.9g}; whole window {rw:7.1f} MiB "
+                  f"PPL {pw:.9g}; relative difference {abs(ps - pw) / pw:.1e}", flush=True)
+    lo, hi = lengths[0], lengths[-1]
+    ratio = rows["step", hi][0] / rows["step", lo][0]
+    worst = max(abs(rows["step", n][1] - rows["whole", n][1]) / rows["whole", n][1] for n in lengths)
+    append_row(f"python engine step API, recurrent tiny_lm, documents (block {a.block})",
+               ", ".join(f"{n} tokens step {rows['step', n][0]:.0f} / whole {rows['whole', n][0]:.0f} MiB"
+                         for n in lengths),
+               f"step {hi}/{lo} peak RSS {ratio:.2f}; PPL step vs whole within {worst:.1e}")
 
 
 if __name__ == "__main__":

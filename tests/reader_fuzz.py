@@ -31,16 +31,19 @@ def seed_files(directory: str) -> dict[str, bytes]:
     header = BaseHeader(N_CTX, N_VOCAB, N_CHUNK)
     tokens = rng.integers(0, N_VOCAB, N_CTX * N_CHUNK).astype(np.int32)
     out = {}
-    for fmt in ("llamacpp", "kldtool"):
-        path = os.path.join(directory, f"seed-{fmt}")
-        w = create_writer(path, fmt, header, tokens, {"seed": True})
+    # kldtool: one frame per chunk (the layout before frames), and frames of 2 rows (3 per chunk
+    # of 3 rows: 2 + 1), so the trailer's rows-per-frame and the per-frame index are fuzzed too.
+    for name, fmt, frame_rows in (("llamacpp", "llamacpp", None), ("kldtool", "kldtool", 0),
+                                  ("kldtool-framed", "kldtool", 2)):
+        path = os.path.join(directory, f"seed-{name}")
+        w = create_writer(path, fmt, header, tokens, {"seed": True}, frame_rows=frame_rows)
         for _ in range(N_CHUNK):
             logits = rng.normal(0, 4, (header.rows_per_chunk, N_VOCAB)).astype(np.float32)
             logits[0] = 0  # a scale-0 row
             w.write_chunk(encode_np(logits)[0])
         w.finish()
         with open(path, "rb") as f:
-            out[fmt] = f.read()
+            out[name] = f.read()
     return out
 
 

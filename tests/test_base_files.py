@@ -112,9 +112,14 @@ def small_container(fixture_base, tmp_path_factory):
     from kldtool.logitsfile.header import BaseHeader
 
     h = BaseHeader(r.header.n_ctx, r.header.n_vocab, 2)
-    w = create_writer(p, "kldtool", h, r.tokens[:h.n_tokens], {"note": "two chunks"})
+    # Frames of 20 rows: each chunk's 63 rows are 4 frames, the last of 3 rows; the rows
+    # come in blocks of 25 that cut across frames, as an engine's blocks do.
+    w = create_writer(p, "kldtool", h, r.tokens[:h.n_tokens], {"note": "two chunks"}, frame_rows=20)
     for c in range(2):
-        w.write_chunk(r.read_chunk(c))
+        rows = r.read_chunk(c)
+        for a in range(0, len(rows), 25):
+            w.write_rows(rows[a:a + 25])
+        w.end_chunk()
     w.finish()
     r.close()
     return p
@@ -136,13 +141,15 @@ def test_container_reader_rejects_bad_files(small_container, tmp_path, mutate, m
 def test_corrupt_frame_is_reported_with_its_chunk(small_container, tmp_path):
     data = bytearray(small_container.read_bytes())
     r = open_base_file(small_container)
-    off, length = (int(x) for x in r.index[1])
+    assert r.frames.n_frames == 8 and list(r.frames.of_chunk(1)) == [4, 5, 6, 7]
+    off, length = (int(x) for x in r.index[5])
     r.close()
     data[off + length // 2] ^= 0x55
     p = _bad(tmp_path, "corrupt.kldt", bytes(data))
     r = open_base_file(p)
     r.read_chunk(0)
-    with pytest.raises(BaseFileError, match="chunk 1"):
+    r.read_rows(1, 0, 20)  # frame 4 is whole
+    with pytest.raises(BaseFileError, match=r"chunk 1 \(frame 5\)"):
         r.read_chunk(1)
     r.close()
 
@@ -158,11 +165,12 @@ def test_frames_rebuilt_with_torch_equal_the_rows(small_container, fixture_base)
         return torch.frombuffer(bytearray(data), dtype=torch.uint8)
 
     r, ref = open_base_file(small_container), open_base_file(fixture_base)
-    shape = (r.header.rows_per_chunk, r.header.row_width)
-    for c in range(2):
-        frame = r.read_frame(c)
+    for k in range(r.frames.n_frames):
+        chunk, row0, n = r.frames.span(k)
+        frame = r.read_frame(k)
+        shape = (n, r.header.row_width)
         rows = _frame_to_torch(on_device(frame.data), r.transform, shape)
-        assert np.array_equal(rows.numpy().view(np.uint16), ref.read_chunk(c))
+        assert np.array_equal(rows.numpy().view(np.uint16), ref.read_rows(chunk, row0, row0 + n))
     head_len = shape[0] * 8
     bad = bytearray(frame.data)
     bad[head_len] = 0 if bad[head_len] else 0xFF  # the mask now counts other codes than the planes hold
@@ -178,8 +186,9 @@ def test_chunk_feed_serves_chunks_in_any_order(small_container):
 
     r = open_base_file(small_container)
     feed = ChunkFeed(r, "cpu")
-    for c in (0, 0, 1, 0, 1, 1):
-        assert np.array_equal(feed.rows(c).numpy().view(np.uint16), r.read_chunk(c))
+    whole = [r.read_chunk(c) for c in range(2)]
+    for c, a, b in ((0, 0, 63), (0, 10, 45), (1, 0, 7), (0, 45, 63), (1, 7, 63), (1, 60, 63), (0, 19, 21)):
+        assert np.array_equal(feed.rows(c, a, b).numpy().view(np.uint16), whole[c][a:b])
     feed.close()
     r.close()
 

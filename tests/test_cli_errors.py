@@ -66,7 +66,8 @@ def with_metadata(data: bytes, meta: bytes) -> bytes:
     """The container with other metadata bytes and a checksum that holds for them."""
     index_offset, index, _ = container_tail(data)
     trailer = np.array([index_offset, len(meta)], "<u8").tobytes()
-    trailer += np.array([zlib.crc32(index + meta), 0], "<u4").tobytes() + container.END_MAGIC
+    per_frame = int(np.frombuffer(data[-12:-8], "<u4")[0])  # the trailer's rows per frame, kept
+    trailer += np.array([zlib.crc32(index + meta), per_frame], "<u4").tobytes() + container.END_MAGIC
     return data[:index_offset] + index + meta + trailer
 
 

@@ -22,7 +22,7 @@ def test_seeds_are_valid_files(seeds, tmp_path):
         assert check_reader_survives(data, str(tmp_path)) == "ok"
 
 
-@pytest.mark.parametrize("fmt", ["llamacpp", "kldtool", "kldtool-windows"])
+@pytest.mark.parametrize("fmt", ["llamacpp", "kldtool", "kldtool-windows", "kldtool-frames", "kldtool-frames-windows"])
 def test_lying_chunk_count_is_rejected_before_any_large_allocation(fixture_base, tmp_path, fmt):
     """n_chunk = 2^31 - 1 in front of a real file: refused from the file size alone (for a
     window-table container, before the table is read)."""
@@ -30,15 +30,16 @@ def test_lying_chunk_count_is_rejected_before_any_large_allocation(fixture_base,
     if fmt == "llamacpp":
         data = real[:16] + np.int32(2**31 - 1).tobytes() + real[20:]
     else:
-        version, n_stream = (1, 0) if fmt == "kldtool" else (2, 1024)
+        version, n_stream = {"kldtool": (1, 0), "kldtool-windows": (2, 1024), "kldtool-frames": (3, 0),
+                             "kldtool-frames-windows": (3, 1024)}[fmt]
         head = container.MAGIC + np.array([version, 128, 49152, 2**31 - 1, 1, n_stream], "<u4").tobytes()
         data = head + real[20:]
     path = tmp_path / "liar"
     path.write_bytes(data)
     tracemalloc.start()
     try:
-        with pytest.raises(TruncatedHeader, match="truncated token table" if fmt != "kldtool-windows"
-                           else "truncated window table"):
+        with pytest.raises(TruncatedHeader, match="truncated window table" if fmt.endswith("windows")
+                           else "truncated token table"):
             open_base_file(path)
         _, peak = tracemalloc.get_traced_memory()
     finally:

@@ -18,6 +18,9 @@ from kldtool.logitsfile import container
 
 N_CHUNKS = 16  # each pass is ~1 s on 2 cores; a kill lands within a pass or two
 BASE_FLAGS = ["-f", WIKI, "-c", 128, "--chunks", N_CHUNKS, "-b", 256]  # 2 chunks a pass
+# The container in frames of 20 rows (4 per chunk of 63 rows): a kill may land between a
+# chunk's frames, and resume must drop the chunk's frames already written.
+LAYOUT = {"llamacpp": ["--format", "llamacpp"], "kldtool": ["--format", "kldtool", "--frame-rows", 20]}
 
 
 def run_until(args, pattern: str, sig: int):
@@ -42,7 +45,7 @@ def uninterrupted(q4_1_gguf, tmp_path_factory):
     d = tmp_path_factory.mktemp("uninterrupted")
     runs = {}
     for fmt, name in (("llamacpp", "full.kld"), ("kldtool", "full.kldt")):
-        p = run_cli("base", "-m", q4_1_gguf, *BASE_FLAGS, "--format", fmt, "--kl-divergence-base", d / name)
+        p = run_cli("base", "-m", q4_1_gguf, *BASE_FLAGS, *LAYOUT[fmt], "--kl-divergence-base", d / name)
         runs[fmt] = (d / name, p)
     return runs
 
@@ -72,7 +75,7 @@ def test_base_resume_gives_the_same_file(uninterrupted, q4_1_gguf, tmp_path, fmt
     ref_path, ref = uninterrupted[fmt]
     k = random.Random(seed).randrange(2, N_CHUNKS - 6)
     out = tmp_path / ref_path.name
-    args = ["base", "-m", q4_1_gguf, *BASE_FLAGS, "--format", fmt, "--kl-divergence-base", out]
+    args = ["base", "-m", q4_1_gguf, *BASE_FLAGS, *LAYOUT[fmt], "--kl-divergence-base", out]
     rc, stdout, stderr = run_until(args, rf"\[{k}\]", sig)
     print(f"killed with {sig.name} after chunk {k}: rc {rc}")
     assert rc == (130 if sig == signal.SIGINT else -9), stderr

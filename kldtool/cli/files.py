@@ -12,7 +12,7 @@ from typing import Optional
 import typer
 
 from kldtool.cli.app import app
-from kldtool.cli.options import ENGINE
+from kldtool.cli.options import ENGINE, FRAME_ROWS
 from kldtool.errors import UsageError
 
 
@@ -41,7 +41,7 @@ def info(
 ):
     """Show a base file's header, metadata, sizes and completeness."""
     from kldtool.codec import row_width
-    from kldtool.logitsfile import open_base_file
+    from kldtool.logitsfile import frame_facts, open_base_file
 
     reader = open_base_file(path)
     try:
@@ -52,7 +52,7 @@ def info(
             "protocol": reader.metadata.get("protocol", {}).get("name", "llamacpp"),
             "n_ctx": h.n_ctx, "n_vocab": h.n_vocab, "n_chunk": h.n_chunk, "keep": h.keep or "all",
             "clamp_nats": h.clamp,
-            "rows_per_chunk": h.rows_per_chunk, "scored_tokens": h.scored_tokens,
+            "rows_per_chunk": h.rows_per_chunk, "scored_tokens": h.scored_tokens, **frame_facts(reader),
             "file_bytes": reader.file_size, "raw_equivalent_bytes": raw_size,
             "ratio_to_raw": round(reader.file_size / raw_size, 4),
             "metadata": reader.metadata,
@@ -74,8 +74,10 @@ def convert(
     src: str = typer.Argument(..., help="Base file to read."),
     dst: str = typer.Argument(..., help="Base file to write."),
     to: Optional[str] = typer.Option(None, "--to", help="kldtool or llamacpp (default: the other format)."),
+    frame_rows: Optional[int] = FRAME_ROWS,
 ):
-    """Convert a base file between llama.cpp's raw layout and the kldtool container (lossless)."""
+    """Convert a base file between llama.cpp's raw layout and the kldtool container, or
+    re-frame a container (lossless; a frame at a time)."""
     from kldtool.logitsfile import FORMATS, create_writer, iter_chunks, open_base_file
 
     reader = open_base_file(src)
@@ -87,10 +89,14 @@ def convert(
             raise UsageError(f"{dst}: is the input file; choose another output path")
         meta = dict(reader.metadata)
         meta.setdefault("converted_from", {"path": src, "format": reader.format_name})
-        writer = create_writer(dst, target, reader.header, reader.tokens, meta)
+        writer = create_writer(dst, target, reader.header, reader.tokens, meta, frame_rows=frame_rows)
+        frames = reader.frames
         try:
-            for _, rows in iter_chunks(reader, range(reader.header.n_chunk)):
-                writer.write_chunk(rows)
+            for k, rows in iter_chunks(reader, range(frames.n_frames), read=reader.read_frame_rows):
+                writer.write_rows(rows)
+                chunk, row0, n = frames.span(k)
+                if row0 + n == reader.header.rows_of(chunk):
+                    writer.end_chunk()
             writer.finish()
         except BaseException:
             writer.abort()

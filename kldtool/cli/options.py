@@ -65,6 +65,9 @@ SCORING = {
     "force": (bool, typer.Option(False, "--force", help="Run windows longer than the model's trained context.")),
 }
 
+FRAME_ROWS = typer.Option(None, "--frame-rows", help="kldtool format: rows per stored frame (default: about 8 MiB "
+                                                     "of rows; 0: one frame per window, the layout before frames).")
+
 BOOTSTRAP = {
     "resamples": (int, typer.Option(1000, "--bootstrap", help="Block-bootstrap resamples over chunks for the error "
                                                               "bars (0: none).")),

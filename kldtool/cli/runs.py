@@ -9,8 +9,8 @@ from typing import Optional
 import typer
 
 from kldtool.cli.app import app
-from kldtool.cli.options import (BOOTSTRAP, CORPUS, ENGINE, SCORING, ModelOpt, bootstrap_of, corpus_of, flags, longest,
-                                 open_engine, protocol_of)
+from kldtool.cli.options import (BOOTSTRAP, CORPUS, ENGINE, FRAME_ROWS, SCORING, ModelOpt, bootstrap_of, corpus_of,
+                                 flags, longest, open_engine, protocol_of)
 from kldtool.errors import UsageError
 
 
@@ -29,6 +29,7 @@ def base(
     clamp: float = typer.Option(16.0, "--clamp", help="Nats below each row's top that the stored codes span "
                                                       "(16..64; kldtool format beyond 16, as llama.cpp's layout "
                                                       "holds 16); KLD counts the base entries above -clamp."),
+    frame_rows: Optional[int] = FRAME_ROWS,
     json_out: Optional[str] = typer.Option(None, "--json", help="Also write the result as JSON here."),
     resume: bool = typer.Option(False, "--resume", help="Continue the interrupted run that left the base file's "
                                                         "hidden partial beside it (same flags)."),
@@ -51,14 +52,14 @@ def base(
         clamp = check_clamp(clamp)
     except ValueError as e:
         raise UsageError(f"--clamp: {e}") from None
-    check_layout(fmt, spec.name, top, clamp)  # before the model loads
+    check_layout(fmt, spec.name, top, clamp, frame_rows)  # before the model loads
     text = corpus_of(corpus)
     eng = open_engine(run, model, longest(spec))
     try:
         if resume and not out:
             raise UsageError("--resume needs --kl-divergence-base FILE (the base file to continue)")
         result = run_base(eng, text, spec, scoring.chunks, out, fmt, codec=codec, resume=resume, force=scoring.force,
-                          keep=top, clamp=clamp)
+                          keep=top, clamp=clamp, frame_rows=frame_rows)
     finally:
         eng.close()
     if json_out:

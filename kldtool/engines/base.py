@@ -57,27 +57,25 @@ class Engine(ABC):
     def score(self, windows: list[Window], base) -> list[TokenRecords]:
         """Compare mode: per window, its per-token records against the base rows.
 
-        ``base`` gives ``rows_torch(chunk_index, device)`` (int16 rows, prefetched, asked for
-        in order; ``rows_numpy(chunk_index)`` beside numpy logits) and ``path``; an engine
-        whose workers read the base file themselves uses the latter."""
-        rows: dict = {}
-
+        ``base`` gives ``rows_torch(chunk_index, device, start, stop)`` (int16 rows,
+        prefetched frame by frame, asked for in order; ``rows_numpy(chunk_index, start, stop)``
+        beside numpy logits) and ``path``; an engine whose workers read the base file
+        themselves uses the latter."""
         def reduce(w: Window, off: int, lg):
-            if w.index not in rows:  # each window's rows once, however many blocks it has
-                rows.clear()
-                rows[w.index] = (base.rows_numpy(w.index) if isinstance(lg, np.ndarray)
-                                 else base.rows_torch(w.index, lg.device))
-            n = len(lg)
-            return reduce_base(lg, rows[w.index][off:off + n], w.targets[off:off + n], base.header)
+            n = len(lg)  # the base rows of this block only: a long window never lies whole in memory
+            rows = (base.rows_numpy(w.index, off, off + n) if isinstance(lg, np.ndarray)
+                    else base.rows_torch(w.index, lg.device, off, off + n))
+            return reduce_base(lg, rows, w.targets[off:off + n], base.header)
 
         return [TokenRecords.concat(p) for p in self._per_block(windows, reduce)]
 
-    def encode(self, windows: list[Window], coding: Coding) -> list[tuple[np.ndarray, np.ndarray]]:
-        """Base mode: per window, (uint16 base rows, or top-K records, made as ``coding``
-        says, float32 NLL of each target)."""
-        parts = self._per_block(windows, lambda w, off, lg: encode_base_rows(lg, w.targets[off:off + len(lg)],
-                                                                             coding))
-        return [(_join([r for r, _ in p]), _join([n for _, n in p])) for p in parts]
+    def encode(self, windows: list[Window], coding: Coding) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
+        """Base mode: (window number in ``windows``, uint16 base rows, or top-K records, made
+        as ``coding`` says, float32 NLL of each of their targets), block by block in order, so
+        the base file is written as the rows come and no window's rows are ever held whole."""
+        for i, off, lg in self.logit_blocks(windows):
+            rows, nll = encode_base_rows(lg, windows[i].targets[off:off + len(lg)], coding)
+            yield i, rows, nll
 
     def nll(self, windows: list[Window]) -> list[np.ndarray]:
         """Score mode: per window, the float32 NLL of each target (full-vocabulary normalisation)."""

@@ -6,6 +6,10 @@ The factory is called with no arguments and returns an object with
   ``convert_ids_to_tokens`` names the tokens for the identity hash (ids as text otherwise);
 - ``logits(ids)`` (or the object itself is callable): int64 tensor (batch, seq) -> float
   tensor (batch, seq, vocab) of next-token logits, on any device;
+- optionally ``step(ids, state) -> (logits, state)``: the same logits for a block of a
+  window, given the state the previous block returned (None before the first). A window
+  longer than ``-b`` tokens then runs block by block with its state carried, so a
+  recurrent model scores a 16k-token document in memory that does not grow with it;
 - optionally ``bos_id`` (put first in every tokenized text, and replaced at chunk starts as
   llama.cpp does), ``prefix_id`` (the token before each document under ``--protocol
   rolling``; default ``bos_id``), ``n_ctx_train`` and ``name``.
@@ -66,6 +70,9 @@ class PythonEngine(Engine):
         self.fn = getattr(obj, "logits", None) or (obj if callable(obj) else None)
         if self.fn is None:
             raise EngineError(f"--model {spec}: the factory's object has no logits(ids) and is not callable")
+        self.step = getattr(obj, "step", None)
+        if self.step is not None and not callable(self.step):
+            raise EngineError(f"--model {spec}: the factory's object has a step that is not callable")
         self.bos_id = getattr(obj, "bos_id", None)
         self.prefix_id = getattr(obj, "prefix_id", self.bos_id)
         self.n_ctx_train = getattr(obj, "n_ctx_train", None)
@@ -78,10 +85,14 @@ class PythonEngine(Engine):
         import torch
 
         with torch.inference_mode():
-            out = self.fn(ids)
+            return self._checked(self.fn(ids), ids, "logits")
+
+    def _checked(self, out, ids, what: str):
+        import torch
+
         if not isinstance(out, torch.Tensor) or out.dim() != 3 or tuple(out.shape[:2]) != tuple(ids.shape):
             got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
-            raise EngineError(f"--model {self.spec}: logits(ids of shape {tuple(ids.shape)}) returned {got}, "
+            raise EngineError(f"--model {self.spec}: {what}(ids of shape {tuple(ids.shape)}) returned {got}, "
                               f"expected (batch, seq, vocab)")
         return out
 
@@ -112,6 +123,27 @@ class PythonEngine(Engine):
         out = self._forward(ids)
         first, n_scored = windows[0].first, windows[0].n_scored
         return [out[i, first:first + n_scored] for i in range(len(windows))]
+
+    def logit_blocks(self, windows: list[Window]):
+        w = windows[0]
+        if self.step is None or len(windows) > 1 or len(w.tokens) <= self.batch_tokens:
+            yield from super().logit_blocks(windows)
+            return
+        import torch
+
+        ids = torch.from_numpy(w.tokens.astype(np.int64))[None]
+        end, state = w.first + w.n_scored, None
+        with torch.inference_mode():
+            for a in range(0, end, self.batch_tokens):
+                b = min(a + self.batch_tokens, end)
+                got = self.step(ids[:, a:b], state)
+                if not isinstance(got, tuple) or len(got) != 2:
+                    raise EngineError(f"--model {self.spec}: step(ids, state) returned {type(got).__name__}, "
+                                      f"expected (logits, state)")
+                lg, state = self._checked(got[0], ids[:, a:b], "step")[0], got[1]
+                lo = max(a, w.first)
+                if lo < b:
+                    yield 0, lo - w.first, lg[lo - a:]
 
     def describe(self) -> dict:
         import torch

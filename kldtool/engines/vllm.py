@@ -136,14 +136,16 @@ class VllmEngine(Engine):
         results = self._run(windows, lambda w: {"mode": "compare", "base": path})
         return [TokenRecords.from_columns(r) for r in results]
 
-    def encode(self, windows: list[Window], coding) -> list[tuple[np.ndarray, np.ndarray]]:
+    def encode(self, windows: list[Window], coding):
         from dataclasses import asdict
 
         from kldtool.logitsfile.header import rows_width
 
+        # The workers return each window's rows whole (one array per request).
         width = rows_width(self.n_vocab, coding.keep)
         results = self._run(windows, lambda w: {"mode": "encode", "row_width": width, "coding": asdict(coding)})
-        return [(r["rows"], r["nll"]) for r in results]
+        for i, r in enumerate(results):
+            yield i, r["rows"], r["nll"]
 
     def nll(self, windows: list[Window]) -> list[np.ndarray]:
         return [r["nll"] for r in self._run(windows, lambda w: {"mode": "nll"})]

@@ -46,8 +46,8 @@ class WorkerState:
         self.rank = vllm_seam.tp_rank()
 
     def _feed(self, path: str, device):
-        # A request prefilled in several steps asks for the same chunk again: the feed keeps
-        # the last one, and reads the next chunks while the model runs.
+        # A request prefilled in several steps asks for the next rows of its chunk: the feed
+        # keeps the frames last asked for, and reads the next ones while the model runs.
         if path not in self.feeds:
             from kldtool.logitsfile import open_base_file
             from kldtool.logitsfile.prefetch import ChunkFeed
@@ -76,7 +76,7 @@ class WorkerState:
             from kldtool.reduce import FIELDS, reduce_base
 
             feed = self._feed(spec["base"], logits.device)
-            rows = feed.rows(spec["chunk"])[j0:j1]
+            rows = feed.rows(spec["chunk"], j0, j1)
             rec = reduce_base(logits, rows, targets, feed.reader.header)
             for f in FIELDS:
                 res.arrays[f][j0:j1] = getattr(rec, f)

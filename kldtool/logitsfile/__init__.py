@@ -1,8 +1,10 @@
 """Base files: llama.cpp's raw layout and kldtool's compressed container, behind one reader API.
 
 A reader has ``header``, ``tokens`` (int32, n_ctx*n_chunk), ``metadata`` (dict),
-``file_size``, ``format_name``, ``read_chunk(i)`` -> uint16 rows (thread-safe) and ``close()``.
-A writer has ``write_chunk(rows)``, ``finish(metadata)`` and ``abort()``.
+``file_size``, ``format_name``, ``frames`` (frames.py), ``read_rows(i, start, stop)`` and
+``read_chunk(i)`` -> uint16 rows (thread-safe, reading only the frames needed) and ``close()``.
+A writer has ``write_rows(block)`` + ``end_chunk(nll)`` (or ``write_chunk(rows, nll)``),
+``finish(metadata)`` and ``abort()``.
 """
 
 from __future__ import annotations
@@ -17,7 +19,15 @@ from kldtool.logitsfile.prefetch import iter_chunks
 
 FORMATS = ("kldtool", "llamacpp")
 
-__all__ = ["BaseHeader", "open_base_file", "create_writer", "check_layout", "iter_chunks", "FORMATS"]
+__all__ = ["BaseHeader", "open_base_file", "create_writer", "check_layout", "iter_chunks", "frame_facts", "FORMATS"]
+
+
+def frame_facts(reader) -> dict:
+    """How a reader cuts the file's rows: what one frame in flight costs on the host (and,
+    for a GPU engine, on the device)."""
+    f = reader.frames
+    return {"frames": f.n_frames, "rows_per_frame": f.per_frame or "window",
+            "largest_frame_rows": f.max_rows, "largest_frame_bytes": reader.frame_nbytes}
 
 
 def open_base_file(path: str | os.PathLike):
@@ -39,9 +49,14 @@ def open_base_file(path: str | os.PathLike):
     return raw.RawReader(p)
 
 
-def check_layout(fmt: str, protocol: str, keep: int | None = None, clamp: float = DEFAULT_CLAMP) -> None:
-    """llama.cpp's raw layout has no window table, only full rows and a 16-nat window: only
-    the llamacpp protocol's chunks of such rows fit it."""
+def check_layout(fmt: str, protocol: str, keep: int | None = None, clamp: float = DEFAULT_CLAMP,
+                 frame_rows: int | None = None) -> None:
+    """llama.cpp's raw layout has no window table or frames, only full rows and a 16-nat
+    window: only the llamacpp protocol's chunks of such rows fit it."""
+    if frame_rows is not None and not 0 <= frame_rows <= container.MAX_FRAME_ROWS:
+        raise UsageError(f"--frame-rows {frame_rows}: expected 0 .. {container.MAX_FRAME_ROWS}")
+    if fmt == "llamacpp" and frame_rows is not None:
+        raise UsageError("--frame-rows: llama.cpp's raw layout stores rows unframed; use --format kldtool")
     if fmt == "llamacpp" and protocol != "llamacpp":
         raise UsageError(f"--format llamacpp holds only --protocol llamacpp's chunks, not {protocol}; "
                          f"use --format kldtool")
@@ -53,15 +68,18 @@ def check_layout(fmt: str, protocol: str, keep: int | None = None, clamp: float 
 
 
 def create_writer(path, fmt: str, header: BaseHeader, tokens, metadata: dict | None = None,
-                  settings: dict | None = None, resume: bool = False):
+                  settings: dict | None = None, resume: bool = False, frame_rows: int | None = None):
     """A writer on the locked partial file beside ``path``. Started afresh (with ``settings``
-    journaled for a later resume) unless ``resume``: then the caller recovers and keeps."""
-    kinds = {"kldtool": container.ContainerWriter, "llamacpp": raw.RawWriter}
-    if fmt not in kinds:
+    journaled for a later resume) unless ``resume``: then the caller recovers and keeps.
+    ``frame_rows``: the container's rows per frame (None: about 8 MiB; 0: one per chunk)."""
+    if fmt not in FORMATS:
         raise UsageError(f"--format {fmt!r}: expected one of {', '.join(FORMATS)}")
     name = "llamacpp" if header.windows is None else (metadata or {}).get("protocol", {}).get("name", "a window table")
-    check_layout(fmt, name, header.keep, header.clamp)
-    writer = kinds[fmt](path, header, tokens, metadata)
+    check_layout(fmt, name, header.keep, header.clamp, frame_rows)
+    if fmt == "kldtool":
+        writer = container.ContainerWriter(path, header, tokens, metadata, frame_rows=frame_rows)
+    else:
+        writer = raw.RawWriter(path, header, tokens, metadata)
     if not resume:
         writer.start(settings)
     return writer

@@ -3,21 +3,25 @@
 Layout (little-endian)::
 
     0   "KLDTOOL\\0"        8-byte magic (llama-perplexity rejects it cleanly: not "_logits_")
-    8   u32 version          1: llama.cpp's chunks; 2: a window table (other protocols)
+    8   u32 version          1: llama.cpp's chunks; 2: a window table (other protocols);
+                             3: frames of at most R rows (a window table iff n_stream > 0)
     12  u32 n_ctx | u32 n_vocab | u32 n_chunk
     24  u32 transform        0: zstd of the rows' bytes; 1: zstd of (row heads, non-zero mask,
                              high bytes, low bytes of the non-zero codes); 2: zstd of top-K
                              records (codec/topk.py), K in the metadata's "keep"
-    28  u32 n_stream         version 2: tokens in the stream (version 1: 0, n_ctx * n_chunk)
+    28  u32 n_stream         with a window table: tokens in the stream (else 0: n_ctx * n_chunk)
     32  int32 tokens[n_ctx * n_chunk, or n_stream]
-        version 2: i64 (start, length, first, n_scored) per window
-        one zstd frame per chunk (with content size and checksum)
-        index: n_chunk * (u64 offset, u64 length)
+        with a window table: i64 (start, length, first, n_scored) per window
+        zstd frames (with content size and checksum): versions 1-2 one per chunk; version 3
+        ceil(rows / R) per chunk, each of R rows but the chunk's last (frames.py)
+        index: one (u64 offset, u64 length) per frame
         metadata: UTF-8 JSON
-    end-32: u64 index_offset | u64 metadata_length | u32 crc32(index + metadata) | u32 0 | "KLDDONE\\0"
+    end-32: u64 index_offset | u64 metadata_length | u32 crc32(index + metadata) | u32 R (0 before
+            version 3) | "KLDDONE\\0"
 
 The trailer is the completion marker: it is written last, so an interrupted file has none.
-Frames are independent, so chunks decode in any order and on several threads.
+Frames are independent, so they decode in any order and on several threads, and a long
+window is written and read a few MiB at a time.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ import zstandard
 
 from kldtool.codec import DEFAULT_CLAMP, HEADER_SLOTS, check_clamp
 from kldtool.errors import CorruptData, IncompleteFile, MetadataError, NotABaseFile, RowLayoutError, TruncatedHeader
+from kldtool.logitsfile.frames import FrameLayout, default_frame_rows
 from kldtool.logitsfile.header import BaseHeader
 from kldtool.logitsfile.reader_base import BaseFileReader, Frame
 from kldtool.logitsfile.writer_base import ResumableWriter
@@ -40,12 +45,13 @@ from kldtool.codec.topk import MIN_KEEP
 
 MAGIC = b"KLDTOOL\x00"
 END_MAGIC = b"KLDDONE\x00"
-VERSIONS = (1, 2)
+VERSIONS = (1, 2, 3)
 PREAMBLE = 32
 TRAILER = 32
 PLAIN, MASKED_PLANES, TOPK = 0, 1, 2
 DEFAULT_LEVEL = 3
 SCATTER_BLOCK = 1 << 20  # codes per scatter step
+MAX_FRAME_ROWS = 1 << 24
 
 
 def _to_frame_bytes(rows: np.ndarray, transform: int) -> bytes:
@@ -118,8 +124,9 @@ class ContainerReader(BaseFileReader):
         if transform not in (PLAIN, MASKED_PLANES, TOPK):
             self._fail(f"unknown row transform {transform} at offset 24", NotABaseFile)
         self.transform = transform
-        tokens_end = PREAMBLE + 4 * (n_stream if version == 2 else h.n_tokens)
-        if version == 2:
+        tabled = version == 2 or (version == 3 and n_stream > 0)
+        tokens_end = PREAMBLE + 4 * (n_stream if tabled else h.n_tokens)
+        if tabled:
             table_end = tokens_end + 32 * n_chunk
             table = os.pread(self.fd, 32 * n_chunk, tokens_end) if size >= table_end else b""
             if len(table) < 32 * n_chunk:
@@ -139,18 +146,23 @@ class ContainerReader(BaseFileReader):
                 f"(the run that wrote it did not finish)", IncompleteFile
             )
         index_offset, meta_len = (int(x) for x in np.frombuffer(trailer, dtype="<u8", count=2))
-        crc = int(np.frombuffer(trailer, dtype="<u4", count=1, offset=16)[0])
-        index_len = 16 * h.n_chunk
+        crc, per_frame = (int(x) for x in np.frombuffer(trailer, dtype="<u4", count=2, offset=16))
+        if (version == 3) != (per_frame > 0) or per_frame > MAX_FRAME_ROWS:
+            self._fail(f"corrupt trailer at offset {size - 12}: {per_frame} rows per frame in a version "
+                       f"{version} container", CorruptData)
+        self.frames = self._layout(per_frame)
+        index_len = 16 * self.frames.n_frames
         if index_offset < tokens_end or index_offset + index_len + meta_len + TRAILER != size:
             self._fail(f"corrupt trailer at offset {size - TRAILER}: index/metadata do not fit the file", CorruptData)
         tail = os.pread(self.fd, index_len + meta_len, index_offset)
         if zlib.crc32(tail) != crc:
             self._fail(f"corrupt index or metadata (checksum mismatch) at offset {index_offset}", CorruptData)
-        index = np.frombuffer(tail[:index_len], dtype="<u8").reshape(h.n_chunk, 2).astype(np.int64)
+        index = np.frombuffer(tail[:index_len], dtype="<u8").reshape(-1, 2).astype(np.int64)
         ends = index[:, 0] + index[:, 1]
         if (index[:, 0] < tokens_end).any() or (ends > index_offset).any():
             bad = int(np.nonzero((index[:, 0] < tokens_end) | (ends > index_offset))[0][0])
-            self._fail(f"corrupt index entry for chunk {bad} at offset {index_offset + 16 * bad}", CorruptData)
+            self._fail(f"corrupt index entry for {self._where(bad)} at offset {index_offset + 16 * bad}",
+                       CorruptData)
         self.index = index
         try:
             self.metadata = json.loads(tail[index_len:].decode("utf-8"))
@@ -177,22 +189,27 @@ class ContainerReader(BaseFileReader):
         except ValueError as e:
             self._fail(f"metadata clamp: {e}", MetadataError)
 
+    def _where(self, frame: int) -> str:
+        chunk = self.frames.span(frame)[0]
+        return f"chunk {chunk}" if self.frames.per_frame <= 0 else f"chunk {chunk} (frame {frame})"
+
     def _frame_size_range(self, index: int) -> tuple[int, int]:
-        """Smallest and largest decoded frame one chunk can have (-1, unknown, is outside)."""
+        """Smallest and largest decoded size frame ``index`` can have (-1, unknown, is outside)."""
         h = self.header
+        n_rows = self.frames.span(index)[2]
         if self.transform != MASKED_PLANES:
-            return h.nbytes_of(index), h.nbytes_of(index)
-        n_rows = h.rows_of(index)
+            return n_rows * h.row_width * 2, n_rows * h.row_width * 2
         n_codes = n_rows * (h.row_width - HEADER_SLOTS)
         fixed = n_rows * HEADER_SLOTS * 2 + (n_codes + 7) // 8
         return fixed, fixed + 2 * n_codes
 
     def read_frame(self, index: int) -> Frame:
-        """Chunk ``index`` decompressed but not yet rebuilt into rows (zstd releases the GIL,
+        """Frame ``index`` decompressed but not yet rebuilt into rows (zstd releases the GIL,
         so prefetch threads run this in parallel)."""
         h = self.header
-        if not 0 <= index < h.n_chunk:
+        if not 0 <= index < self.frames.n_frames:
             raise IndexError(index)
+        where = self._where(index)
         offset, length = (int(x) for x in self.index[index])
         data = os.pread(self.fd, length, offset)
         # zstd allocates what the frame header declares: check that against what the header
@@ -201,29 +218,27 @@ class ContainerReader(BaseFileReader):
         try:
             declared = zstandard.frame_content_size(data)
         except zstandard.ZstdError as e:
-            self._fail(f"corrupt zstd frame for chunk {index} at offset {offset}: {e}", CorruptData)
+            self._fail(f"corrupt zstd frame for {where} at offset {offset}: {e}", CorruptData)
         if not lo <= declared <= hi:
-            self._fail(f"corrupt zstd frame for chunk {index} at offset {offset}: declares {declared} bytes, "
+            self._fail(f"corrupt zstd frame for {where} at offset {offset}: declares {declared} bytes, "
                        f"n_ctx={h.n_ctx}, n_vocab={h.n_vocab} allow {lo}..{hi}", CorruptData)
         try:
             raw = zstandard.ZstdDecompressor().decompress(data, max_output_size=hi)
         except zstandard.ZstdError as e:
-            self._fail(f"corrupt zstd frame for chunk {index} at offset {offset}: {e}", CorruptData)
-        if self.transform != MASKED_PLANES and len(raw) != h.nbytes_of(index):
-            self._fail(f"chunk {index} at offset {offset} decodes to {len(raw)} bytes, expected {h.nbytes_of(index)}",
-                       RowLayoutError)
+            self._fail(f"corrupt zstd frame for {where} at offset {offset}: {e}", CorruptData)
+        if self.transform != MASKED_PLANES and len(raw) != lo:
+            self._fail(f"{where} at offset {offset} decodes to {len(raw)} bytes, expected {lo}", RowLayoutError)
         return Frame(index, offset, raw)
 
     def frame_rows(self, frame: Frame) -> np.ndarray:
-        h = self.header
         try:
-            return _from_frame_bytes(frame.data, self.transform, (h.rows_of(frame.index), h.row_width))
+            return _from_frame_bytes(frame.data, self.transform, (self.frames.span(frame.index)[2],
+                                                                  self.header.row_width))
         except ValueError as e:
-            self._fail(f"corrupt chunk {frame.index} at offset {frame.offset}: {e}", CorruptData)
+            self._fail(f"corrupt {self._where(frame.index)} at offset {frame.offset}: {e}", CorruptData)
 
     def _rebuild_torch(self, buf, index: int):
-        h = self.header
-        return _frame_to_torch(buf, self.transform, (h.rows_of(index), h.row_width))
+        return _frame_to_torch(buf, self.transform, (self.frames.span(index)[2], self.header.row_width))
 
 
 def _frame_to_torch(buf, transform: int, shape: tuple[int, int]):
@@ -256,13 +271,20 @@ def _frame_to_torch(buf, transform: int, shape: tuple[int, int]):
 
 
 class ContainerWriter(ResumableWriter):
-    """Compresses chunks on worker threads (zstd releases the GIL) and appends them in order."""
+    """Compresses frames of ``frame_rows`` rows (0: a whole chunk each, the pre-frame layout)
+    on worker threads (zstd releases the GIL) and appends them in order. A chunk's rows may
+    come in blocks of any size: at most one frame's rows wait for the next block."""
 
     format_name = "kldtool"
 
     def __init__(self, path, header: BaseHeader, tokens: np.ndarray, metadata: dict | None = None,
-                 level: int = DEFAULT_LEVEL, transform: int = MASKED_PLANES, threads: int = 2):
+                 level: int = DEFAULT_LEVEL, transform: int = MASKED_PLANES, threads: int = 2,
+                 frame_rows: int | None = None):
         self.level, self.transform = level, (TOPK if header.keep else transform)
+        self.frame_rows = default_frame_rows(header.row_width) if frame_rows is None else frame_rows
+        if not 0 <= self.frame_rows <= MAX_FRAME_ROWS:
+            raise ValueError(f"{self.frame_rows} rows per frame: expected 0 .. {MAX_FRAME_ROWS}")
+        self.layout = FrameLayout([header.rows_of(i) for i in range(header.n_chunk)], self.frame_rows)
         if header.keep:
             metadata = (metadata or {}) | {"keep": header.keep}
         if header.clamp != DEFAULT_CLAMP:
@@ -271,19 +293,22 @@ class ContainerWriter(ResumableWriter):
         self.pool = ThreadPoolExecutor(max_workers=max(1, threads))
         self.pending = []
         self.index: list[tuple[int, int]] = []
+        self.waiting: list[np.ndarray] = []  # rows of the current frame so far
+        self._frame_ends: list[int] = []
 
     def _preamble(self, token_bytes: bytes) -> bytes:
         h = self.header
-        if h.windows is None:
-            pre = np.array([1, h.n_ctx, h.n_vocab, h.n_chunk, self.transform, 0], dtype="<u4")
-            return MAGIC + pre.tobytes() + token_bytes
-        pre = np.array([2, h.n_ctx, h.n_vocab, h.n_chunk, self.transform, h.n_stream], dtype="<u4")
-        return MAGIC + pre.tobytes() + token_bytes + np.array(h.windows, dtype="<i8").tobytes()
+        version = 3 if self.frame_rows else (1 if h.windows is None else 2)
+        pre = np.array([version, h.n_ctx, h.n_vocab, h.n_chunk, self.transform,
+                        0 if h.windows is None else h.n_stream], dtype="<u4")
+        table = b"" if h.windows is None else np.array(h.windows, dtype="<i8").tobytes()
+        return MAGIC + pre.tobytes() + token_bytes + table
 
     def _chunk_ends(self, start: int, size: int) -> list[int]:
-        """Walk the frames an interrupted run left; the first cut or damaged one ends the walk."""
+        """Walk the frames an interrupted run left; the first cut or damaged one ends the walk.
+        A chunk counts once all its frames are there."""
         ends, pos = [], start
-        while pos < size and len(ends) < self.header.n_chunk:
+        while pos < size and len(ends) < self.layout.n_frames:
             d = zstandard.ZstdDecompressor().decompressobj()
             off = pos
             try:
@@ -297,18 +322,37 @@ class ContainerWriter(ResumableWriter):
                 break
             pos = off - len(d.unused_data)
             ends.append(pos)
-        return ends
+        self._frame_ends = ends
+        whole = [c for c in range(self.header.n_chunk) if self.layout.first[c + 1] <= len(ends)]
+        return [ends[int(self.layout.first[c + 1]) - 1] for c in whole]
 
     def _kept(self, ends: list[int]) -> None:
-        starts = [len(self.preamble)] + ends[:-1]
-        self.index = [(a, b - a) for a, b in zip(starts, ends)]
+        n = int(self.layout.first[len(ends)])
+        frame_ends = self._frame_ends[:n]
+        starts = [len(self.preamble)] + frame_ends[:-1]
+        self.index = [(a, b - a) for a, b in zip(starts, frame_ends)]
 
     def _compress(self, rows: np.ndarray) -> bytes:
         cctx = zstandard.ZstdCompressor(level=self.level, write_checksum=True, write_content_size=True)
         return cctx.compress(_to_frame_bytes(rows, self.transform))
 
-    def _append(self, rows: np.ndarray) -> None:
-        self.pending.append(self.pool.submit(self._compress, np.array(rows, dtype="<u2")))
+    def _append_rows(self, rows: np.ndarray) -> None:
+        per = self.frame_rows or self.header.rows_of(self.n_written)
+        room = self.header.rows_of(self.n_written) - self._rows_in_chunk
+        have = sum(len(r) for r in self.waiting)
+        while len(rows):
+            take = min(per - have, len(rows))
+            self.waiting.append(rows[:take])
+            have, rows = have + take, rows[take:]
+            room -= take
+            if have == per or room == 0:
+                self._submit()
+                have = 0
+
+    def _submit(self) -> None:
+        frame = np.concatenate(self.waiting) if len(self.waiting) > 1 else np.array(self.waiting[0])
+        self.waiting = []
+        self.pending.append(self.pool.submit(self._compress, frame.astype("<u2", copy=False)))
         while len(self.pending) > 4 or (self.pending and self.pending[0].done()):
             self._drain_one()
 
@@ -326,7 +370,7 @@ class ContainerWriter(ResumableWriter):
         index_offset = self.out.tell()
         self.out.write(index + meta)
         trailer = np.array([index_offset, len(meta)], dtype="<u8").tobytes()
-        trailer += np.array([zlib.crc32(index + meta), 0], dtype="<u4").tobytes() + END_MAGIC
+        trailer += np.array([zlib.crc32(index + meta), self.frame_rows], dtype="<u4").tobytes() + END_MAGIC
         self.out.write(trailer)
 
     def abort(self, keep: bool = False) -> None:

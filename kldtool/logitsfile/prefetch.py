@@ -1,9 +1,9 @@
-"""Read (and decompress) the next chunks on worker threads while the engine runs the current one."""
+"""Read (and decompress) the next frames on worker threads while the engine runs the current one."""
 
 from __future__ import annotations
 
 import os
-from collections import deque
+from collections import OrderedDict, deque
 from concurrent.futures import ThreadPoolExecutor
 from typing import Iterable, Iterator
 
@@ -15,8 +15,8 @@ from kldtool.logitsfile.reader_base import stage_frame
 
 def iter_chunks(reader, indices: Iterable[int], ahead: int = 4, threads: int = 2,
                 read=None) -> Iterator[tuple[int, np.ndarray]]:
-    """Yield (index, rows) in order, keeping up to ``ahead`` chunks in flight; ``read``
-    (default ``reader.read_chunk``) is what the threads call per chunk."""
+    """Yield (index, read(index)) in order, keeping up to ``ahead`` reads in flight; ``read``
+    (default ``reader.read_chunk``: whole chunks) is what the threads call per index."""
     read = read or reader.read_chunk
     indices = iter(indices)
     with ThreadPoolExecutor(max_workers=threads) as pool:
@@ -33,50 +33,81 @@ def iter_chunks(reader, indices: Iterable[int], ahead: int = 4, threads: int = 2
             yield i, fut.result()
 
 
-def prefetch_plan(chunk_nbytes: int, cpus: int | None = None, budget: int = 2 << 30) -> tuple[int, int]:
-    """(chunks ahead, threads): a GPU scores rows faster than one core decodes them (an 8B
-    model on an H100 wants ~4 GB/s of rows), so half the cores decode, with up to two chunks
-    each in flight, as long as those fit ``budget`` bytes. Long windows make big chunks (16k
-    tokens of a 49k vocabulary: 1.5 GiB of rows): then fewer are in flight, down to one."""
+def prefetch_plan(frame_nbytes: int, cpus: int | None = None, budget: int = 2 << 30) -> tuple[int, int]:
+    """(frames ahead, threads): a GPU scores rows faster than one core decodes them (an 8B
+    model on an H100 wants ~4 GB/s of rows), so half the cores decode, with up to two frames
+    each in flight, as long as those fit ``budget`` bytes (one frame per window in files from
+    before frames: 16k tokens of a 49k vocabulary are 1.5 GiB, so then down to one)."""
     threads = max(2, min(8, (cpus or os.cpu_count() or 2) // 2))
-    ahead = max(1, min(2 * threads, budget // max(chunk_nbytes, 1)))
+    ahead = max(1, min(2 * threads, budget // max(frame_nbytes, 1)))
     return ahead, min(threads, ahead)
 
 
 def _loader(reader, device):
-    """(what a thread runs per chunk, what turns its result into int16 rows on ``device``).
+    """(what a thread runs per frame, what turns its result into int16 rows on ``device``).
     For a GPU the threads read, decompress and pin, and the rows are rebuilt on the device;
     otherwise the threads decode the rows on the host."""
     if device is None or str(device).startswith("cpu"):
-        return reader.read_chunk, rows_to_torch
+        return reader.read_frame_rows, rows_to_torch
     return (lambda index: stage_frame(reader.read_frame(index))), reader.frame_to_torch
 
 
+def _cut(layout, chunk: int, start: int, stop: int, frame_rows) -> list:
+    """Rows start .. stop-1 of ``chunk`` as slices of its frames' rows (``frame_rows(k)``)."""
+    parts = []
+    for k in layout.covering(chunk, start, stop):
+        _, row0, n = layout.span(k)
+        parts.append(frame_rows(k)[max(start - row0, 0):min(stop - row0, n)])
+    return parts
+
+
+def _join(parts: list):
+    if len(parts) == 1:
+        return parts[0]
+    if isinstance(parts[0], np.ndarray):
+        return np.concatenate(parts)
+    import torch
+
+    return torch.cat(parts)
+
+
 class PrefetchedChunks:
-    """Base rows for an engine's ``score``, chunks asked for in order and read ahead. For an
-    engine on a GPU the threads only decompress; the rows are rebuilt on the device."""
+    """Base rows for an engine's ``score``: any rows of the chunks asked for in order (a
+    window's blocks in order), its frames read ahead. For an engine on a GPU the threads only
+    decompress; the rows are rebuilt on the device."""
 
     def __init__(self, reader, indices: Iterable[int], ahead: int | None = None, threads: int | None = None,
                  device: str | None = None):
         self.path = reader.path
         self.header = reader.header
+        self.frames = reader.frames
         read, self._to_torch = _loader(reader, device)
-        plan_ahead, plan_threads = prefetch_plan(reader.header.chunk_nbytes)
-        self._it = iter_chunks(reader, indices, ahead=ahead or plan_ahead, threads=threads or plan_threads, read=read)
+        plan_ahead, plan_threads = prefetch_plan(reader.frame_nbytes)
+        frames = (k for i in indices for k in self.frames.of_chunk(i))
+        self._it = iter_chunks(reader, frames, ahead=ahead or plan_ahead, threads=threads or plan_threads, read=read)
+        self._held: tuple | None = None  # (frame, rows): the last frame, which the next block may share
 
-    def _next(self, index: int):
-        got, item = next(self._it)
-        if got != index:
-            raise RuntimeError(f"chunk {index} asked for out of order (next is {got})")
-        return item
+    def _frame(self, k: int, convert):
+        if self._held is None or self._held[0] != k:
+            got, item = next(self._it)
+            while got < k:  # a frame no block asked for (never, when every row is scored)
+                got, item = next(self._it)
+            if got != k:
+                raise RuntimeError(f"frame {k} asked for out of order (next is {got})")
+            self._held = (k, convert(item))
+        return self._held[1]
 
-    def rows_torch(self, index: int, device):
-        """Chunk ``index``'s rows as an int16 tensor on ``device``."""
-        return self._to_torch(self._next(index), device)
+    def _rows(self, index: int, start: int, stop: int | None, convert):
+        stop = self.header.rows_of(index) if stop is None else stop
+        return _join(_cut(self.frames, index, start, stop, lambda k: self._frame(k, convert)))
 
-    def rows_numpy(self, index: int) -> np.ndarray:
-        """Chunk ``index``'s uint16 rows on the host (a feed made for the host device)."""
-        return self._next(index)
+    def rows_torch(self, index: int, device, start: int = 0, stop: int | None = None):
+        """Rows start .. stop-1 of chunk ``index`` as an int16 tensor on ``device``."""
+        return self._rows(index, start, stop, lambda item: self._to_torch(item, device))
+
+    def rows_numpy(self, index: int, start: int = 0, stop: int | None = None) -> np.ndarray:
+        """Rows start .. stop-1 of chunk ``index``, uint16 on the host (a feed made for the host)."""
+        return self._rows(index, start, stop, lambda item: item)
 
     def close(self) -> None:
         self._it.close()
@@ -84,31 +115,40 @@ class PrefetchedChunks:
 
 class ChunkFeed:
     """Rows of chunks asked for mostly in order but not strictly (vLLM's workers see a
-    request's chunk step by step, several requests a step), as tensors on ``device``; the
-    chunks after the last one asked for are read on threads meanwhile."""
+    request's rows step by step, several requests a step), as tensors on ``device``: the
+    frames asked for stay in a small cache, the ones after the last asked for are read on
+    threads meanwhile."""
 
     def __init__(self, reader, device):
         self.reader, self.device = reader, device
+        self.frames = reader.frames
         self._read, self._to_torch = _loader(reader, device)
-        self.ahead, threads = prefetch_plan(reader.header.chunk_nbytes)
+        self.ahead, threads = prefetch_plan(reader.frame_nbytes)
         self._pool = ThreadPoolExecutor(max_workers=threads)
         self._pending: dict = {}
-        self._last: tuple | None = None
+        self._cache: OrderedDict = OrderedDict()
 
-    def rows(self, chunk: int):
-        if self._last is not None and self._last[0] == chunk:
-            return self._last[1]
-        fut = self._pending.pop(chunk, None)
-        item = fut.result() if fut is not None else self._read(chunk)
-        for k in [k for k in self._pending if not chunk < k <= chunk + self.ahead]:
-            self._pending.pop(k).cancel()
-        for k in range(chunk + 1, min(chunk + 1 + self.ahead, self.reader.header.n_chunk)):
-            if k not in self._pending:
-                self._pending[k] = self._pool.submit(self._read, k)
-        rows = self._to_torch(item, self.device)
-        self._last = (chunk, rows)
+    def _frame(self, k: int):
+        if k in self._cache:
+            self._cache.move_to_end(k)
+            return self._cache[k]
+        fut = self._pending.pop(k, None)
+        rows = self._to_torch(fut.result() if fut is not None else self._read(k), self.device)
+        self._cache[k] = rows
+        while len(self._cache) > self.ahead + 2:
+            self._cache.popitem(last=False)
+        for j in range(k + 1, min(k + 1 + self.ahead, self.frames.n_frames)):
+            if j not in self._pending and j not in self._cache:
+                self._pending[j] = self._pool.submit(self._read, j)
+        while len(self._pending) > 2 * self.ahead:  # oldest first: another request moved on
+            self._pending.pop(next(iter(self._pending))).cancel()
         return rows
+
+    def rows(self, chunk: int, start: int, stop: int):
+        """Rows start .. stop-1 of chunk ``chunk`` on the feed's device."""
+        return _join(_cut(self.frames, chunk, start, stop, self._frame))
 
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
         self._pending.clear()
+        self._cache.clear()

@@ -13,6 +13,7 @@ import os
 import numpy as np
 
 from kldtool.errors import NotABaseFile, RowLayoutError, TruncatedHeader, TruncatedRows
+from kldtool.logitsfile.frames import default_frame_rows
 from kldtool.logitsfile.header import BaseHeader
 from kldtool.logitsfile.reader_base import BaseFileReader, Frame
 from kldtool.logitsfile.writer_base import ResumableWriter
@@ -51,19 +52,22 @@ class RawReader(BaseFileReader):
                        f"row layout does not match n_ctx={h.n_ctx}, n_vocab={h.n_vocab}", RowLayoutError)
         self.tokens = self._read_tokens(PREAMBLE)
         self.metadata = {"protocol": {"name": "llamacpp", "n_ctx": h.n_ctx}}
+        # Stored whole, read in frames: any rows can be read where they lie.
+        self.frames = self._layout(default_frame_rows(h.row_width))
 
     def read_frame(self, index: int) -> Frame:
         h = self.header
-        if not 0 <= index < h.n_chunk:
+        if not 0 <= index < self.frames.n_frames:
             raise IndexError(index)
-        offset = self.rows_offset + index * h.chunk_nbytes
-        data = os.pread(self.fd, h.chunk_nbytes, offset)
-        if len(data) != h.chunk_nbytes:
-            self._fail(f"chunk {index} cut short at offset {offset + len(data)}", TruncatedRows)
+        chunk, row0, n = self.frames.span(index)
+        offset = self.rows_offset + chunk * h.chunk_nbytes + row0 * h.row_width * 2
+        data = os.pread(self.fd, n * h.row_width * 2, offset)
+        if len(data) != n * h.row_width * 2:
+            self._fail(f"chunk {chunk} cut short at offset {offset + len(data)}", TruncatedRows)
         return Frame(index, offset, data)
 
     def frame_rows(self, frame: Frame) -> np.ndarray:
-        return np.frombuffer(frame.data, dtype="<u2").reshape(self.header.rows_per_chunk, self.header.row_width)
+        return np.frombuffer(frame.data, dtype="<u2").reshape(-1, self.header.row_width)
 
 
 class RawWriter(ResumableWriter):
@@ -79,5 +83,5 @@ class RawWriter(ResumableWriter):
         n = min((size - start) // self.header.chunk_nbytes, self.header.n_chunk)
         return [start + (i + 1) * self.header.chunk_nbytes for i in range(n)]
 
-    def _append(self, rows: np.ndarray) -> None:
+    def _append_rows(self, rows: np.ndarray) -> None:
         self.out.write(np.ascontiguousarray(rows, dtype="<u2").tobytes())

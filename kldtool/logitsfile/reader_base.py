@@ -10,12 +10,13 @@ import numpy as np
 
 from kldtool.codec import rows_to_torch
 from kldtool.errors import BaseFileError, CorruptData
+from kldtool.logitsfile.frames import FrameLayout
 from kldtool.logitsfile.header import BaseHeader
 
 
 class Frame(NamedTuple):
-    """A chunk as stored, before it is rebuilt into rows: where it came from and its bytes
-    (``bytes``, or a pinned host tensor once staged for a GPU)."""
+    """A frame (frames.py) as stored, before it is rebuilt into rows: its number, where it
+    came from and its bytes (``bytes``, or a pinned host tensor once staged for a GPU)."""
 
     index: int
     offset: int
@@ -42,6 +43,7 @@ class BaseFileReader:
     format_name = "?"
     header: BaseHeader
     metadata: dict
+    frames: FrameLayout  # how the rows are cut for reading, set by _parse
 
     def __init__(self, path: str | os.PathLike):
         self.path = os.fspath(path)
@@ -71,16 +73,37 @@ class BaseFileReader:
                        f"is outside the vocabulary of {h.n_vocab}", CorruptData)
         return tokens
 
+    def _layout(self, per_frame: int) -> FrameLayout:
+        h = self.header
+        return FrameLayout([h.rows_of(i) for i in range(h.n_chunk)], per_frame)
+
+    @property
+    def frame_nbytes(self) -> int:
+        """Bytes of the largest frame's rows: what a reader holds per frame in flight."""
+        return self.frames.max_rows * self.header.row_width * 2
+
     def read_frame(self, index: int) -> Frame:
-        """Chunk ``index`` as stored (decompressed), checked; thread-safe."""
+        """Frame ``index`` as stored (decompressed), checked; thread-safe."""
         raise NotImplementedError
 
     def frame_rows(self, frame: Frame) -> np.ndarray:
         """uint16 rows of a frame, on the host."""
         raise NotImplementedError
 
-    def read_chunk(self, index: int) -> np.ndarray:
+    def read_frame_rows(self, index: int) -> np.ndarray:
         return self.frame_rows(self.read_frame(index))
+
+    def read_rows(self, chunk: int, start: int = 0, stop: int | None = None) -> np.ndarray:
+        """uint16 rows start .. stop-1 of chunk ``chunk``, reading only the frames that hold them."""
+        stop = self.header.rows_of(chunk) if stop is None else stop
+        parts = []
+        for k in self.frames.covering(chunk, start, stop):
+            _, row0, n = self.frames.span(k)
+            parts.append(self.read_frame_rows(k)[max(start - row0, 0):min(stop - row0, n)])
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+    def read_chunk(self, index: int) -> np.ndarray:
+        return self.read_rows(index)
 
     def frame_to_torch(self, frame: Frame, device):
         """int16 rows of ``frame`` on ``device``. For a GPU the frame's bytes are copied as
@@ -93,13 +116,14 @@ class BaseFileReader:
         try:
             return self._rebuild_torch(buf, frame.index)
         except ValueError as e:
-            self._fail(f"corrupt chunk {frame.index} at offset {frame.offset}: {e}", CorruptData)
+            self._fail(f"corrupt chunk {self.frames.span(frame.index)[0]} (frame {frame.index}) at offset "
+                       f"{frame.offset}: {e}", CorruptData)
 
     def _rebuild_torch(self, buf, index: int):
         """Rows from a frame's bytes already on the device; the raw layout is the rows."""
         import torch
 
-        return buf.view(torch.int16).reshape(self.header.rows_of(index), self.header.row_width)
+        return buf.view(torch.int16).reshape(self.frames.span(index)[2], self.header.row_width)
 
     def close(self) -> None:
         if self.fd >= 0:

@@ -1,8 +1,9 @@
 """What both base-file writers share: the locked partial file, its journal, and resuming.
 
 ``create_writer`` opens one and starts it; with ``resume`` the caller instead does
-``records = w.recover(settings); w.keep(records[:k], settings)``. Then ``write_chunk(rows,
-nll)`` for each remaining chunk and ``finish(metadata)``, which renames the file into place;
+``records = w.recover(settings); w.keep(records[:k], settings)``. Then, for each remaining
+chunk, ``write_rows(block)`` as its rows come (any block sizes, in order) and ``end_chunk(nll)``,
+or ``write_chunk(rows, nll)`` for both at once; ``finish(metadata)`` renames the file into place;
 ``abort(keep)`` stops, keeping the partial for a later resume or removing it.
 """
 
@@ -25,6 +26,7 @@ class ResumableWriter:
         self.out = PartialFile(path)
         self.journal = Journal(self.out.journal_path, [header.rows_of(i) for i in range(header.n_chunk)])
         self.n_written = 0
+        self._rows_in_chunk = 0
         self._ends: list[int] = []
         self.found_stale = self.out.size() > 0
 
@@ -36,8 +38,12 @@ class ResumableWriter:
         """File offsets where each complete chunk of an interrupted file ends."""
         raise NotImplementedError
 
-    def _append(self, rows: np.ndarray) -> None:
+    def _append_rows(self, rows: np.ndarray) -> None:
+        """Rows of the current chunk, in order; a long chunk comes in several calls."""
         raise NotImplementedError
+
+    def _chunk_done(self) -> None:
+        pass
 
     def _finish(self) -> None:
         pass
@@ -81,15 +87,28 @@ class ResumableWriter:
         self.n_written = k
         self._kept(self._ends[:k])
 
-    def write_chunk(self, rows: np.ndarray, nll: np.ndarray | None = None) -> None:
+    def write_rows(self, rows: np.ndarray) -> None:
         h = self.header
-        want = (h.rows_of(self.n_written), h.row_width)
-        if rows.shape != want:
-            raise ValueError(f"chunk rows of shape {rows.shape}, expected {want}")
-        self._append(rows)
+        room = h.rows_of(self.n_written) - self._rows_in_chunk if self.n_written < h.n_chunk else 0
+        if rows.ndim != 2 or rows.shape[1] != h.row_width or not 0 < len(rows) <= room:
+            raise ValueError(f"rows of shape {rows.shape} for chunk {self.n_written}, which has room for "
+                             f"{room} rows of {h.row_width}")
+        self._append_rows(rows)
+        self._rows_in_chunk += len(rows)
+
+    def end_chunk(self, nll: np.ndarray | None = None) -> None:
+        want = self.header.rows_of(self.n_written)
+        if self._rows_in_chunk != want:
+            raise ValueError(f"chunk {self.n_written} ended after {self._rows_in_chunk} of its {want} rows")
+        self._chunk_done()
+        self._rows_in_chunk = 0
         self.n_written += 1
         if nll is not None:
             self.journal.append(nll)
+
+    def write_chunk(self, rows: np.ndarray, nll: np.ndarray | None = None) -> None:
+        self.write_rows(rows)
+        self.end_chunk(nll)
 
     def finish(self, metadata: dict | None = None) -> None:
         self.metadata.update(metadata or {})

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from kldtool.engines.base import Engine
 from kldtool.errors import ContextTooLong, TokenizerMismatch, UsageError, VocabMismatch
 from kldtool.identity import base_identity, model_identity
+from kldtool.logitsfile import frame_facts
 from kldtool.logitsfile.prefetch import PrefetchedChunks
 from kldtool.pipeline.common import Sinks, groups, run_metadata, whole_batches
 from kldtool.pipeline.state import RunState, check_fits, load_state, save_state
@@ -263,7 +264,7 @@ def run_compare(engine: Engine, reader, force: bool = False, json_path: str | No
         "scored_tokens": acc.count,
         "base": meta["base"],
         "base_file": {"path": reader.path, "format": reader.format_name, "n_vocab": h.n_vocab,
-                      "metadata": reader.metadata},
+                      **frame_facts(reader), "metadata": reader.metadata},
         "model": engine.describe(),
         "model_size": model_size_dict(meta["model"].get("model")),
         "tokenizer_identity": {"model": engine.tokenizer_identity(),

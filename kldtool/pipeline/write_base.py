@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import time
 
+import numpy as np
+
 from kldtool.codec import DEFAULT_CLAMP, Coding
 from kldtool.corpus import Corpus
 from kldtool.engines.base import Engine
@@ -39,7 +41,8 @@ def plan_header(plan: Plan, n_vocab: int, coding: Coding) -> BaseHeader:
 
 
 def _open_writer(out_path, fmt, header, tokens, metadata, settings, windows, n_seq, resume, sinks, ppl):
-    writer = create_writer(out_path, fmt, header, tokens, metadata, settings, resume=resume)
+    writer = create_writer(out_path, fmt, header, tokens, metadata, settings, resume=resume,
+                           frame_rows=settings["frame_rows"])
     if not resume:
         if writer.found_stale:
             sinks.info(f"base: note: replaced an interrupted earlier run's partial file {writer.out.tmp_path} "
@@ -62,10 +65,31 @@ def _open_writer(out_path, fmt, header, tokens, metadata, settings, windows, n_s
     return writer, len(records)
 
 
+def _written(blocks, writer):
+    """Each window's NLL once its rows are written; the rows go to the file block by block."""
+    current, parts = 0, []
+    for i, rows, nll in blocks:
+        if i != current:
+            yield _end_window(writer, parts)
+            current, parts = i, []
+        if writer:
+            writer.write_rows(rows)
+        parts.append(nll)
+    if parts:
+        yield _end_window(writer, parts)
+
+
+def _end_window(writer, parts: list) -> np.ndarray:
+    nll = parts[0] if len(parts) == 1 else np.concatenate(parts)
+    if writer:
+        writer.end_chunk(nll)
+    return nll
+
+
 def run_base(engine: Engine, corpus: Corpus, protocol: Protocol, chunks: int | None,
              out_path: str | None, fmt: str = "kldtool", sinks: Sinks | None = None, codec: str | None = None,
              resume: bool = False, force: bool = False, keep: int | None = None,
-             clamp: float = DEFAULT_CLAMP) -> dict:
+             clamp: float = DEFAULT_CLAMP, frame_rows: int | None = None) -> dict:
     sinks = sinks or Sinks()
     codec = codec or default_codec(fmt)
     coding = Coding(codec, clamp, keep)
@@ -91,16 +115,15 @@ def run_base(engine: Engine, corpus: Corpus, protocol: Protocol, chunks: int | N
         "codec": codec,
         "n_seq": n_seq,
     }
-    settings = {"format": fmt, "codec": codec, "keep": keep, "clamp": clamp, "protocol": described, "n_seq": n_seq,
+    settings = {"format": fmt, "codec": codec, "keep": keep, "clamp": clamp, "frame_rows": frame_rows,
+                "protocol": described, "n_seq": n_seq,
                 "model": model_identity(model), "tokenizer_identity": engine.tokenizer_identity()}
     ppl = PplAccumulator()
     writer, done = (_open_writer(out_path, fmt, header, plan.stream, metadata, settings, windows, n_seq,
                                  resume, sinks, ppl) if out_path else (None, 0))
     try:
         for group in groups(windows[done:], n_seq):
-            for w, (rows, nll) in zip(group, engine.encode(group, coding)):
-                if writer:
-                    writer.write_chunk(rows, nll)
+            for w, nll in zip(group, _written(engine.encode(group, coding), writer)):
                 ppl.add(nll)
                 sinks.out(ppl_progress(w.index + 1, ppl.ppl))
         sinks.line()

@@ -32,8 +32,13 @@ class TinyRecurrentLM(torch.nn.Module):
         self.name = "tiny-gru"
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        h, _ = self.rnn(self.embed(ids))
-        return self.head(h) * 4.0  # sharper than uniform, as a trained model is
+        return self.step(ids, None)[0]
+
+    def step(self, ids: torch.Tensor, state):
+        """kldtool's step API: a block of a window, carrying the GRU's hidden state, so a
+        document of any length runs in blocks at constant memory."""
+        h, state = self.rnn(self.embed(ids), state)
+        return self.head(h) * 4.0, state  # sharper than uniform, as a trained model is
 
 
 def quantize_rows(w: torch.Tensor, bits: int = 4) -> torch.Tensor:
