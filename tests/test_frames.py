@@ -56,6 +56,10 @@ def test_files_from_before_frames_read_unchanged(name, tmp_path):
     assert info["frames"] == sum(-(-n // 7) for n in _rows_of(old))
     assert info["largest_frame_bytes"] == 7 * (256 + 4) * 2
     _same_rows(old, framed)
+    if name.startswith("llamacpp"):  # and on to llama.cpp's raw layout, a frame at a time
+        raw = tmp_path / "raw.kld"
+        run_cli("convert", framed, raw, "--to", "llamacpp")
+        _same_rows(old, raw)
     a, b = _compare(old, tmp_path), _compare(framed, tmp_path)
     assert a["statistics"] == b["statistics"]
     assert a["base_file"]["rows_per_frame"] == "window" and b["base_file"]["largest_frame_rows"] == 7

@@ -10,11 +10,19 @@ import pytest
 from conftest import FIXTURES, SHA, WIKI, assert_lines_match, chunk_table_lines, final_block_lines, run_cli, sha256
 from kldtool.logitsfile import open_base_file
 
-@pytest.mark.parametrize("type_name, fixture", [("Q2_K", "compare-Q2_K.txt"), ("Q8_0", "compare-Q8_0.txt")])
-def test_compare_reproduces_llama_perplexity(requant, fixture_base, type_name, fixture, tmp_path):
+@pytest.mark.parametrize("type_name, fixture, frame_rows", [("Q2_K", "compare-Q2_K.txt", None),
+                                                            ("Q8_0", "compare-Q8_0.txt", None),
+                                                            ("Q2_K", "compare-Q2_K.txt", 20)])
+def test_compare_reproduces_llama_perplexity(requant, fixture_base, type_name, fixture, frame_rows, tmp_path):
+    """Against llama-perplexity's own file, and against it re-framed into kldtool's container
+    in frames of 20 rows (a chunk's 63 rows reduced frame by frame)."""
     model = requant(type_name)
     assert sha256(model) == SHA[type_name]
-    out = run_cli("compare", "--kl-divergence-base", fixture_base, "-m", model, "--kl-divergence",
+    base = fixture_base
+    if frame_rows:
+        base = tmp_path / "framed.kldt"
+        run_cli("convert", fixture_base, base, "--frame-rows", frame_rows)
+    out = run_cli("compare", "--kl-divergence-base", base, "-m", model, "--kl-divergence",
                   "--json", tmp_path / "r.json").stdout
     theirs = (FIXTURES / fixture).read_text()
     assert_lines_match(final_block_lines(out), final_block_lines(theirs))

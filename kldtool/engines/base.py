@@ -58,14 +58,20 @@ class Engine(ABC):
         """Compare mode: per window, its per-token records against the base rows.
 
         ``base`` gives ``rows_torch(chunk_index, device, start, stop)`` (int16 rows,
-        prefetched frame by frame, asked for in order; ``rows_numpy(chunk_index, start, stop)``
+        prefetched frame by frame, asked for in order; ``parts_numpy(chunk_index, start, stop)``
         beside numpy logits) and ``path``; an engine whose workers read the base file
         themselves uses the latter."""
         def reduce(w: Window, off: int, lg):
             n = len(lg)  # the base rows of this block only: a long window never lies whole in memory
-            rows = (base.rows_numpy(w.index, off, off + n) if isinstance(lg, np.ndarray)
-                    else base.rows_torch(w.index, lg.device, off, off + n))
-            return reduce_base(lg, rows, w.targets[off:off + n], base.header)
+            if not isinstance(lg, np.ndarray):
+                rows = base.rows_torch(w.index, lg.device, off, off + n)
+                return reduce_base(lg, rows, w.targets[off:off + n], base.header)
+            parts, a = [], 0  # on the host, frame by frame: the rows are never copied
+            for rows in base.parts_numpy(w.index, off, off + n):
+                b = a + len(rows)
+                parts.append(reduce_base(lg[a:b], rows, w.targets[off + a:off + b], base.header))
+                a = b
+            return TokenRecords.concat(parts)
 
         return [TokenRecords.concat(p) for p in self._per_block(windows, reduce)]
 

@@ -97,17 +97,18 @@ class PrefetchedChunks:
             self._held = (k, convert(item))
         return self._held[1]
 
-    def _rows(self, index: int, start: int, stop: int | None, convert):
+    def _parts(self, index: int, start: int, stop: int | None, convert) -> list:
         stop = self.header.rows_of(index) if stop is None else stop
-        return _join(_cut(self.frames, index, start, stop, lambda k: self._frame(k, convert)))
+        return _cut(self.frames, index, start, stop, lambda k: self._frame(k, convert))
 
     def rows_torch(self, index: int, device, start: int = 0, stop: int | None = None):
         """Rows start .. stop-1 of chunk ``index`` as an int16 tensor on ``device``."""
-        return self._rows(index, start, stop, lambda item: self._to_torch(item, device))
+        return _join(self._parts(index, start, stop, lambda item: self._to_torch(item, device)))
 
-    def rows_numpy(self, index: int, start: int = 0, stop: int | None = None) -> np.ndarray:
-        """Rows start .. stop-1 of chunk ``index``, uint16 on the host (a feed made for the host)."""
-        return self._rows(index, start, stop, lambda item: item)
+    def parts_numpy(self, index: int, start: int = 0, stop: int | None = None) -> list[np.ndarray]:
+        """Rows start .. stop-1 of chunk ``index``, uint16 on the host, as views of the frames
+        that hold them, in order (a feed made for the host): no copy of the rows."""
+        return self._parts(index, start, stop, lambda item: item)
 
     def close(self) -> None:
         self._it.close()
