@@ -37,19 +37,68 @@ class HookUnavailable(RuntimeError):
     pass
 
 
+# Everything of vLLM's that this module and the worker rely on, as (source file, class or ""
+# for the module, member, parameters a method must start with, or None for an attribute or
+# field). scripts/vllm_seam_check.py reads a vLLM source tree or wheel against it, so a new
+# release is checked before anyone runs it.
+SEAM = (
+    ("vllm/v1/worker/gpu_model_runner.py", "GPUModelRunner", "_get_prompt_logprobs_dict",
+     ("self", "hidden_states", "num_scheduled_tokens")),
+    ("vllm/v1/worker/gpu_model_runner.py", "GPUModelRunner", "query_start_loc", None),
+    ("vllm/v1/worker/gpu_model_runner.py", "GPUModelRunner", "requests", None),
+    ("vllm/v1/worker/gpu_model_runner.py", "GPUModelRunner", "input_batch", None),
+    ("vllm/v1/worker/gpu_input_batch.py", "InputBatch", "req_id_to_index", None),
+    ("vllm/v1/worker/gpu_input_batch.py", "CachedRequestState", "prompt_token_ids", None),
+    ("vllm/v1/worker/gpu_input_batch.py", "CachedRequestState", "sampling_params", None),
+    ("vllm/v1/worker/gpu_input_batch.py", "CachedRequestState", "num_computed_tokens", None),
+    ("vllm/v1/worker/gpu/model_runner.py", "GPUModelRunner", "prompt_logprobs_worker", None),
+    ("vllm/v1/worker/gpu/sample/prompt_logprob.py", "PromptLogprobsWorker", "add_request",
+     ("self", "req_id", "req_idx", "sampling_params")),
+    ("vllm/v1/worker/gpu/sample/prompt_logprob.py", "PromptLogprobsWorker", "remove_request", ("self", "req_id")),
+    ("vllm/v1/worker/gpu/sample/prompt_logprob.py", "PromptLogprobsWorker", "compute_prompt_logprobs",
+     ("self", "logits_fn", "hidden_states", "input_batch", "all_token_ids", "num_computed_tokens", "prompt_lens")),
+    *(("vllm/v1/worker/gpu/input_batch.py", "InputBatch", f, None)
+      for f in ("req_ids", "idx_mapping_np", "prefill_len_np", "num_computed_prefill_tokens_np",
+                "query_start_loc_np", "num_scheduled_tokens")),
+    ("vllm/sampling_params.py", "SamplingParams", "extra_args", None),
+    ("vllm/config/parallel.py", "ParallelConfig", "worker_extension_cls", None),
+    ("vllm/distributed/parallel_state.py", "", "get_tensor_model_parallel_rank", ()),
+)
+
+
 def vllm_version() -> str:
     import vllm
 
     return getattr(vllm, "__version__", "unknown")
 
 
-def tp_rank() -> int:
-    try:
-        from vllm.distributed import get_tensor_model_parallel_rank
+# Where vLLM has kept get_tensor_model_parallel_rank, newest first.
+RANK_MODULES = ("vllm.backends.distributed", "vllm.distributed")
 
-        return get_tensor_model_parallel_rank()
-    except (ImportError, AssertionError, AttributeError):
-        return 0
+
+def tp_rank() -> int:
+    """This worker's tensor-parallel rank. Only rank 0 keeps results, so a wrong answer would
+    make every rank keep them (or none): no silent default. vLLM's own function where it
+    lives now or lived before, else torch's default group; neither is an error."""
+    import importlib
+
+    for name in RANK_MODULES:
+        try:
+            fn = getattr(importlib.import_module(name), "get_tensor_model_parallel_rank", None)
+        except ImportError:
+            continue
+        if fn is None:
+            continue
+        try:
+            return int(fn())
+        except AssertionError as e:  # vLLM's "group is not initialized"
+            raise HookUnavailable(f"vLLM {vllm_version()}: {name}.get_tensor_model_parallel_rank: {e}") from None
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank()
+    raise HookUnavailable(f"vLLM {vllm_version()}: no get_tensor_model_parallel_rank in {' or '.join(RANK_MODULES)} "
+                          f"and no torch.distributed group: cannot tell which worker keeps the results")
 
 
 def _spec_of(sampling_params) -> dict | None:
