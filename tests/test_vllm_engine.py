@@ -17,9 +17,9 @@ pytest.importorskip("vllm")
 pytestmark = pytest.mark.filterwarnings("ignore")
 
 
-def probe(model, base, dtype):
-    p = subprocess.run([sys.executable, str(ROOT / "tests" / "helpers" / "vllm_probe.py"), model, str(base), dtype],
-                       capture_output=True, text=True)
+def probe(model, base, dtype, *extra):
+    p = subprocess.run([sys.executable, str(ROOT / "tests" / "helpers" / "vllm_probe.py"), model, str(base), dtype,
+                        *map(str, extra)], capture_output=True, text=True)
     assert p.returncode == 0, p.stderr[-3000:]
     return json.loads(next(l for l in p.stdout.splitlines() if l.startswith("PROBE "))[6:])
 
@@ -34,6 +34,18 @@ def test_vllm_against_itself_and_its_own_prompt_logprobs(fp32_dir, tmp_path):
     assert r["tokens"] == 4 * 63
     assert abs(r["mean_kld"]) < 1e-5
     assert r["max_abs_logprob_diff"] < 1e-4
+
+
+def test_logits_blocks_give_the_records_of_one_block(hf_base, fp32_dir):
+    """The hook computes a step's logits in blocks of --logits-block rows: blocks of 16 rows
+    (c=128 windows) and a 4096-token window in blocks of 128 rows give the same records as
+    one block, to the bit in float32."""
+    r = probe(fp32_dir, hf_base, "float32", 4096, WIKI)
+    print(r)
+    assert r["default_block"] == 256 * 2**20 // (49152 * 8)  # 256 MiB of float32 logits and their copy
+    assert r["block_16_max_diff"] == {"nll": 0.0, "kld": 0.0}
+    assert r["long"]["tokens"] == 4095 and r["long"]["max_nll_diff"] == 0.0
+    assert abs(r["mean_kld"]) < 1e-6
 
 
 def test_transformers_fp32_base_vs_vllm_fp32(hf_base, fp32_dir, tmp_path):

@@ -34,13 +34,16 @@ ENGINE = {
     "quantization": (Optional[str], typer.Option(None, "--quantization",
                                                  help="vLLM: quantization method (default: from the checkpoint).")),
     "kv_cache_dtype": (Optional[str], typer.Option(None, "--kv-cache-dtype", help="vLLM: KV-cache dtype.")),
+    "logits_block": (Optional[int], typer.Option(None, "--logits-block", min=1,
+                                                 help="vLLM: scored rows whose logits the hook computes at once "
+                                                      "(default: 256 MiB of them, e.g. 682 rows of a 49k vocab).")),
     "enforce_eager": (bool, typer.Option(False, "--enforce-eager", help="vLLM: no CUDA graphs / compilation.")),
     "trust_remote_code": (bool, typer.Option(False, "--trust-remote-code", help="vLLM: allow the model's own code.")),
     "vllm_arg": (Optional[list[str]], typer.Option(None, "--vllm-arg", help="vLLM: any other LLM(...) argument, "
                                                                             "KEY=VALUE (repeatable).")),
 }
 VLLM_KEYS = ("tensor_parallel_size", "gpu_memory_utilization", "max_model_len", "quantization", "kv_cache_dtype",
-             "enforce_eager", "trust_remote_code")
+             "logits_block", "enforce_eager", "trust_remote_code")
 
 CORPUS = {
     "file": (Optional[str], typer.Option(None, "-f", "--file", help="Corpus (default: Python's built-in pydoc topics).")),

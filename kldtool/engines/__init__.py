@@ -19,7 +19,7 @@ class EngineOptions:
     device: str | None = None
     threads: int | None = None
     batch_tokens: int = 2048
-    vllm: dict = field(default_factory=dict)  # passed through to vllm.LLM(...)
+    vllm: dict = field(default_factory=dict)  # to vllm.LLM(...), but max_model_len and logits_block
 
 
 def guess_engine(model: str | None) -> str:
@@ -68,7 +68,8 @@ def make_engine(opts: EngineOptions, n_ctx: int) -> Engine:
         raise UsageError(f"--device {opts.device}: vLLM picks its devices itself (see --tensor-parallel-size)")
     return VllmEngine(opts.model or defaults.default_transformers_model(), dtype=opts.dtype,
                       max_model_len=opts.vllm.pop("max_model_len", None) or (n_ctx + 1 if n_ctx else None),
-                      windows_per_call=max(4, 65536 // (n_ctx or 2048)), vllm_args=opts.vllm)
+                      windows_per_call=max(4, 65536 // (n_ctx or 2048)),
+                      logits_block=opts.vllm.pop("logits_block", None), vllm_args=opts.vllm)
 
 
 __all__ = ["Engine", "EngineOptions", "ENGINES", "guess_engine", "make_engine"]

@@ -16,6 +16,7 @@ import numpy as np
 
 from kldtool.engines import hf_tokenizer
 from kldtool.engines.base import Engine
+from kldtool.engines.vllm_worker import logits_block_rows
 from kldtool.errors import EngineError, UsageError
 from kldtool.protocols import Window
 from kldtool.reduce import TokenRecords
@@ -45,7 +46,7 @@ class VllmEngine(Engine):
     name = "vllm"
 
     def __init__(self, model: str, dtype: str | None = None, max_model_len: int | None = None,
-                 windows_per_call: int = 64, vllm_args: dict | None = None):
+                 windows_per_call: int = 64, vllm_args: dict | None = None, logits_block: int | None = None):
         # vLLM logs to stdout by default; stdout carries kldtool's results.
         os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
         try:
@@ -90,6 +91,8 @@ class VllmEngine(Engine):
         self.bos_id = hf_tokenizer.bos_to_substitute(self.tokenizer)
         self.prefix_id = hf_tokenizer.prefix_token(self.tokenizer)
         self._versions = {"vllm": vllm.__version__, "hook": vllm_seam.TESTED_VERSIONS[-1]}
+        itemsize = getattr(self.llm.llm_engine.model_config.dtype, "itemsize", 4)
+        self.logits_block = logits_block or logits_block_rows(self.n_vocab, itemsize)
 
     def tokenize(self, text: bytes) -> np.ndarray:
         return hf_tokenizer.tokenize(self.tokenizer, text, self.bos_id)
@@ -116,6 +119,7 @@ class VllmEngine(Engine):
         params = [SamplingParams(max_tokens=1, temperature=0.0, detokenize=False,
                                  extra_args={SPEC_KEY: {"key": k, "first": w.first, "n_scored": w.n_scored,
                                                         "chunk": w.index, "after": int(w.targets[-1]),
+                                                        "logits_block": self.logits_block,
                                                         **spec_for(w)}})
                   for k, w in zip(keys, windows)]
         self.llm.generate(prompts, sampling_params=params, use_tqdm=False)

@@ -12,6 +12,13 @@ import numpy as np
 
 from kldtool.engines import vllm_seam
 
+LOGITS_BUDGET = 256 << 20  # bytes of logits the hook holds at once, by default
+
+
+def logits_block_rows(n_vocab: int, itemsize: int, budget: int = LOGITS_BUDGET) -> int:
+    """Rows per logits block: each row is the all-gathered logits in the model's dtype plus
+    their float32 copy for the reducer (at least 16 rows)."""
+    return max(16, budget // (n_vocab * (itemsize + 4)))
 
 
 def pack(arrays: dict[str, np.ndarray]) -> dict:
@@ -56,15 +63,21 @@ class WorkerState:
         return self.feeds[path]
 
     def on_step(self, spec: dict, prompt, start: int, n_computed: int, logits_fn) -> None:
-        import torch
-
         first, n_scored = spec["first"], spec["n_scored"]
         lo, hi = max(start, first), min(start + n_computed, first + n_scored)
-        if lo >= hi:
-            return
-        logits = logits_fn(lo, hi)  # every tensor-parallel rank must make this call
-        if self.rank != 0 or logits is None:
-            return
+        # The step's scored rows in blocks (spec "logits_block"), so the logits held at once
+        # stay under the engine's budget however many tokens vLLM schedules in one step.
+        block = spec.get("logits_block") or max(hi - lo, 1)
+        for a in range(lo, hi, block):
+            b = min(a + block, hi)
+            logits = logits_fn(a, b)  # every tensor-parallel rank must make this call, the same way
+            if self.rank == 0 and logits is not None:
+                self._consume(spec, prompt, a, b, logits)
+
+    def _consume(self, spec: dict, prompt, lo: int, hi: int, logits) -> None:
+        import torch
+
+        first = spec["first"]
         logits = logits.to(torch.float32)
         ids = list(prompt[lo + 1:hi + 1])
         if len(ids) < hi - lo:  # the prompt's last position is scored (rolling): its target follows it

@@ -1,9 +1,11 @@
 """Run by the vLLM tests in a fresh process (vLLM spawns workers: keep the __main__ guard).
 
 Scores a base file's windows through kldtool's hook and asks vLLM itself for the same
-positions' target log-probs with ``prompt_logprobs=0``; prints both summaries as JSON.
+positions' target log-probs with ``prompt_logprobs=0``; then the same windows with the hook's
+logits in blocks of 16 rows, and one window of LONG tokens (prefilled over several steps) in
+blocks of 128 rows and in one block per step; prints the summaries as JSON.
 
-    python tests/helpers/vllm_probe.py MODEL BASE_FILE DTYPE
+    python tests/helpers/vllm_probe.py MODEL BASE_FILE DTYPE [LONG TEXT]
 """
 
 import json
@@ -14,6 +16,7 @@ import numpy as np
 
 def main() -> None:
     model, base, dtype = sys.argv[1:4]
+    long_n = int(sys.argv[4]) if len(sys.argv) > 4 else 0
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
@@ -24,9 +27,14 @@ def main() -> None:
 
     reader = open_base_file(base)
     h = reader.header
-    engine = VllmEngine(model, dtype=dtype, max_model_len=h.n_ctx + 1)
+    engine = VllmEngine(model, dtype=dtype, max_model_len=max(h.n_ctx, long_n) + 1)
     windows = llamacpp_windows(reader.tokens, h.n_ctx, h.n_chunk, engine.bos_id)
     records = engine.score(windows, PrefetchedChunks(reader, range(h.n_chunk)))
+    default_block = engine.logits_block
+    engine.logits_block = 16
+    blocked = engine.score(windows, PrefetchedChunks(reader, range(h.n_chunk)))
+    block_diff = {f: float(max(np.abs(getattr(a, f).astype(np.float64) - getattr(b, f)).max()
+                               for a, b in zip(records, blocked))) for f in ("nll", "kld")}
     prompts = [TokensPrompt(prompt_token_ids=[int(t) for t in w.tokens]) for w in windows]
     outs = engine.llm.generate(prompts, SamplingParams(max_tokens=1, prompt_logprobs=0), use_tqdm=False)
     diffs = []
@@ -35,8 +43,21 @@ def main() -> None:
                         for p in range(w.first, w.first + w.n_scored)], dtype=np.float64)
         diffs.append(np.abs(-rec.nll.astype(np.float64) - own))
     kld = np.concatenate([r.kld for r in records])
-    print("PROBE " + json.dumps({"tokens": int(sum(len(r) for r in records)), "max_abs_logprob_diff": float(np.concatenate(diffs).max()),
-                      "mean_kld": float(kld.mean()), "hooks": engine.hooks}))
+    out = {"tokens": int(sum(len(r) for r in records)), "max_abs_logprob_diff": float(np.concatenate(diffs).max()),
+           "mean_kld": float(kld.mean()), "hooks": engine.hooks, "default_block": default_block,
+           "block_16_max_diff": block_diff}
+    if long_n:
+        from kldtool.protocols import Window
+
+        ids = engine.tokenize(open(sys.argv[5], "rb").read())[:long_n]
+        w = Window(0, ids, 0, ids[1:].astype(np.int64))
+        runs = {}
+        for block in (128, long_n):  # 128 rows, or everything a step computed at once
+            engine.logits_block = block
+            runs[block] = engine.nll([w])[0].astype(np.float64)
+        out["long"] = {"tokens": len(runs[128]), "max_nll_diff": float(np.abs(runs[128] - runs[long_n]).max()),
+                       "ppl": float(np.exp(runs[128].mean()))}
+    print("PROBE " + json.dumps(out))
     engine.close()
 
 
