@@ -107,5 +107,15 @@ class Engine(ABC):
         return cached
 
 
+def carried_blocks(w: Window, size: int) -> Iterator[tuple[int, int, int]]:
+    """(a, b, lo) per block of a window run ``size`` tokens at a time through state the engine
+    carries (a KV cache, a recurrent state): tokens a..b-1 go in, and positions lo..b-1 are
+    scored (none when lo == b, a block before the first scored position)."""
+    end = w.first + w.n_scored
+    for a in range(0, end, size):
+        b = min(a + size, end)
+        yield a, b, max(a, w.first)
+
+
 def _join(arrays: list[np.ndarray]) -> np.ndarray:
     return arrays[0] if len(arrays) == 1 else np.concatenate(arrays)

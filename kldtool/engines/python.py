@@ -26,7 +26,7 @@ import sys
 
 import numpy as np
 
-from kldtool.engines.base import Engine
+from kldtool.engines.base import Engine, carried_blocks
 from kldtool.errors import EngineError, UsageError
 from kldtool.protocols import Window
 
@@ -132,16 +132,14 @@ class PythonEngine(Engine):
         import torch
 
         ids = torch.from_numpy(w.tokens.astype(np.int64))[None]
-        end, state = w.first + w.n_scored, None
+        state = None
         with torch.inference_mode():
-            for a in range(0, end, self.batch_tokens):
-                b = min(a + self.batch_tokens, end)
+            for a, b, lo in carried_blocks(w, self.batch_tokens):
                 got = self.step(ids[:, a:b], state)
                 if not isinstance(got, tuple) or len(got) != 2:
                     raise EngineError(f"--model {self.spec}: step(ids, state) returned {type(got).__name__}, "
                                       f"expected (logits, state)")
                 lg, state = self._checked(got[0], ids[:, a:b], "step")[0], got[1]
-                lo = max(a, w.first)
                 if lo < b:
                     yield 0, lo - w.first, lg[lo - a:]
 

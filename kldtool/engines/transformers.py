@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from kldtool.engines import hf_tokenizer
-from kldtool.engines.base import Engine
+from kldtool.engines.base import Engine, carried_blocks
 from kldtool.errors import EngineError, UsageError
 from kldtool.protocols import Window
 
@@ -89,12 +89,9 @@ class TransformersEngine(Engine):
         from transformers import DynamicCache
 
         ids = torch.from_numpy(w.tokens.astype(np.int64))[None].to(self.device)
-        end = w.first + w.n_scored
         cache = DynamicCache()
         with torch.inference_mode():
-            for a in range(0, end, self.batch_tokens):
-                b = min(a + self.batch_tokens, end)
-                lo = max(a, w.first)
+            for a, b, lo in carried_blocks(w, self.batch_tokens):
                 out = self.model(input_ids=ids[:, a:b], past_key_values=cache, use_cache=True,
                                  logits_to_keep=max(b - lo, 1))
                 if lo < b:

@@ -79,7 +79,7 @@ RANK_MODULES = ("vllm.backends.distributed", "vllm.distributed")
 def tp_rank() -> int:
     """This worker's tensor-parallel rank. Only rank 0 keeps results, so a wrong answer would
     make every rank keep them (or none): no silent default. vLLM's own function where it
-    lives now or lived before, else torch's default group; neither is an error."""
+    lives now or lived before, else torch's default group; none of them is an error."""
     import importlib
 
     for name in RANK_MODULES:

@@ -189,10 +189,6 @@ class ContainerReader(BaseFileReader):
         except ValueError as e:
             self._fail(f"metadata clamp: {e}", MetadataError)
 
-    def _where(self, frame: int) -> str:
-        chunk = self.frames.span(frame)[0]
-        return f"chunk {chunk}" if self.frames.per_frame <= 0 else f"chunk {chunk} (frame {frame})"
-
     def _frame_size_range(self, index: int) -> tuple[int, int]:
         """Smallest and largest decoded size frame ``index`` can have (-1, unknown, is outside)."""
         h = self.header

@@ -49,6 +49,15 @@ class FrameLayout:
             return range(f0, f0 + 1)
         return range(f0 + start // self.per_frame, f0 + -(-stop // self.per_frame))
 
+    def cut(self, chunk: int, start: int, stop: int, frame_rows) -> list:
+        """Rows start .. stop-1 of ``chunk`` as slices of its frames' rows, in order;
+        ``frame_rows(k)`` gives frame k's rows (read, cached or prefetched, as the caller keeps them)."""
+        parts = []
+        for k in self.covering(chunk, start, stop):
+            _, row0, n = self.span(k)
+            parts.append(frame_rows(k)[max(start - row0, 0):min(stop - row0, n)])
+        return parts
+
     @property
     def max_rows(self) -> int:
         top = int(self.rows.max())

@@ -52,15 +52,6 @@ def _loader(reader, device):
     return (lambda index: stage_frame(reader.read_frame(index))), reader.frame_to_torch
 
 
-def _cut(layout, chunk: int, start: int, stop: int, frame_rows) -> list:
-    """Rows start .. stop-1 of ``chunk`` as slices of its frames' rows (``frame_rows(k)``)."""
-    parts = []
-    for k in layout.covering(chunk, start, stop):
-        _, row0, n = layout.span(k)
-        parts.append(frame_rows(k)[max(start - row0, 0):min(stop - row0, n)])
-    return parts
-
-
 def _join(parts: list):
     if len(parts) == 1:
         return parts[0]
@@ -99,7 +90,7 @@ class PrefetchedChunks:
 
     def _parts(self, index: int, start: int, stop: int | None, convert) -> list:
         stop = self.header.rows_of(index) if stop is None else stop
-        return _cut(self.frames, index, start, stop, lambda k: self._frame(k, convert))
+        return self.frames.cut(index, start, stop, lambda k: self._frame(k, convert))
 
     def rows_torch(self, index: int, device, start: int = 0, stop: int | None = None):
         """Rows start .. stop-1 of chunk ``index`` as an int16 tensor on ``device``."""
@@ -147,7 +138,7 @@ class ChunkFeed:
 
     def rows(self, chunk: int, start: int, stop: int):
         """Rows start .. stop-1 of chunk ``chunk`` on the feed's device."""
-        return _join(_cut(self.frames, chunk, start, stop, self._frame))
+        return _join(self.frames.cut(chunk, start, stop, self._frame))
 
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)

@@ -77,6 +77,11 @@ class BaseFileReader:
         h = self.header
         return FrameLayout([h.rows_of(i) for i in range(h.n_chunk)], per_frame)
 
+    def _where(self, frame: int) -> str:
+        """A frame named for error messages: by its chunk, and its number when chunks have several."""
+        chunk = self.frames.span(frame)[0]
+        return f"chunk {chunk}" if self.frames.per_frame <= 0 else f"chunk {chunk} (frame {frame})"
+
     @property
     def frame_nbytes(self) -> int:
         """Bytes of the largest frame's rows: what a reader holds per frame in flight."""
@@ -96,10 +101,7 @@ class BaseFileReader:
     def read_rows(self, chunk: int, start: int = 0, stop: int | None = None) -> np.ndarray:
         """uint16 rows start .. stop-1 of chunk ``chunk``, reading only the frames that hold them."""
         stop = self.header.rows_of(chunk) if stop is None else stop
-        parts = []
-        for k in self.frames.covering(chunk, start, stop):
-            _, row0, n = self.frames.span(k)
-            parts.append(self.read_frame_rows(k)[max(start - row0, 0):min(stop - row0, n)])
+        parts = self.frames.cut(chunk, start, stop, self.read_frame_rows)
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
     def read_chunk(self, index: int) -> np.ndarray:
@@ -116,8 +118,7 @@ class BaseFileReader:
         try:
             return self._rebuild_torch(buf, frame.index)
         except ValueError as e:
-            self._fail(f"corrupt chunk {self.frames.span(frame.index)[0]} (frame {frame.index}) at offset "
-                       f"{frame.offset}: {e}", CorruptData)
+            self._fail(f"corrupt {self._where(frame.index)} at offset {frame.offset}: {e}", CorruptData)
 
     def _rebuild_torch(self, buf, index: int):
         """Rows from a frame's bytes already on the device; the raw layout is the rows."""
