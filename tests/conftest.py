@@ -7,6 +7,7 @@ per test session.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -58,6 +59,29 @@ def compare_json(base, tmp_path, *args, env_extra: dict | None = None) -> dict:
     j = tmp_path / f"compare-{len(list(tmp_path.glob('compare-*.json')))}.json"
     run_cli("compare", "--kl-divergence-base", base, "--json", j, *args, env_extra=env_extra)
     return json.loads(j.read_text())
+
+
+def pytest_collection_modifyitems(items):
+    """Modules marked long_module first: each parallel worker takes one at the start rather
+    than the last of them running alone at the end."""
+    items.sort(key=lambda item: item.get_closest_marker("long_module") is None)
+
+
+class machine_lock:
+    """An exclusive lock on a file beside what it guards: parallel test workers build a cached
+    artefact once, the others wait for it."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def __enter__(self):
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.fd = open(self.path, "w")
+        fcntl.flock(self.fd, fcntl.LOCK_EX)
+
+    def __exit__(self, *exc):
+        fcntl.flock(self.fd, fcntl.LOCK_UN)
+        self.fd.close()
 
 
 @pytest.fixture(scope="session")
@@ -175,12 +199,13 @@ def w8a8_dir(fp32_dir) -> str:
     from kldtool.engines.defaults import cache_dir
 
     dst = cache_dir() / "SmolLM2-135M-Instruct-W8A8"
-    if not (dst / "config.json").exists():
-        py = ROOT / ".venv-quant" / "bin" / "python"
-        if not py.exists():
-            subprocess.run(["bash", str(ROOT / "scripts" / "quant" / "setup.sh")], check=True)
-        subprocess.run([str(py), str(ROOT / "scripts" / "quant" / "make_w8a8.py"), fp32_dir, str(dst)], check=True,
-                       capture_output=True)
+    with machine_lock(cache_dir() / ".w8a8.lock"):
+        if not (dst / "config.json").exists():
+            py = ROOT / ".venv-quant" / "bin" / "python"
+            if not py.exists():
+                subprocess.run(["bash", str(ROOT / "scripts" / "quant" / "setup.sh")], check=True)
+            subprocess.run([str(py), str(ROOT / "scripts" / "quant" / "make_w8a8.py"), fp32_dir, str(dst)],
+                           check=True, capture_output=True)
     cfg = json.loads((dst / "config.json").read_text())
     assert cfg["quantization_config"]["quant_method"] == "compressed-tensors"
     return str(dst)

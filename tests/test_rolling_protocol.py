@@ -22,6 +22,7 @@ from kldtool import wikitext
 from kldtool.protocols import Protocol, rolling_windows
 from kldtool.errors import UsageError
 
+pytestmark = pytest.mark.long_module
 LENGTH = 256
 TITLE = re.compile(r"^ = [^=].* = \r?$")  # " = Robert Boulter = ", not " = = Career = = "
 

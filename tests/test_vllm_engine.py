@@ -14,7 +14,7 @@ import pytest
 from conftest import ROOT, WIKI, compare_json, markdown_rows, printed, run_cli, run_script
 
 pytest.importorskip("vllm")
-pytestmark = pytest.mark.filterwarnings("ignore")
+pytestmark = [pytest.mark.filterwarnings("ignore"), pytest.mark.long_module]
 
 
 def probe(model, base, dtype, *extra):

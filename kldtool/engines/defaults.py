@@ -60,8 +60,9 @@ def default_transformers_model() -> str:
         model.save_pretrained(tmp)
         tok.save_pretrained(tmp)
         (tmp / _DONE_MARKER).write_text(f"dequantized from {gguf}\n")
-        shutil.rmtree(target, ignore_errors=True)
-        os.replace(tmp, target)
+        if not (target / _DONE_MARKER).exists():  # another process may have finished first: keep its copy
+            shutil.rmtree(target, ignore_errors=True)
+            os.replace(tmp, target)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return str(target)

@@ -14,7 +14,7 @@ import uuid
 
 import numpy as np
 
-from kldtool.engines import hf_tokenizer
+from kldtool.engines import hf_tokenizer, vllm_cpu
 from kldtool.engines.base import Engine
 from kldtool.engines.vllm_worker import logits_block_rows
 from kldtool.errors import EngineError, UsageError
@@ -68,11 +68,18 @@ class VllmEngine(Engine):
         }
         if max_model_len:
             kwargs["max_model_len"] = max_model_len
+        vllm_args = vllm_args or {}
         if not _has_cuda():
             kwargs["gpu_memory_utilization"] = CPU_MEMORY_UTILIZATION
             # On CPU, compiling the model costs minutes up front and gains little on runs of this size.
             kwargs["enforce_eager"] = True
-        kwargs.update(vllm_args or {})
+            if not {"gpu_memory_utilization", "kv_cache_memory_bytes"} & set(vllm_args):
+                kv = vllm_cpu.kv_cache_bytes(model, self.dtype, max_model_len,
+                                             vllm_cpu.host_budget(CPU_MEMORY_UTILIZATION),
+                                             vllm_args.get("max_num_batched_tokens"))
+                if kv:
+                    kwargs["kv_cache_memory_bytes"] = kv
+        kwargs.update(vllm_args)
         if not _has_cuda() and int(kwargs.get("tensor_parallel_size") or 1) > 1:
             # vLLM-CPU binds each rank to its own NUMA node; a one-node machine has too few.
             os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
