@@ -21,6 +21,7 @@ class Engine(ABC):
     prefix_id: int | None = None  # what lm-eval puts before a document (rolling): BOS, else EOS
     device: str = "cpu"
     n_ctx_train: int | None = None  # the longest context the model was trained for, if known
+    reduces_here: bool = True  # False where the engine's own workers reduce (vLLM)
 
     @abstractmethod
     def tokenize(self, text: bytes) -> np.ndarray:

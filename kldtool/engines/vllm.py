@@ -44,6 +44,7 @@ def parse_vllm_args(pairs: list[str]) -> dict:
 
 class VllmEngine(Engine):
     name = "vllm"
+    reduces_here = False
 
     def __init__(self, model: str, dtype: str | None = None, max_model_len: int | None = None,
                  windows_per_call: int = 64, vllm_args: dict | None = None, logits_block: int | None = None):

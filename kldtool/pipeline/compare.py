@@ -11,6 +11,7 @@ import os
 import time
 from dataclasses import dataclass
 
+from kldtool import reduce
 from kldtool.engines.base import Engine
 from kldtool.errors import ContextTooLong, TokenizerMismatch, UsageError, VocabMismatch
 from kldtool.identity import base_identity, model_identity
@@ -189,6 +190,8 @@ def run_compare(engine: Engine, reader, force: bool = False, json_path: str | No
     sinks = sinks or Sinks()
     ck = checkpoints or Checkpoints()
     t0 = time.time()
+    if engine.reduces_here:
+        reduce.warm_up(engine.device)
     warnings = check_compatible(engine, reader, force)
     for w in warnings:
         sinks.info("warning: " + w)

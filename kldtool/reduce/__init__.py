@@ -17,13 +17,14 @@ from __future__ import annotations
 import functools
 import importlib.util
 import os
+import threading
 
 import numpy as np
 
 from kldtool.reduce.records import FIELDS, TokenRecords, to_records
 from kldtool.reduce.rowmath import KLD_FLOOR, TOP_K
 
-__all__ = ["FIELDS", "KLD_FLOOR", "TOP_K", "TokenRecords", "reduce_base", "reduce_rows", "reducer_for"]
+__all__ = ["FIELDS", "KLD_FLOOR", "TOP_K", "TokenRecords", "reduce_base", "reduce_rows", "reducer_for", "warm_up"]
 
 
 def reduce_base(logits, base_rows, targets, header) -> TokenRecords:
@@ -79,6 +80,25 @@ def reducer_for(device) -> str:
     if getattr(device, "type", "cpu") == "cuda":
         return "triton" if _installed("triton") else "torch"
     return "numba" if _installed("numba") else "torch"
+
+
+def warm_up(device) -> threading.Thread | None:
+    """Load the CPU reducer's compiled loop (numba's import and its disk cache: ~1 s) on a
+    thread while the engine computes its first batch, instead of after it; a no-op elsewhere."""
+    if str(device).startswith("cuda") or reducer_for(None) != "numba":
+        return None
+    t = threading.Thread(target=_load_numba, name="kldtool-reducer-warm-up", daemon=True)
+    t.start()
+    return t
+
+
+def _load_numba() -> None:
+    try:
+        from kldtool.reduce.numba_cpu import warm
+
+        warm()
+    except Exception:  # the first real reduction meets the same error and reports it
+        pass
 
 
 def _torch(array):

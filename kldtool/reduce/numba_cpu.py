@@ -222,3 +222,9 @@ def reduce_rows_cpu(logits: np.ndarray, rows: np.ndarray, targets: np.ndarray, f
             np.float32(floor), out64, out32, outi)
     return [out32[:, 0], out32[:, 1], out64[:, 0], out32[:, 2], outi[:, 0].astype(bool),
             out64[:, 1], out64[:, 2], outi[:, 1], outi[:, 2], out32[:, 3], outi[:, 3], outi[:, 4]]
+
+
+def warm() -> None:
+    """Compile, or load from numba's cache, the loop for the argument types reduce_rows_cpu passes."""
+    rows = np.zeros((1, HEADER_SLOTS + 8), np.uint16)
+    reduce_rows_cpu(np.zeros((1, 8), np.float32), rows, np.zeros(1, np.int64), -16.0)
