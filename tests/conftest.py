@@ -7,6 +7,7 @@ per test session.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import json
@@ -67,21 +68,14 @@ def pytest_collection_modifyitems(items):
     items.sort(key=lambda item: item.get_closest_marker("long_module") is None)
 
 
-class machine_lock:
+@contextlib.contextmanager
+def machine_lock(path: Path):
     """An exclusive lock on a file beside what it guards: parallel test workers build a cached
-    artefact once, the others wait for it."""
-
-    def __init__(self, path: Path):
-        self.path = path
-
-    def __enter__(self):
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.fd = open(self.path, "w")
-        fcntl.flock(self.fd, fcntl.LOCK_EX)
-
-    def __exit__(self, *exc):
-        fcntl.flock(self.fd, fcntl.LOCK_UN)
-        self.fd.close()
+    artefact once, the others wait for it (closing the file releases the lock)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        yield
 
 
 @pytest.fixture(scope="session")

@@ -18,6 +18,7 @@ def test_bytes_per_token_are_the_models_key_and_value_sizes(fp32_dir):
     assert vllm_cpu.kv_bytes_per_token(fp32_dir, "bfloat16") == kv * 2
     assert vllm_cpu.kv_bytes_per_token(fp32_dir, "auto") == kv * 4  # the checkpoint's own dtype
 
+
 def test_cache_covers_steps_and_windows_or_leaves_it_to_vllm(fp32_dir, tmp_path):
     per_token = vllm_cpu.kv_bytes_per_token(fp32_dir, "float32")
     got = vllm_cpu.kv_cache_bytes(fp32_dir, "float32", 129, budget=1 << 40)

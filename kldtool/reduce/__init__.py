@@ -73,23 +73,22 @@ def reducer_for(device) -> str:
     """Which reducer runs on ``device``: the one-pass Triton kernel on CUDA when Triton is
     installed, the compiled numba loop on the CPU, else the torch ops.
     ``KLDTOOL_REDUCER=torch|numba|triton`` forces one (triton on the CPU needs
-    ``TRITON_INTERPRET=1``: tests only)."""
+    ``TRITON_INTERPRET=1``: tests only). ``device`` is a torch device, an engine's device
+    name ("cuda:1"), or None for the host."""
     choice = os.environ.get("KLDTOOL_REDUCER", "auto")
     if choice in ("torch", "numba", "triton"):
         return choice
-    if getattr(device, "type", "cpu") == "cuda":
+    kind = getattr(device, "type", None) or str(device or "cpu").partition(":")[0]
+    if kind == "cuda":
         return "triton" if _installed("triton") else "torch"
     return "numba" if _installed("numba") else "torch"
 
 
-def warm_up(device) -> threading.Thread | None:
+def warm_up(device) -> None:
     """Load the CPU reducer's compiled loop (numba's import and its disk cache: ~1 s) on a
     thread while the engine computes its first batch, instead of after it; a no-op elsewhere."""
-    if str(device).startswith("cuda") or reducer_for(None) != "numba":
-        return None
-    t = threading.Thread(target=_load_numba, name="kldtool-reducer-warm-up", daemon=True)
-    t.start()
-    return t
+    if reducer_for(device) == "numba":
+        threading.Thread(target=_load_numba, name="kldtool-reducer-warm-up", daemon=True).start()
 
 
 def _load_numba() -> None:
