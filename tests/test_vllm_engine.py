@@ -48,12 +48,19 @@ def test_logits_blocks_give_the_records_of_one_block(hf_base, fp32_dir):
     assert abs(r["mean_kld"]) < 1e-6
 
 
-def test_transformers_fp32_base_vs_vllm_fp32(hf_base, fp32_dir, tmp_path):
-    s = compare_json(hf_base, tmp_path, "--engine", "vllm", "-m", fp32_dir, "--dtype", "float32")["statistics"]
+def test_transformers_fp32_base_vs_vllm_fp32_in_one_and_three_pipeline_stages(hf_base, fp32_dir, tmp_path):
+    one = compare_json(hf_base, tmp_path, "--engine", "vllm", "-m", fp32_dir, "--dtype", "float32")
+    s = one["statistics"]
     print("vLLM fp32 vs transformers fp32:", s["kld_mean"], s["same_top_p"])
     assert s["count"] == 8 * 63
     assert s["kld_mean"]["value"] < 1e-3
     assert s["same_top_p"]["value"] > 0.99
+    # Three stages of 10 layers in three processes: only the last computes logits and reports.
+    pp = compare_json(hf_base, tmp_path, "--engine", "vllm", "-m", fp32_dir, "--dtype", "float32",
+                      "--pipeline-parallel-size", 3)
+    assert pp["model"]["hooks"] == ["rank0:CPUModelRunner:v1:early-stage"] * 2 + ["rank0:CPUModelRunner:v1:last-stage"]
+    assert abs(pp["statistics"]["kld_mean"]["value"] - s["kld_mean"]["value"]) < 1e-9
+    assert pp["statistics"]["same_top_p"] == s["same_top_p"] and pp["statistics"]["count"] == s["count"]
 
 
 def test_w8a8_same_in_process_multiprocess_and_tensor_parallel(hf_base, w8a8_dir, tmp_path):

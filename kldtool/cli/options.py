@@ -27,6 +27,8 @@ ENGINE = {
                                                                  "llama-perplexity's n_seq = batch / ctx.")),
     "tensor_parallel_size": (Optional[int], typer.Option(None, "--tensor-parallel-size",
                                                          help="vLLM: tensor-parallel ranks.")),
+    "pipeline_parallel_size": (Optional[int], typer.Option(None, "--pipeline-parallel-size",
+                                                           help="vLLM: pipeline stages (the last computes logits).")),
     "gpu_memory_utilization": (Optional[float], typer.Option(None, "--gpu-memory-utilization",
                                                              help="vLLM: memory share it may reserve (CPU default 0.3).")),
     "max_model_len": (Optional[int], typer.Option(None, "--max-model-len",
@@ -41,9 +43,16 @@ ENGINE = {
     "trust_remote_code": (bool, typer.Option(False, "--trust-remote-code", help="vLLM: allow the model's own code.")),
     "vllm_arg": (Optional[list[str]], typer.Option(None, "--vllm-arg", help="vLLM: any other LLM(...) argument, "
                                                                             "KEY=VALUE (repeatable).")),
+    "server": (Optional[str], typer.Option(None, "--server", help="vLLM: score on a running `vllm serve` (URL) started "
+                                                                  "with KLDTOOL_VLLM_HOOK=1; -m then names its "
+                                                                  "tokenizer's directory if the server's is not here.")),
+    "exchange_dir": (Optional[str], typer.Option(None, "--exchange-dir", help="--server: a directory the server's "
+                                                                              "workers write results to and this "
+                                                                              "machine reads (default: a temporary one, "
+                                                                              "for a server on this machine).")),
 }
-VLLM_KEYS = ("tensor_parallel_size", "gpu_memory_utilization", "max_model_len", "quantization", "kv_cache_dtype",
-             "logits_block", "enforce_eager", "trust_remote_code")
+VLLM_KEYS = ("tensor_parallel_size", "pipeline_parallel_size", "gpu_memory_utilization", "max_model_len",
+             "quantization", "kv_cache_dtype", "logits_block", "enforce_eager", "trust_remote_code")
 
 CORPUS = {
     "file": (Optional[str], typer.Option(None, "-f", "--file", help="Corpus (default: Python's built-in pydoc topics).")),
@@ -112,7 +121,8 @@ def open_engine(opts: SimpleNamespace, model: str | None, n_ctx: int):
     # Only flags the user set reach vLLM (and are refused by the other engines); an unset switch is False.
     vllm = {k: v for k in VLLM_KEYS if (v := getattr(opts, k)) is not None and v is not False}
     vllm.update(parse_vllm_args(opts.vllm_arg or []))
-    return make_engine(EngineOptions(opts.engine, model, opts.dtype, opts.device, opts.threads, opts.batch, vllm), n_ctx)
+    return make_engine(EngineOptions(opts.engine, model, opts.dtype, opts.device, opts.threads, opts.batch, vllm,
+                                     opts.server, opts.exchange_dir), n_ctx)
 
 
 def protocol_of(opts: SimpleNamespace):

@@ -20,6 +20,8 @@ class EngineOptions:
     threads: int | None = None
     batch_tokens: int = 2048
     vllm: dict = field(default_factory=dict)  # to vllm.LLM(...), but max_model_len and logits_block
+    server: str | None = None  # a running vLLM server's URL
+    exchange_dir: str | None = None
 
 
 def guess_engine(model: str | None) -> str:
@@ -35,6 +37,8 @@ def make_engine(opts: EngineOptions, n_ctx: int) -> Engine:
     the engine reads itself); with no model, the built-in default."""
     from kldtool.engines import defaults
 
+    if opts.server or opts.exchange_dir:
+        return _served(opts, n_ctx)
     engine = opts.engine or guess_engine(opts.model)
     if engine not in ENGINES:
         raise UsageError(f"--engine {engine!r}: expected one of {', '.join(ENGINES)}")
@@ -70,6 +74,22 @@ def make_engine(opts: EngineOptions, n_ctx: int) -> Engine:
                       max_model_len=opts.vllm.pop("max_model_len", None) or (n_ctx + 1 if n_ctx else None),
                       windows_per_call=max(4, 65536 // (n_ctx or 2048)),
                       logits_block=opts.vllm.pop("logits_block", None), vllm_args=opts.vllm)
+
+
+def _served(opts: EngineOptions, n_ctx: int) -> Engine:
+    from kldtool.engines.vllm_server import VllmServerEngine
+
+    if not opts.server:
+        raise UsageError("--exchange-dir: only with --server URL")
+    if opts.engine not in (None, "vllm"):
+        raise UsageError(f"--server: a vLLM server; --engine {opts.engine} does not apply")
+    server_side = [k for k in opts.vllm if k != "logits_block"]
+    if server_side or opts.dtype or opts.device:
+        named = [*server_side, *(k for k in ("dtype", "device") if getattr(opts, k))]
+        raise UsageError(f"{', '.join('--' + k.replace('_', '-') for k in named)}: the server's own settings "
+                         f"(give them to `vllm serve`), not kldtool's with --server")
+    return VllmServerEngine(opts.server, tokenizer=opts.model, exchange_dir=opts.exchange_dir, n_ctx=n_ctx,
+                            windows_per_call=max(4, 65536 // (n_ctx or 2048)), logits_block=opts.vllm.get("logits_block"))
 
 
 __all__ = ["Engine", "EngineOptions", "ENGINES", "guess_engine", "make_engine"]

@@ -10,16 +10,12 @@ prefill a long window over several steps; the hook counts every scored position 
 from __future__ import annotations
 
 import os
-import uuid
-
-import numpy as np
 
 from kldtool.engines import hf_tokenizer, vllm_cpu
-from kldtool.engines.base import Engine
+from kldtool.engines.vllm_requests import HookedEngine, window_keys, window_spec
 from kldtool.engines.vllm_worker import logits_block_rows
 from kldtool.errors import EngineError, UsageError
 from kldtool.protocols import Window
-from kldtool.reduce import TokenRecords
 
 WORKER_EXTENSION = "kldtool.engines.vllm_worker.KldtoolWorker"
 # Host memory vLLM reserves for itself on a CPU-only machine (its KV cache and activations).
@@ -42,9 +38,8 @@ def parse_vllm_args(pairs: list[str]) -> dict:
     return out
 
 
-class VllmEngine(Engine):
+class VllmEngine(HookedEngine):
     name = "vllm"
-    reduces_here = False
 
     def __init__(self, model: str, dtype: str | None = None, max_model_len: int | None = None,
                  windows_per_call: int = 64, vllm_args: dict | None = None, logits_block: int | None = None):
@@ -81,7 +76,8 @@ class VllmEngine(Engine):
                 if kv:
                     kwargs["kv_cache_memory_bytes"] = kv
         kwargs.update(vllm_args)
-        if not _has_cuda() and int(kwargs.get("tensor_parallel_size") or 1) > 1:
+        ranks = int(kwargs.get("tensor_parallel_size") or 1) * int(kwargs.get("pipeline_parallel_size") or 1)
+        if not _has_cuda() and ranks > 1:
             # vLLM-CPU binds each rank to its own NUMA node; a one-node machine has too few.
             os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
         self.llm_kwargs = {k: v for k, v in kwargs.items() if k != "worker_extension_cls"}
@@ -102,33 +98,17 @@ class VllmEngine(Engine):
         itemsize = getattr(self.llm.llm_engine.model_config.dtype, "itemsize", 4)
         self.logits_block = logits_block or logits_block_rows(self.n_vocab, itemsize)
 
-    def tokenize(self, text: bytes) -> np.ndarray:
-        return hf_tokenizer.tokenize(self.tokenizer, text, self.bos_id)
-
-    def token_strings(self):
-        return hf_tokenizer.token_strings(self.tokenizer, self.n_vocab)
-
-    def windows_per_call(self, n_ctx: int) -> int:
-        return self._windows_per_call
-
-    def logits(self, windows: list[Window]) -> list:
-        raise EngineError("the vllm engine keeps logits on its device; it scores and encodes there")
-
-    def _run(self, windows: list[Window], spec_for) -> list[dict]:
+    def _run(self, windows: list[Window], mode_for) -> list[dict]:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
         from kldtool.engines.vllm_seam import SPEC_KEY
         from kldtool.engines.vllm_worker import unpack
 
-        run = uuid.uuid4().hex[:12]
-        keys = [f"{run}-{w.index}" for w in windows]
+        keys = window_keys(windows)
         prompts = [TokensPrompt(prompt_token_ids=[int(t) for t in w.tokens]) for w in windows]
         params = [SamplingParams(max_tokens=1, temperature=0.0, detokenize=False,
-                                 extra_args={SPEC_KEY: {"key": k, "first": w.first, "n_scored": w.n_scored,
-                                                        "chunk": w.index, "after": int(w.targets[-1]),
-                                                        "logits_block": self.logits_block,
-                                                        **spec_for(w)}})
+                                 extra_args={SPEC_KEY: window_spec(k, w, self.logits_block, mode_for(w))})
                   for k, w in zip(keys, windows)]
         self.llm.generate(prompts, sampling_params=params, use_tqdm=False)
         merged: dict = {}
@@ -142,25 +122,6 @@ class VllmEngine(Engine):
                 raise EngineError(f"vLLM window {w.index}: {why}")
             out.append(unpack(got))
         return out
-
-    def score(self, windows: list[Window], base) -> list[TokenRecords]:
-        path = os.path.abspath(base.path)
-        results = self._run(windows, lambda w: {"mode": "compare", "base": path})
-        return [TokenRecords.from_columns(r) for r in results]
-
-    def encode(self, windows: list[Window], coding):
-        from dataclasses import asdict
-
-        from kldtool.logitsfile.header import rows_width
-
-        # The workers return each window's rows whole (one array per request).
-        width = rows_width(self.n_vocab, coding.keep)
-        results = self._run(windows, lambda w: {"mode": "encode", "row_width": width, "coding": asdict(coding)})
-        for i, r in enumerate(results):
-            yield i, r["rows"], r["nll"]
-
-    def nll(self, windows: list[Window]) -> list[np.ndarray]:
-        return [r["nll"] for r in self._run(windows, lambda w: {"mode": "nll"})]
 
     def describe(self) -> dict:
         return {"engine": self.name, "model": self.model_path, "dtype": self.dtype,

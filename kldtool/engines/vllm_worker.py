@@ -1,12 +1,19 @@
-"""Runs inside vLLM's worker processes (``LLM(worker_extension_cls=...)``).
+"""Runs inside vLLM's worker processes (``LLM(worker_extension_cls=...)``, or a server's
+workers through the plugin in vllm_plugin.py).
 
 For each opted-in request it turns the logits of the scored positions into kldtool's
 per-token records (compare), uint16 base rows (base) or target NLL (ppl) right where the logits are, reading
 the request's base rows straight from the base file. Only those small arrays leave the
-worker, when the driver asks for them with ``collective_rpc("kldtool_pop")``.
+worker: offline when the driver asks for them with ``collective_rpc("kldtool_pop")``; for a
+served model, written to the request's exchange directory (spec ``out``) the moment its last
+position is scored, which is before vLLM answers the request.
 """
 
 from __future__ import annotations
+
+import io
+import json
+import os
 
 import numpy as np
 
@@ -30,10 +37,36 @@ def unpack(packed: dict) -> dict[str, np.ndarray]:
     return {k: np.frombuffer(b, dtype=np.dtype(dt)).reshape(shape) for k, (dt, shape, b) in packed.items()}
 
 
+def exchange_path(directory: str, key: str, kind: str) -> str:
+    """Where a served request's result lands: ``KEY.npz`` (arrays), ``KEY.err`` (one line of
+    text) or ``KEY.json`` (a probe's answer)."""
+    return os.path.join(directory, f"{key}.{kind}")
+
+
+def _deliver(directory: str, key: str, kind: str, payload: bytes) -> None:
+    from kldtool.logitsfile.atomic import AtomicFile
+
+    # Renamed into place only once whole: the client may look at any moment.
+    f = AtomicFile(exchange_path(directory, key, kind))
+    try:
+        f.write(payload)
+        f.commit()
+    finally:
+        f.abort()
+
+
+def _npz(arrays: dict[str, np.ndarray]) -> bytes:
+    buf = io.BytesIO()
+    np.savez(buf, **arrays)
+    return buf.getvalue()
+
+
 class _RequestResult:
     def __init__(self, spec: dict):
         n = spec["n_scored"]
         self.filled = np.zeros(n, dtype=np.int32)
+        self.seen = 0
+        self.error: str | None = None
         if spec["mode"] == "compare":
             from kldtool.reduce import FIELDS
 
@@ -47,10 +80,15 @@ class _RequestResult:
 class WorkerState:
     """Per-worker bookkeeping: open base files and the results of unfinished requests."""
 
-    def __init__(self):
+    def __init__(self, info: dict | None = None):
         self.results: dict[str, _RequestResult] = {}
         self.feeds: dict[str, object] = {}
         self.rank = vllm_seam.tp_rank()
+        self.first_stage, self.last_stage = vllm_seam.pp_stage()
+        # One worker keeps results: tensor-parallel rank 0 of the pipeline's last stage, the one
+        # that computes logits. Every other rank of that stage still makes the same logits calls.
+        self.keeps = self.rank == 0 and self.last_stage
+        self.info = {"rank": self.rank, **(info or {})}  # what a probe request is told
 
     def _feed(self, path: str, device):
         # A request prefilled in several steps asks for the next rows of its chunk: the feed
@@ -63,6 +101,10 @@ class WorkerState:
         return self.feeds[path]
 
     def on_step(self, spec: dict, prompt, start: int, n_computed: int, logits_fn) -> None:
+        if spec.get("mode") == "probe":
+            if self.keeps and start == 0:
+                _deliver(spec["out"], spec["key"], "json", json.dumps(self.info).encode())
+            return
         first, n_scored = spec["first"], spec["n_scored"]
         lo, hi = max(start, first), min(start + n_computed, first + n_scored)
         # The step's scored rows in blocks (spec "logits_block"), so the logits held at once
@@ -71,10 +113,34 @@ class WorkerState:
         for a in range(lo, hi, block):
             b = min(a + block, hi)
             logits = logits_fn(a, b)  # every tensor-parallel rank must make this call, the same way
-            if self.rank == 0 and logits is not None:
-                self._consume(spec, prompt, a, b, logits)
+            if self.keeps and logits is not None:
+                res = self.results.setdefault(spec["key"], _RequestResult(spec))
+                if res.error is None:
+                    try:
+                        self._consume(spec, prompt, a, b, logits, res)
+                    except Exception as e:  # a bad request must not take vLLM's engine down with it
+                        res.error = f"{type(e).__name__}: {e}"
+                res.seen += b - a
+        if self.keeps and spec.get("out") and lo < hi:
+            self._deliver_if_done(spec)
 
-    def _consume(self, spec: dict, prompt, lo: int, hi: int, logits) -> None:
+    def _deliver_if_done(self, spec: dict) -> None:
+        res = self.results[spec["key"]]
+        if res.error is None and res.seen < spec["n_scored"]:
+            return
+        self.results.pop(spec["key"])
+        out = self._finish(res)
+        try:
+            if "error" in out:
+                _deliver(spec["out"], spec["key"], "err", out["error"].encode())
+            else:
+                _deliver(spec["out"], spec["key"], "npz", _npz(res.arrays))
+        except Exception as e:  # the client finds no result and says so; the server's log says why
+            import logging
+
+            logging.getLogger("kldtool").error("kldtool: cannot write %s's result to %s: %s", spec["key"], spec["out"], e)
+
+    def _consume(self, spec: dict, prompt, lo: int, hi: int, logits, res: _RequestResult) -> None:
         import torch
 
         first = spec["first"]
@@ -83,7 +149,6 @@ class WorkerState:
         if len(ids) < hi - lo:  # the prompt's last position is scored (rolling): its target follows it
             ids.append(spec["after"])
         targets = torch.as_tensor(ids, dtype=torch.int64, device=logits.device)
-        res = self.results.setdefault(spec["key"], _RequestResult(spec))
         j0, j1 = lo - first, hi - first
         if spec["mode"] == "compare":
             from kldtool.reduce import FIELDS, reduce_base
@@ -105,30 +170,52 @@ class WorkerState:
         res.filled[j0:j1] += 1
 
     def pop(self, keys: list[str]) -> dict:
-        if self.rank != 0:
+        if not self.keeps:
             return {}
         out = {}
         for k in keys:
             res = self.results.pop(k, None)
             if res is None:
                 out[k] = {"error": "no positions were scored (prefix cache hit, or the hook never ran)"}
-                continue
-            if not (res.filled == 1).all():
-                bad = int(np.nonzero(res.filled != 1)[0][0])
-                out[k] = {"error": f"scored position {bad} seen {int(res.filled[bad])} times, expected once"}
-                continue
-            out[k] = pack(res.arrays)
+            else:
+                out[k] = self._finish(res)
         return out
+
+    @staticmethod
+    def _finish(res: _RequestResult) -> dict:
+        if res.error is not None:
+            return {"error": res.error}
+        if not (res.filled == 1).all():
+            bad = int(np.nonzero(res.filled != 1)[0][0])
+            return {"error": f"scored position {bad} seen {int(res.filled[bad])} times, expected once"}
+        return pack(res.arrays)
+
+
+def install_on(worker) -> str:
+    """Hook a vLLM worker whose model is loaded (idempotent); returns what was hooked."""
+    if getattr(worker, "_kldtool", None) is None:
+        import vllm
+
+        config = worker.vllm_config
+        worker._kldtool = WorkerState({
+            "vllm": vllm.__version__, "n_vocab": int(config.model_config.get_vocab_size()),
+            "dtype": str(config.model_config.dtype).removeprefix("torch."),
+            "tensor_parallel_size": config.parallel_config.tensor_parallel_size,
+            "pipeline_parallel_size": config.parallel_config.pipeline_parallel_size,
+            "prefix_caching": bool(config.cache_config.enable_prefix_caching)})
+    state = worker._kldtool
+    vllm_seam.ensure_pp_buffers(worker.model_runner, state.first_stage)
+    kind = vllm_seam.install(worker.model_runner, state.on_step)
+    state.info["hook"] = kind
+    stage = "" if state.first_stage and state.last_stage else (":last-stage" if state.last_stage else ":early-stage")
+    return f"rank{state.rank}:{type(worker.model_runner).__name__}:{kind}{stage}"
 
 
 class KldtoolWorker:
     """Mixed into vLLM's worker class; its methods are called through collective_rpc."""
 
     def kldtool_install(self) -> str:
-        if getattr(self, "_kldtool", None) is None:
-            self._kldtool = WorkerState()
-        kind = vllm_seam.install(self.model_runner, self._kldtool.on_step)
-        return f"rank{self._kldtool.rank}:{type(self.model_runner).__name__}:{kind}"
+        return install_on(self)
 
     def kldtool_pop(self, keys: list[str]) -> dict:
         return self._kldtool.pop(keys)

@@ -1,0 +1,161 @@
+"""A model served by ``vllm serve`` (``--server URL``), scored by kldtool's hook in the
+server's own workers (vllm_plugin.py: ``KLDTOOL_VLLM_HOOK=1`` in the server's environment).
+
+Each window is one OpenAI-style completion: the window's token ids as the prompt,
+``max_tokens=1``, the hook's spec as a JSON string in ``vllm_xargs`` and a ``cache_salt`` of
+its own so vLLM's prefix cache can never hide a scored position. The server's rank-0 worker
+reads the base rows from the base file's path and writes each request's records to the
+exchange directory before vLLM answers it; both paths must therefore mean the same files on
+the server's nodes as here (a shared filesystem on a cluster). The client needs neither vLLM
+nor the weights: the tokenizer comes from the path the server reports (or ``-m``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import time
+import urllib.error
+import urllib.request
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+from kldtool.engines import hf_tokenizer
+from kldtool.engines.vllm_requests import HookedEngine, window_keys, window_spec
+from kldtool.engines.vllm_seam import SPEC_KEY
+from kldtool.engines.vllm_worker import exchange_path, logits_block_rows
+from kldtool.errors import EngineError, UsageError
+from kldtool.protocols import Window
+
+# A result written on another node may take a moment to show on a shared filesystem.
+RESULT_GRACE_S = 10.0
+
+
+class VllmServerEngine(HookedEngine):
+    name = "vllm-server"
+
+    def __init__(self, url: str, tokenizer: str | None = None, exchange_dir: str | None = None,
+                 n_ctx: int = 0, windows_per_call: int = 64, logits_block: int | None = None,
+                 timeout: float = 3600.0):
+        self.url = url.rstrip("/").removesuffix("/v1")
+        self.timeout = timeout
+        self._windows_per_call = windows_per_call
+        models = self._request("/v1/models").get("data") or []
+        if not models:
+            raise EngineError(f"{self.url}: the server lists no model")
+        self.model_id = models[0]["id"]
+        self.max_model_len = models[0].get("max_model_len")
+        if n_ctx and self.max_model_len and n_ctx + 1 > self.max_model_len:
+            raise UsageError(f"-c {n_ctx}: the served model's max_model_len is {self.max_model_len}; "
+                             f"a window needs -c + 1 (restart the server with --max-model-len {n_ctx + 1} or more)")
+        self._load_tokenizer(tokenizer or models[0].get("root") or self.model_id)
+        self._own_exchange = exchange_dir is None
+        self.exchange = os.path.abspath(exchange_dir or tempfile.mkdtemp(prefix="kldtool-exchange-"))
+        if not os.path.isdir(self.exchange):
+            raise UsageError(f"--exchange-dir {exchange_dir}: no such directory")
+        self.info = self._probe()
+        self.n_vocab = int(self.info["n_vocab"])
+        itemsize = {"float32": 4}.get(self.info.get("dtype"), 2)
+        self.logits_block = logits_block or logits_block_rows(self.n_vocab, itemsize)
+
+    def _load_tokenizer(self, path: str) -> None:
+        try:
+            from transformers import AutoConfig, AutoTokenizer
+
+            self.tokenizer = AutoTokenizer.from_pretrained(path)
+            config = AutoConfig.from_pretrained(path)
+        except Exception as e:
+            raise EngineError(f"{path}: cannot load the served model's tokenizer here ({type(e).__name__}); "
+                              f"give its directory with -m") from None
+        text_config = getattr(config, "get_text_config", lambda: config)()
+        self.n_ctx_train = getattr(text_config, "max_position_embeddings", None)
+        self.tokenizer_path = path
+        self.bos_id = hf_tokenizer.bos_to_substitute(self.tokenizer)
+        self.prefix_id = hf_tokenizer.prefix_token(self.tokenizer)
+
+    def _request(self, path: str, body: dict | None = None) -> dict:
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(self.url + path, data=data, headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout) as r:
+                return json.loads(r.read())
+        except urllib.error.HTTPError as e:
+            raise EngineError(f"{self.url}{path}: HTTP {e.code}: {_server_message(e)}") from None
+        except (urllib.error.URLError, OSError) as e:
+            raise EngineError(f"{self.url}: cannot reach the vLLM server ({getattr(e, 'reason', e)})") from None
+
+    def _complete(self, key: str, prompt: list[int], spec: dict) -> None:
+        self._request("/v1/completions", {
+            "model": self.model_id, "prompt": prompt, "max_tokens": 1, "temperature": 0.0,
+            "cache_salt": key, "vllm_xargs": {SPEC_KEY: json.dumps({**spec, "out": self.exchange})}})
+
+    def _probe(self) -> dict:
+        key = f"probe-{uuid.uuid4().hex[:12]}"
+        self._complete(key, [0, 0], {"key": key, "mode": "probe"})
+        answer = self._wait(exchange_path(self.exchange, key, "json"))
+        if answer is None:
+            raise EngineError(f"{self.url}: no answer from kldtool's hook: start the server with KLDTOOL_VLLM_HOOK=1 "
+                              f"and kldtool installed beside vLLM, and give --exchange-dir a directory its workers "
+                              f"can write (now {self.exchange})")
+        with open(answer) as f:
+            info = json.load(f)
+        os.unlink(answer)
+        return info
+
+    @staticmethod
+    def _wait(*paths: str) -> str | None:
+        """The first of ``paths`` that exists, waiting a little for a slow shared filesystem."""
+        deadline = time.monotonic() + RESULT_GRACE_S
+        while True:
+            for p in paths:
+                if os.path.exists(p):
+                    return p
+            if time.monotonic() > deadline:
+                return None
+            time.sleep(0.05)
+
+    def _run(self, windows: list[Window], mode_for) -> list[dict]:
+        keys = window_keys(windows)
+        specs = [window_spec(k, w, self.logits_block, mode_for(w)) for k, w in zip(keys, windows)]
+        # Sent together so the server batches them, as one generate() call does offline.
+        with ThreadPoolExecutor(max_workers=len(windows)) as pool:
+            list(pool.map(lambda kws: self._complete(*kws),
+                          [(k, [int(t) for t in w.tokens], s) for k, w, s in zip(keys, windows, specs)]))
+        return [self._collect(k, w) for k, w in zip(keys, windows)]
+
+    def _collect(self, key: str, w: Window) -> dict:
+        arrays, error = exchange_path(self.exchange, key, "npz"), exchange_path(self.exchange, key, "err")
+        got = self._wait(arrays, error)
+        if got is None:
+            raise EngineError(f"{self.url}: window {w.index}: no result in {self.exchange} (see the server's log)")
+        try:
+            if got == error:
+                with open(got) as f:
+                    raise EngineError(f"{self.url}: window {w.index}: {f.read().strip()}")
+            with np.load(got) as z:
+                return {name: z[name] for name in z.files}
+        finally:
+            os.unlink(got)
+
+    def describe(self) -> dict:
+        return {"engine": self.name, "model": self.model_id, "server": self.url, "dtype": self.info.get("dtype"),
+                "device": "server", "tokenizer": self.tokenizer_path, "hooks": self.info.get("hook"),
+                "parallel": {k: self.info.get(k) for k in ("tensor_parallel_size", "pipeline_parallel_size")},
+                "versions": {"vllm": self.info.get("vllm")}}
+
+    def close(self) -> None:
+        if self._own_exchange and os.path.isdir(self.exchange):
+            shutil.rmtree(self.exchange, ignore_errors=True)
+
+
+def _server_message(e: urllib.error.HTTPError) -> str:
+    try:
+        body = json.loads(e.read())
+        err = body.get("error", body)
+        return str(err.get("message", err) if isinstance(err, dict) else err).splitlines()[0]
+    except Exception:
+        return e.reason
