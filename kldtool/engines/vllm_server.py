@@ -12,6 +12,7 @@ nor the weights: the tokenizer comes from the path the server reports (or ``-m``
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -33,6 +34,8 @@ from kldtool.protocols import Window
 
 # A result written on another node may take a moment to show on a shared filesystem.
 RESULT_GRACE_S = 10.0
+# Requests open at once: enough for the server to batch a call's windows, not a thread per window.
+MAX_IN_FLIGHT = 128
 
 
 class VllmServerEngine(HookedEngine):
@@ -122,10 +125,17 @@ class VllmServerEngine(HookedEngine):
         keys = window_keys(windows)
         specs = [window_spec(k, w, self.logits_block, mode_for(w)) for k, w in zip(keys, windows)]
         # Sent together so the server batches them, as one generate() call does offline.
-        with ThreadPoolExecutor(max_workers=len(windows)) as pool:
-            list(pool.map(lambda kws: self._complete(*kws),
-                          [(k, [int(t) for t in w.tokens], s) for k, w, s in zip(keys, windows, specs)]))
-        return [self._collect(k, w) for k, w in zip(keys, windows)]
+        try:
+            with ThreadPoolExecutor(max_workers=min(len(windows), MAX_IN_FLIGHT)) as pool:
+                list(pool.map(lambda kws: self._complete(*kws),
+                              [(k, [int(t) for t in w.tokens], s) for k, w, s in zip(keys, windows, specs)]))
+            return [self._collect(k, w) for k, w in zip(keys, windows)]
+        except BaseException:
+            for k in keys:  # what the other windows of a failed call left in the exchange directory
+                for kind in ("npz", "err"):
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(exchange_path(self.exchange, k, kind))
+            raise
 
     def _collect(self, key: str, w: Window) -> dict:
         arrays, error = exchange_path(self.exchange, key, "npz"), exchange_path(self.exchange, key, "err")

@@ -43,7 +43,7 @@ def exchange_path(directory: str, key: str, kind: str) -> str:
     return os.path.join(directory, f"{key}.{kind}")
 
 
-def _deliver(directory: str, key: str, kind: str, payload: bytes) -> None:
+def _publish(directory: str, key: str, kind: str, payload: bytes) -> None:
     from kldtool.logitsfile.atomic import AtomicFile
 
     # Renamed into place only once whole: the client may look at any moment.
@@ -65,7 +65,6 @@ class _RequestResult:
     def __init__(self, spec: dict):
         n = spec["n_scored"]
         self.filled = np.zeros(n, dtype=np.int32)
-        self.seen = 0
         self.error: str | None = None
         if spec["mode"] == "compare":
             from kldtool.reduce import FIELDS
@@ -103,7 +102,7 @@ class WorkerState:
     def on_step(self, spec: dict, prompt, start: int, n_computed: int, logits_fn) -> None:
         if spec.get("mode") == "probe":
             if self.keeps and start == 0:
-                _deliver(spec["out"], spec["key"], "json", json.dumps(self.info).encode())
+                _publish(spec["out"], spec["key"], "json", json.dumps(self.info).encode())
             return
         first, n_scored = spec["first"], spec["n_scored"]
         lo, hi = max(start, first), min(start + n_computed, first + n_scored)
@@ -120,21 +119,19 @@ class WorkerState:
                         self._consume(spec, prompt, a, b, logits, res)
                     except Exception as e:  # a bad request must not take vLLM's engine down with it
                         res.error = f"{type(e).__name__}: {e}"
-                res.seen += b - a
-        if self.keeps and spec.get("out") and lo < hi:
-            self._deliver_if_done(spec)
+        if self.keeps and spec.get("out") and lo < hi == first + n_scored:
+            # This step reached the window's last scored position: the request is complete
+            # (an error earlier in it is kept until now, so nothing of it lingers afterwards).
+            self._complete(spec)
 
-    def _deliver_if_done(self, spec: dict) -> None:
-        res = self.results[spec["key"]]
-        if res.error is None and res.seen < spec["n_scored"]:
-            return
-        self.results.pop(spec["key"])
+    def _complete(self, spec: dict) -> None:
+        res = self.results.pop(spec["key"])
         out = self._finish(res)
         try:
             if "error" in out:
-                _deliver(spec["out"], spec["key"], "err", out["error"].encode())
+                _publish(spec["out"], spec["key"], "err", out["error"].encode())
             else:
-                _deliver(spec["out"], spec["key"], "npz", _npz(res.arrays))
+                _publish(spec["out"], spec["key"], "npz", _npz(res.arrays))
         except Exception as e:  # the client finds no result and says so; the server's log says why
             import logging
 

