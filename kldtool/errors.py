@@ -120,3 +120,9 @@ class EmptyText(CorpusError):
 
 class UndecodableText(CorpusError):
     exit_code = 32
+
+
+class ReplayMismatch(EngineError):
+    """A hidden-state base file would not reproduce the engine's logits: no file is written."""
+
+    exit_code = 60

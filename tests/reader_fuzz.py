@@ -2,7 +2,8 @@
 holds, opening it and reading every chunk either works or raises one of our BaseFileErrors,
 and never allocates more than a real chunk of the header's shape would need.
 
-The seeds are tiny real files of both formats (random logits through the codec); mutations
+The seeds are tiny real files of both formats (random logits through the codec, and random
+hidden states with a random head); mutations
 overwrite header and trailer fields with boundary values, flip and insert bytes, truncate.
 """
 
@@ -44,7 +45,27 @@ def seed_files(directory: str) -> dict[str, bytes]:
         w.finish()
         with open(path, "rb") as f:
             out[name] = f.read()
+    out["kldtool-hidden"] = _hidden_seed(directory, header, tokens, rng)
     return out
+
+
+def _hidden_seed(directory: str, header: BaseHeader, tokens: np.ndarray, rng) -> bytes:
+    """A hidden-state container: float32 states of 6 dimensions, frames of 2 rows, a head with a bias."""
+    import torch
+
+    from kldtool.logitsfile.hidden import OutputHead
+
+    dim = 6
+    path = os.path.join(directory, "seed-kldtool-hidden")
+    w = create_writer(path, "kldtool", header, tokens, {"seed": True, "store": "hidden",
+                                                        "hidden": {"dim": dim, "dtype": "float32"}}, frame_rows=2)
+    w.head = OutputHead(torch.from_numpy(rng.normal(0, 1, (N_VOCAB, dim)).astype(np.float32)),
+                        torch.from_numpy(rng.normal(0, 1, N_VOCAB).astype(np.float32)))
+    for _ in range(N_CHUNK):
+        w.write_chunk(rng.normal(0, 2, (header.rows_per_chunk, dim)).astype(np.float32))
+    w.finish()
+    with open(path, "rb") as f:
+        return f.read()
 
 
 BOUNDARY = [0, 1, 2, 3, 4, 7, 8, 40, 255, 256, 2**15, 2**16, 2**24, 2**24 + 1, 2**31 - 1, 2**31, 2**32 - 1]

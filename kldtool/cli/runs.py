@@ -30,6 +30,13 @@ def base(
                                                       "(16..64; kldtool format beyond 16, as llama.cpp's layout "
                                                       "holds 16); KLD counts the base entries above -clamp."),
     frame_rows: Optional[int] = FRAME_ROWS,
+    store: str = typer.Option("logprobs", "--store", help="logprobs (every scored position's full row) or hidden "
+                                                          "(its final hidden state, and the output head once: "
+                                                          "30-85x smaller; transformers engine)."),
+    replay_tolerance: float = typer.Option(1e-5, "--replay-tolerance", help="--store hidden: the largest mean KLD "
+                                                                            "(nats) between the engine's logits and "
+                                                                            "those replayed from the file's first "
+                                                                            "chunks; above it, no file."),
     json_out: Optional[str] = typer.Option(None, "--json", help="Also write the result as JSON here."),
     resume: bool = typer.Option(False, "--resume", help="Continue the interrupted run that left the base file's "
                                                         "hidden partial beside it (same flags)."),
@@ -40,6 +47,7 @@ def base(
     from kldtool.codec.topk import keep_of
     from kldtool.logitsfile import FORMATS, check_layout
     from kldtool.pipeline import run_base
+    from kldtool.pipeline.hidden_base import check_store
     from kldtool.textio import write_json
 
     if fmt not in FORMATS:
@@ -53,13 +61,15 @@ def base(
     except ValueError as e:
         raise UsageError(f"--clamp: {e}") from None
     check_layout(fmt, spec.name, top, clamp, frame_rows)  # before the model loads
+    check_store(store, fmt, top, replay_tolerance)
     text = corpus_of(corpus)
     eng = open_engine(run, model, longest(spec))
     try:
         if resume and not out:
             raise UsageError("--resume needs --kl-divergence-base FILE (the base file to continue)")
         result = run_base(eng, text, spec, scoring.chunks, out, fmt, codec=codec, resume=resume, force=scoring.force,
-                          keep=top, clamp=clamp, frame_rows=frame_rows)
+                          keep=top, clamp=clamp, frame_rows=frame_rows, store=store,
+                          replay_tolerance=replay_tolerance)
     finally:
         eng.close()
     if json_out:

@@ -10,6 +10,7 @@ from typing import Iterable, Iterator
 import numpy as np
 
 from kldtool.codec import Coding, encode_base_rows, target_nll
+from kldtool.errors import UsageError
 from kldtool.protocols import Window
 from kldtool.reduce import TokenRecords, reduce_base
 
@@ -83,6 +84,19 @@ class Engine(ABC):
         for i, off, lg in self.logit_blocks(windows):
             rows, nll = encode_base_rows(lg, windows[i].targets[off:off + len(lg)], coding)
             yield i, rows, nll
+
+    def hidden_blocks(self, windows: list[Window]) -> Iterator[tuple[int, int, object, object]]:
+        """Base mode with ``--store hidden``: (window number, first scored row, the final hidden
+        states of the following rows in the model's dtype, their logits), block by block."""
+        raise UsageError(self._no_hidden())
+
+    def output_head(self):
+        """The output head as this engine applies it (logitsfile/hidden.py's OutputHead)."""
+        raise UsageError(self._no_hidden())
+
+    def _no_hidden(self) -> str:
+        return (f"--store hidden: the {self.name} engine does not give its final hidden states and output head "
+                f"(the transformers engine does); use --store logprobs")
 
     def nll(self, windows: list[Window]) -> list[np.ndarray]:
         """Score mode: per window, the float32 NLL of each target (full-vocabulary normalisation)."""

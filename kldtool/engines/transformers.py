@@ -98,6 +98,28 @@ class TransformersEngine(Engine):
                     yield 0, lo - w.first, out.logits[0]
                 del out
 
+    def hidden_blocks(self, windows: list[Window]):
+        # The output head's input, caught on its way in: the same forward, no second one. Its
+        # rows line up with the logits (the model slices both with logits_to_keep).
+        caught = []
+        hook = self.model.get_output_embeddings().register_forward_hook(lambda m, inp, out: caught.append(inp[0]))
+        try:
+            for i, off, lg in self.logit_blocks(windows):
+                del caught[:-1]  # only the forward that made these logits
+                yield i, off, caught[-1][i, :len(lg)], lg
+        finally:
+            hook.remove()
+
+    def output_head(self):
+        from kldtool.logitsfile.hidden import OutputHead
+
+        lm, cfg = self.model.get_output_embeddings(), self.model.config
+        text = getattr(cfg, "get_text_config", lambda: cfg)()
+        scale, scaling = getattr(text, "logit_scale", None), getattr(text, "logits_scaling", None)
+        multiplier = scale if scale not in (None, 1.0) else (1.0 / scaling if scaling not in (None, 1.0) else None)
+        return OutputHead(lm.weight.detach().cpu(), None if lm.bias is None else lm.bias.detach().cpu(),
+                          multiplier, getattr(text, "final_logit_softcapping", None))
+
     def describe(self) -> dict:
         return {"engine": self.name, "model": self.model_path, "dtype": self.dtype, "device": self.device,
                 "versions": self._versions}

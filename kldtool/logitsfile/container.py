@@ -8,12 +8,15 @@ Layout (little-endian)::
     12  u32 n_ctx | u32 n_vocab | u32 n_chunk
     24  u32 transform        0: zstd of the rows' bytes; 1: zstd of (row heads, non-zero mask,
                              high bytes, low bytes of the non-zero codes); 2: zstd of top-K
-                             records (codec/topk.py), K in the metadata's "keep"
+                             records (codec/topk.py), K in the metadata's "keep"; 3: zstd of
+                             final hidden states (hidden.py; dim and dtype in the metadata's
+                             "hidden", the output head's section in its "head")
     28  u32 n_stream         with a window table: tokens in the stream (else 0: n_ctx * n_chunk)
     32  int32 tokens[n_ctx * n_chunk, or n_stream]
         with a window table: i64 (start, length, first, n_scored) per window
         zstd frames (with content size and checksum): versions 1-2 one per chunk; version 3
         ceil(rows / R) per chunk, each of R rows but the chunk's last (frames.py)
+        transform 3: the output head's section (weight, bias), uncompressed
         index: one (u64 offset, u64 length) per frame
         metadata: UTF-8 JSON
     end-32: u64 index_offset | u64 metadata_length | u32 crc32(index + metadata) | u32 R (0 before
@@ -35,8 +38,9 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import zstandard
 
-from kldtool.codec import DEFAULT_CLAMP, HEADER_SLOTS, check_clamp
+from kldtool.codec import DEFAULT_CLAMP, HEADER_SLOTS, Coding, check_clamp
 from kldtool.errors import CorruptData, IncompleteFile, MetadataError, NotABaseFile, RowLayoutError, TruncatedHeader
+from kldtool.logitsfile import hidden as hidden_states
 from kldtool.logitsfile.frames import FrameLayout, default_frame_rows
 from kldtool.logitsfile.header import BaseHeader
 from kldtool.logitsfile.reader_base import BaseFileReader, Frame
@@ -48,13 +52,15 @@ END_MAGIC = b"KLDDONE\x00"
 VERSIONS = (1, 2, 3)
 PREAMBLE = 32
 TRAILER = 32
-PLAIN, MASKED_PLANES, TOPK = 0, 1, 2
+PLAIN, MASKED_PLANES, TOPK, HIDDEN = 0, 1, 2, 3
 DEFAULT_LEVEL = 3
 SCATTER_BLOCK = 1 << 20  # codes per scatter step
 MAX_FRAME_ROWS = 1 << 24
 
 
 def _to_frame_bytes(rows: np.ndarray, transform: int) -> bytes:
+    if transform == HIDDEN:  # already the stored dtype's bytes (hidden.raw_array)
+        return np.ascontiguousarray(rows).tobytes()
     rows = np.ascontiguousarray(rows, dtype="<u2")
     if transform != MASKED_PLANES:
         return rows.tobytes()
@@ -121,7 +127,7 @@ class ContainerReader(BaseFileReader):
         self.header = h = BaseHeader(n_ctx, n_vocab, n_chunk)
         if h.problems():
             self._fail(f"invalid header at offset 12: {'; '.join(h.problems())}", NotABaseFile)
-        if transform not in (PLAIN, MASKED_PLANES, TOPK):
+        if transform not in (PLAIN, MASKED_PLANES, TOPK, HIDDEN):
             self._fail(f"unknown row transform {transform} at offset 24", NotABaseFile)
         self.transform = transform
         tabled = version == 2 or (version == 3 and n_stream > 0)
@@ -178,7 +184,51 @@ class ContainerReader(BaseFileReader):
             self.header = h = dataclasses.replace(h, keep=keep)
         if "clamp" in self.metadata:
             self.header = h = dataclasses.replace(h, clamp=self._clamp(self.metadata["clamp"]))
+        if transform == HIDDEN:
+            self._check_hidden(int(ends.max()) if len(ends) else tokens_end, index_offset)
         self.tokens = self._read_tokens(PREAMBLE)
+
+    def _check_hidden(self, frames_end: int, index_offset: int) -> None:
+        """A hidden file's two metadata entries, checked before anything is sized from them."""
+        hid, head = self.metadata.get("hidden"), self.metadata.get("head")
+        try:
+            dim, dtype = int(hid["dim"]), hid["dtype"]
+            if dtype not in hidden_states.DTYPES or not 0 < dim <= 1 << 16:
+                raise ValueError(f"dim {dim}, dtype {dtype!r}")
+            v, d = (int(x) for x in head["shape"])
+            if head["dtype"] not in hidden_states.DTYPES or d != dim or v < self.header.n_vocab:
+                raise ValueError(f"head of shape {head['shape']} and dtype {head['dtype']!r} for hidden states of "
+                                 f"{dim} and a vocabulary of {self.header.n_vocab}")
+            offset, length = int(head["offset"]), int(head["length"])
+            if length != hidden_states.expected_head_length(head):
+                raise ValueError(f"head section of {length} bytes, its shape needs "
+                                 f"{hidden_states.expected_head_length(head)}")
+            str(head["sha256"])
+        except (KeyError, TypeError, ValueError) as e:
+            self._fail(f"hidden-state container with unusable 'hidden'/'head' metadata: {e}", MetadataError)
+        if offset < frames_end or offset + length != index_offset:
+            self._fail(f"head section at offset {offset}, {length} bytes, does not lie between the last frame "
+                       f"({frames_end}) and the index ({index_offset})", CorruptData)
+        self.hidden = {"dim": dim, "dtype": dtype, "itemsize": hidden_states.DTYPES[dtype][1]}
+        self.replayer = hidden_states.Replayer(self._read_head)
+        self.coding = Coding(self.metadata.get("codec", "grid"), self.header.clamp)
+
+    def _read_head(self) -> "hidden_states.OutputHead":
+        import hashlib
+
+        head = self.metadata["head"]
+        data = os.pread(self.fd, head["length"], head["offset"])
+        if len(data) != head["length"] or hashlib.sha256(data).hexdigest() != head["sha256"]:
+            self._fail(f"output head at offset {head['offset']} does not match its sha256 in the metadata "
+                       f"(damaged or truncated)", CorruptData)
+        return hidden_states.OutputHead.from_section(data, head)
+
+    def _replay_rows(self, hidden):
+        """int16 rows (on ``hidden``'s device) of the base logits replayed from hidden states."""
+        from kldtool.codec import encode_torch
+
+        logits = self.replayer.logits(hidden)[:, :self.header.n_vocab]  # a padded head's extra rows
+        return encode_torch(logits, self.coding.codec, self.coding.clamp)[0]
 
     def _clamp(self, value) -> float:
         """The clamp window a container's metadata records (absent: llama.cpp's 16 nats)."""
@@ -193,6 +243,8 @@ class ContainerReader(BaseFileReader):
         """Smallest and largest decoded size frame ``index`` can have (-1, unknown, is outside)."""
         h = self.header
         n_rows = self.frames.span(index)[2]
+        if self.transform == HIDDEN:
+            return n_rows * self.hidden["dim"] * self.hidden["itemsize"], n_rows * self.hidden["dim"] * self.hidden["itemsize"]
         if self.transform != MASKED_PLANES:
             return n_rows * h.row_width * 2, n_rows * h.row_width * 2
         n_codes = n_rows * (h.row_width - HEADER_SLOTS)
@@ -227,6 +279,10 @@ class ContainerReader(BaseFileReader):
         return Frame(index, offset, raw)
 
     def frame_rows(self, frame: Frame) -> np.ndarray:
+        if self.transform == HIDDEN:
+            from kldtool.codec import rows_to_numpy
+
+            return rows_to_numpy(self._replay_rows(self._hidden_of(frame.data, frame.index)))
         try:
             return _from_frame_bytes(frame.data, self.transform, (self.frames.span(frame.index)[2],
                                                                   self.header.row_width))
@@ -234,7 +290,12 @@ class ContainerReader(BaseFileReader):
             self._fail(f"corrupt {self._where(frame.index)} at offset {frame.offset}: {e}", CorruptData)
 
     def _rebuild_torch(self, buf, index: int):
+        if self.transform == HIDDEN:
+            return self._replay_rows(self._hidden_of(buf, index))
         return _frame_to_torch(buf, self.transform, (self.frames.span(index)[2], self.header.row_width))
+
+    def _hidden_of(self, data, index: int):
+        return hidden_states.from_raw(data, self.hidden["dtype"], (self.frames.span(index)[2], self.hidden["dim"]))
 
 
 def _frame_to_torch(buf, transform: int, shape: tuple[int, int]):
@@ -276,7 +337,10 @@ class ContainerWriter(ResumableWriter):
     def __init__(self, path, header: BaseHeader, tokens: np.ndarray, metadata: dict | None = None,
                  level: int = DEFAULT_LEVEL, transform: int = MASKED_PLANES, threads: int = 2,
                  frame_rows: int | None = None):
-        self.level, self.transform = level, (TOPK if header.keep else transform)
+        # Hidden states (metadata "hidden") or rows: top-K records, else the given transform.
+        self.level = level
+        self.transform = HIDDEN if (metadata or {}).get("hidden") else (TOPK if header.keep else transform)
+        self.head = None  # hidden states: the OutputHead, stored by finish
         self.frame_rows = default_frame_rows(header.row_width) if frame_rows is None else frame_rows
         if not 0 <= self.frame_rows <= MAX_FRAME_ROWS:
             raise ValueError(f"{self.frame_rows} rows per frame: expected 0 .. {MAX_FRAME_ROWS}")
@@ -291,6 +355,9 @@ class ContainerWriter(ResumableWriter):
         self.index: list[tuple[int, int]] = []
         self.waiting: list[np.ndarray] = []  # rows of the current frame so far
         self._frame_ends: list[int] = []
+
+    def stored_width(self) -> int:
+        return int(self.metadata["hidden"]["dim"]) if self.transform == HIDDEN else self.header.row_width
 
     def _preamble(self, token_bytes: bytes) -> bytes:
         h = self.header
@@ -348,7 +415,9 @@ class ContainerWriter(ResumableWriter):
     def _submit(self) -> None:
         frame = np.concatenate(self.waiting) if len(self.waiting) > 1 else np.array(self.waiting[0])
         self.waiting = []
-        self.pending.append(self.pool.submit(self._compress, frame.astype("<u2", copy=False)))
+        if self.transform != HIDDEN:
+            frame = frame.astype("<u2", copy=False)
+        self.pending.append(self.pool.submit(self._compress, frame))
         while len(self.pending) > 4 or (self.pending and self.pending[0].done()):
             self._drain_one()
 
@@ -361,6 +430,12 @@ class ContainerWriter(ResumableWriter):
         while self.pending:
             self._drain_one()
         self.pool.shutdown()
+        if self.transform == HIDDEN:
+            if self.head is None:
+                raise ValueError("a hidden-state container needs its output head before it is finished")
+            section = self.head.section()
+            self.metadata["head"] = self.head.describe(section) | {"offset": self.out.tell()}
+            self.out.write(section)
         index = np.array(self.index, dtype="<u8").tobytes()
         meta = json.dumps(self.metadata, sort_keys=True).encode("utf-8")
         index_offset = self.out.tell()

@@ -87,12 +87,16 @@ class ResumableWriter:
         self.n_written = k
         self._kept(self._ends[:k])
 
+    def stored_width(self) -> int:
+        """Values per stored row: a row's uint16 slots (or a hidden state's dimensions)."""
+        return self.header.row_width
+
     def write_rows(self, rows: np.ndarray) -> None:
         h = self.header
         room = h.rows_of(self.n_written) - self._rows_in_chunk if self.n_written < h.n_chunk else 0
-        if rows.ndim != 2 or rows.shape[1] != h.row_width or not 0 < len(rows) <= room:
+        if rows.ndim != 2 or rows.shape[1] != self.stored_width() or not 0 < len(rows) <= room:
             raise ValueError(f"rows of shape {rows.shape} for chunk {self.n_written}, which has room for "
-                             f"{room} rows of {h.row_width}")
+                             f"{room} rows of {self.stored_width()}")
         self._append_rows(rows)
         self._rows_in_chunk += len(rows)
 

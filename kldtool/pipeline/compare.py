@@ -208,6 +208,11 @@ def run_compare(engine: Engine, reader, force: bool = False, json_path: str | No
     windows = in_range[start - a:]
     sinks.info(f"compare: chunks {start + 1}..{b} of {h.n_chunk}, n_ctx={h.n_ctx}, n_seq={n_seq}, "
                f"engine {engine.name}, base {reader.path} ({reader.format_name})")
+    hidden_floor = reader.metadata.get("replay")
+    if hidden_floor:
+        sinks.info(f"compare: the base file stores hidden states; its replay floor: mean KLD "
+                   f"{hidden_floor['kld_mean']:.3g} (max {hidden_floor['kld_max']:.3g}, |Δlogit| up to "
+                   f"{hidden_floor['max_abs_dlogit']:.3g})")
     sinks.line()
     sinks.line(TABLE_HEADER)
     acc = replay(state.acc, sinks)
@@ -277,6 +282,7 @@ def run_compare(engine: Engine, reader, force: bool = False, json_path: str | No
         "state": ck.path,
         "resumed_at_chunks": state.meta.get("resumed", []),
         "warnings": warnings,
+        "replay_floor": reader.metadata.get("replay"),
     }
     result["statistics"] = final_report(acc, sinks, warnings, bootstrap, h.keep, floor)
     result["chunk_sums"] = acc.chunk_table()

@@ -8,6 +8,7 @@ last whole batch of chunks, so the finished file equals an uninterrupted run's.
 
 from __future__ import annotations
 
+import sys
 import time
 
 import numpy as np
@@ -15,10 +16,11 @@ import numpy as np
 from kldtool.codec import DEFAULT_CLAMP, Coding
 from kldtool.corpus import Corpus
 from kldtool.engines.base import Engine
-from kldtool.errors import UsageError
+from kldtool.errors import ReplayMismatch, UsageError
 from kldtool.identity import model_identity
 from kldtool.logitsfile import BaseHeader, create_writer
 from kldtool.pipeline.common import Sinks, groups, run_metadata, whole_batches
+from kldtool.pipeline.hidden_base import DEFAULT_TOLERANCE, HiddenStore, check_store
 from kldtool.pipeline.plan import Plan, make_plan
 from kldtool.manifest import run_manifest
 from kldtool.protocols import Protocol, window_table
@@ -89,10 +91,13 @@ def _end_window(writer, parts: list) -> np.ndarray:
 def run_base(engine: Engine, corpus: Corpus, protocol: Protocol, chunks: int | None,
              out_path: str | None, fmt: str = "kldtool", sinks: Sinks | None = None, codec: str | None = None,
              resume: bool = False, force: bool = False, keep: int | None = None,
-             clamp: float = DEFAULT_CLAMP, frame_rows: int | None = None) -> dict:
+             clamp: float = DEFAULT_CLAMP, frame_rows: int | None = None, store: str = "logprobs",
+             replay_tolerance: float = DEFAULT_TOLERANCE) -> dict:
     sinks = sinks or Sinks()
     codec = codec or default_codec(fmt)
     coding = Coding(codec, clamp, keep)
+    check_store(store, fmt, keep, replay_tolerance)
+    hidden = HiddenStore(engine, fmt, keep, replay_tolerance) if store == "hidden" and out_path else None
     t0 = time.time()
     plan = make_plan(engine, corpus, protocol, chunks, force)
     windows, n_chunk = plan.windows, len(plan.windows)
@@ -114,8 +119,9 @@ def run_base(engine: Engine, corpus: Corpus, protocol: Protocol, chunks: int | N
         "n_vocab": engine.n_vocab,
         "codec": codec,
         "n_seq": n_seq,
-    }
+    } | (hidden.metadata if hidden else {})
     settings = {"format": fmt, "codec": codec, "keep": keep, "clamp": clamp, "frame_rows": frame_rows,
+                **({"store": "hidden"} if hidden else {}),
                 "protocol": described, "n_seq": n_seq,
                 "model": model_identity(model), "tokenizer_identity": engine.tokenizer_identity()}
     ppl = PplAccumulator()
@@ -123,7 +129,8 @@ def run_base(engine: Engine, corpus: Corpus, protocol: Protocol, chunks: int | N
                                  resume, sinks, ppl) if out_path else (None, 0))
     try:
         for group in groups(windows[done:], n_seq):
-            for w, nll in zip(group, _written(engine.encode(group, coding), writer)):
+            blocks = hidden.blocks(engine, group) if hidden else engine.encode(group, coding)
+            for w, nll in zip(group, _written(blocks, writer)):
                 ppl.add(nll)
                 sinks.out(ppl_progress(w.index + 1, ppl.ppl))
         sinks.line()
@@ -132,13 +139,14 @@ def run_base(engine: Engine, corpus: Corpus, protocol: Protocol, chunks: int | N
         result = {"ppl": value, "ppl_uncertainty": unc, "scored_tokens": ppl.count, "chunks": n_chunk,
                   "wall_time_s": round(time.time() - t0, 3)}
         if writer:
-            writer.finish({"result": result, "resumed_after_chunk": done} if done else {"result": result})
+            extra = hidden.finish(writer) if hidden else {}
+            writer.finish(extra | ({"result": result, "resumed_after_chunk": done} if done else {"result": result}))
             sinks.info(f"base: wrote {out_path} ({writer.format_name} format)")
     except BaseException:
         if ppl.count:
             sinks.line()  # end the progress line, so the messages below start on their own
         if writer:
-            kept = writer.n_written > 0
+            kept = writer.n_written > 0 and not isinstance(sys.exc_info()[1], ReplayMismatch)
             writer.abort(keep=kept)
             if kept:
                 sinks.info(f"base: stopped; {writer.n_written} chunks kept in {writer.out.tmp_path}; "
