@@ -55,6 +55,17 @@ def _publish(directory: str, key: str, kind: str, payload: bytes) -> None:
         f.abort()
 
 
+def _publish_or_log(spec: dict, kind: str, payload: bytes) -> None:
+    """A served request's result into its exchange directory. Failing to write it must not stop
+    vLLM's step: the client then finds no result and says so; the server's log says why."""
+    try:
+        _publish(spec["out"], spec["key"], kind, payload)
+    except Exception as e:
+        import logging
+
+        logging.getLogger("kldtool").error("kldtool: cannot write %s's result to %s: %s", spec["key"], spec["out"], e)
+
+
 def _npz(arrays: dict[str, np.ndarray]) -> bytes:
     buf = io.BytesIO()
     np.savez(buf, **arrays)
@@ -102,7 +113,7 @@ class WorkerState:
     def on_step(self, spec: dict, prompt, start: int, n_computed: int, logits_fn) -> None:
         if spec.get("mode") == "probe":
             if self.keeps and start == 0:
-                _publish(spec["out"], spec["key"], "json", json.dumps(self.info).encode())
+                _publish_or_log(spec, "json", json.dumps(self.info).encode())
             return
         first, n_scored = spec["first"], spec["n_scored"]
         lo, hi = max(start, first), min(start + n_computed, first + n_scored)
@@ -127,15 +138,10 @@ class WorkerState:
     def _complete(self, spec: dict) -> None:
         res = self.results.pop(spec["key"])
         out = self._finish(res)
-        try:
-            if "error" in out:
-                _publish(spec["out"], spec["key"], "err", out["error"].encode())
-            else:
-                _publish(spec["out"], spec["key"], "npz", _npz(res.arrays))
-        except Exception as e:  # the client finds no result and says so; the server's log says why
-            import logging
-
-            logging.getLogger("kldtool").error("kldtool: cannot write %s's result to %s: %s", spec["key"], spec["out"], e)
+        if "error" in out:
+            _publish_or_log(spec, "err", out["error"].encode())
+        else:
+            _publish_or_log(spec, "npz", _npz(res.arrays))
 
     def _consume(self, spec: dict, prompt, lo: int, hi: int, logits, res: _RequestResult) -> None:
         import torch
