@@ -110,6 +110,12 @@ class ContextTooLong(MismatchError):
     exit_code = 22
 
 
+class HeadMismatch(MismatchError):
+    """An external output head (``base --head external``) whose hash is not the file's."""
+
+    exit_code = 23
+
+
 class TextTooShort(CorpusError):
     exit_code = 30
 

@@ -32,7 +32,10 @@ def base(
     frame_rows: Optional[int] = FRAME_ROWS,
     store: str = typer.Option("logprobs", "--store", help="logprobs (every scored position's full row) or hidden "
                                                           "(its final hidden state, and the output head once: "
-                                                          "30-85x smaller; transformers engine)."),
+                                                          "30-85x smaller; transformers, llamacpp and python engines)."),
+    head: str = typer.Option("inline", "--head", help="--store hidden: inline (the output head stored once in the "
+                                                      "file) or external (only its model's path and sha256: compare "
+                                                      "reads it from that model)."),
     replay_tolerance: float = typer.Option(1e-5, "--replay-tolerance", help="--store hidden: the largest mean KLD "
                                                                             "(nats) between the engine's logits and "
                                                                             "those replayed from the file's first "
@@ -61,7 +64,7 @@ def base(
     except ValueError as e:
         raise UsageError(f"--clamp: {e}") from None
     check_layout(fmt, spec.name, top, clamp, frame_rows)  # before the model loads
-    check_store(store, fmt, top, replay_tolerance)
+    check_store(store, fmt, top, replay_tolerance, head)
     text = corpus_of(corpus)
     eng = open_engine(run, model, longest(spec))
     try:
@@ -69,7 +72,7 @@ def base(
             raise UsageError("--resume needs --kl-divergence-base FILE (the base file to continue)")
         result = run_base(eng, text, spec, scoring.chunks, out, fmt, codec=codec, resume=resume, force=scoring.force,
                           keep=top, clamp=clamp, frame_rows=frame_rows, store=store,
-                          replay_tolerance=replay_tolerance)
+                          replay_tolerance=replay_tolerance, head=head)
     finally:
         eng.close()
     if json_out:
@@ -143,6 +146,11 @@ def compare(
     noise_floor: Optional[str] = typer.Option(None, "--noise-floor", help="A `kldtool noise-floor --json` result "
                                                                           "of this base file: also print the mean "
                                                                           "KLD as a multiple of that floor."),
+    head_from: Optional[str] = typer.Option(None, "--head-from", help="A hidden-state file written with --head "
+                                                                      "external: read its output head from this "
+                                                                      "model (GGUF or checkpoint directory) instead "
+                                                                      "of the path the file names; its sha256 must "
+                                                                      "match."),
     run=None, boot=None,
 ):
     """Phase 2: run a model over a base file's tokens and print llama-perplexity's KLD statistics."""
@@ -159,6 +167,7 @@ def compare(
     reader = open_base_file(base_file)
     try:
         floor = load_floor(noise_floor, reader) if noise_floor else None
+        reader.use_head(head_from)  # an external head is found and checked now, before the model runs
         check_protocol_flags(reader, protocol, ctx_size, stride, lengths)
         span = parse_chunk_range(chunk_range, chunks, reader.header.n_chunk, base_file)
         if file is not None:

@@ -94,9 +94,20 @@ class Engine(ABC):
         """The output head as this engine applies it (logitsfile/hidden.py's OutputHead)."""
         raise UsageError(self._no_hidden())
 
+    def head_source(self) -> str:
+        """Where ``compare`` finds this engine's output head again (``base --head external``):
+        the model's absolute path."""
+        import os
+
+        path = self.describe().get("model")
+        if not path or not os.path.exists(path):
+            raise UsageError(f"--head external: the {self.name} engine's model is not a file or directory "
+                             f"({path!r}) that compare could read the head from; store it in the file (--head inline)")
+        return os.path.abspath(path)
+
     def _no_hidden(self) -> str:
         return (f"--store hidden: the {self.name} engine does not give its final hidden states and output head "
-                f"(the transformers engine does); use --store logprobs")
+                f"(the transformers, llamacpp and vllm engines do); use --store logprobs")
 
     def nll(self, windows: list[Window]) -> list[np.ndarray]:
         """Score mode: per window, the float32 NLL of each target (full-vocabulary normalisation)."""

@@ -172,6 +172,44 @@ class LlamaCppEngine(Engine):
                     yield s, done, rows
                     done += len(rows)
 
+    def hidden_blocks(self, windows: list[Window]):
+        """The final norm's output (llama.cpp's embeddings with no pooling) beside the logits.
+        With embeddings on, llama.cpp outputs every token of a batch, so each decode's scored
+        rows are picked here; windows that fit a batch still go in together, as for logits."""
+        import torch
+
+        lib, n_ctx = self.lib, len(windows[0].tokens)
+        self._ensure_context(n_ctx)
+        dim = int(lib.llama_model_n_embd(self.model))
+        packed = n_ctx <= self.n_batch
+        lib.llama_set_embeddings(self.ctx, True)
+        try:
+            for seqs in ([list(range(len(windows)))] if packed else [[s] for s in range(len(windows))]):
+                lib.llama_memory_clear(lib.llama_get_memory(self.ctx), True)
+                for a in range(0, n_ctx, self.n_batch):
+                    b = min(a + self.n_batch, n_ctx)
+                    items = [(int(windows[s].tokens[k]), k, j, True) for j, s in enumerate(seqs) for k in range(a, b)]
+                    logits = self._decode(items)
+                    emb = np.ctypeslib.as_array(lib.llama_get_embeddings(self.ctx), shape=(len(items), dim))
+                    for j, s in enumerate(seqs):
+                        w = windows[s]
+                        lo, hi = max(a, w.first), min(b, w.first + w.n_scored)
+                        if lo < hi:
+                            rows = slice(j * (b - a) + lo - a, j * (b - a) + hi - a)
+                            yield s, lo - w.first, torch.from_numpy(emb[rows].copy()), logits[rows]
+        finally:
+            lib.llama_set_embeddings(self.ctx, False)
+
+    def output_head(self):
+        from kldtool.logitsfile.ggml_head import gguf_head
+        from kldtool.logitsfile.hidden import OutputHead
+
+        head = gguf_head(self.model_path)
+        if head["shape"][1] != int(self.lib.llama_model_n_embd(self.model)):
+            raise EngineError(f"{self.model_path}: its head {head['name']} takes {head['shape'][1]} inputs, the model's "
+                              f"final norm gives {int(self.lib.llama_model_n_embd(self.model))}")
+        return OutputHead(head["data"], None, head["multiplier"], head["softcap"], head["type"], head["shape"])
+
     def describe(self) -> dict:
         import llama_cpp
 

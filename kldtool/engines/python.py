@@ -10,6 +10,12 @@ The factory is called with no arguments and returns an object with
   window, given the state the previous block returned (None before the first). A window
   longer than ``-b`` tokens then runs block by block with its state carried, so a
   recurrent model scores a 16k-token document in memory that does not grow with it;
+- optionally ``hidden(ids)`` and ``head`` for ``base --store hidden``: the final hidden states
+  (batch, seq, d) that the output head turns into those logits, and the head itself (an
+  ``nn.Linear``, or any object with ``weight`` (vocab x d) and an optional ``bias``), with
+  optional ``logit_multiplier`` and ``logit_softcap`` on the factory's object for what the
+  model does to the head's output (``cap * tanh(multiplier * logits / cap)``). The logits still
+  come from ``logits(ids)``, and the replay probe checks the head against them;
 - optionally ``bos_id`` (put first in every tokenized text, and replaced at chunk starts as
   llama.cpp does), ``prefix_id`` (the token before each document under ``--protocol
   rolling``; default ``bos_id``), ``n_ctx_train`` and ``name``.
@@ -70,6 +76,7 @@ class PythonEngine(Engine):
         self.fn = getattr(obj, "logits", None) or (obj if callable(obj) else None)
         if self.fn is None:
             raise EngineError(f"--model {spec}: the factory's object has no logits(ids) and is not callable")
+        self.obj = obj
         self.step = getattr(obj, "step", None)
         if self.step is not None and not callable(self.step):
             raise EngineError(f"--model {spec}: the factory's object has a step that is not callable")
@@ -142,6 +149,38 @@ class PythonEngine(Engine):
                 lg, state = self._checked(got[0], ids[:, a:b], "step")[0], got[1]
                 if lo < b:
                     yield 0, lo - w.first, lg[lo - a:]
+
+    def hidden_blocks(self, windows: list[Window]):
+        import torch
+
+        hidden = getattr(self.obj, "hidden", None)
+        if not callable(hidden):
+            raise UsageError(self._no_hidden())
+        ids = torch.from_numpy(np.stack([w.tokens for w in windows]).astype(np.int64))
+        with torch.inference_mode():
+            h, out = hidden(ids), self._forward(ids)
+        if not isinstance(h, torch.Tensor) or h.dim() != 3 or tuple(h.shape[:2]) != tuple(ids.shape):
+            got = tuple(h.shape) if isinstance(h, torch.Tensor) else type(h).__name__
+            raise EngineError(f"--model {self.spec}: hidden(ids of shape {tuple(ids.shape)}) returned {got}, "
+                              f"expected (batch, seq, d)")
+        first, n_scored = windows[0].first, windows[0].n_scored
+        for i in range(len(windows)):
+            yield i, 0, h[i, first:first + n_scored], out[i, first:first + n_scored]
+
+    def output_head(self):
+        from kldtool.logitsfile.hidden import OutputHead
+
+        head = getattr(self.obj, "head", None)
+        weight = getattr(head, "weight", None)
+        if not callable(getattr(self.obj, "hidden", None)) or weight is None:
+            raise UsageError(self._no_hidden())
+        bias = getattr(head, "bias", None)
+        return OutputHead(weight.detach().cpu(), None if bias is None else bias.detach().cpu(),
+                          getattr(self.obj, "logit_multiplier", None), getattr(self.obj, "logit_softcap", None))
+
+    def _no_hidden(self) -> str:
+        return (f"--store hidden: the factory's object of --model {self.spec} has no hidden(ids) and head "
+                f"(see --engine python in docs/protocols.md); use --store logprobs")
 
     def describe(self) -> dict:
         import torch

@@ -111,14 +111,12 @@ class TransformersEngine(Engine):
             hook.remove()
 
     def output_head(self):
+        from kldtool.logitsfile.head_source import head_transforms
         from kldtool.logitsfile.hidden import OutputHead
 
-        lm, cfg = self.model.get_output_embeddings(), self.model.config
-        text = getattr(cfg, "get_text_config", lambda: cfg)()
-        scale, scaling = getattr(text, "logit_scale", None), getattr(text, "logits_scaling", None)
-        multiplier = scale if scale not in (None, 1.0) else (1.0 / scaling if scaling not in (None, 1.0) else None)
+        lm = self.model.get_output_embeddings()
         return OutputHead(lm.weight.detach().cpu(), None if lm.bias is None else lm.bias.detach().cpu(),
-                          multiplier, getattr(text, "final_logit_softcapping", None))
+                          *head_transforms(self.model.config))
 
     def describe(self) -> dict:
         return {"engine": self.name, "model": self.model_path, "dtype": self.dtype, "device": self.device,

@@ -39,7 +39,7 @@ import numpy as np
 import zstandard
 
 from kldtool.codec import DEFAULT_CLAMP, HEADER_SLOTS, Coding, check_clamp
-from kldtool.errors import CorruptData, IncompleteFile, MetadataError, NotABaseFile, RowLayoutError, TruncatedHeader
+from kldtool.errors import CorruptData, HeadMismatch, IncompleteFile, MetadataError, NotABaseFile, RowLayoutError, TruncatedHeader
 from kldtool.logitsfile import hidden as hidden_states
 from kldtool.logitsfile.frames import FrameLayout, default_frame_rows
 from kldtool.logitsfile.header import BaseHeader
@@ -196,27 +196,50 @@ class ContainerReader(BaseFileReader):
             if dtype not in hidden_states.DTYPES or not 0 < dim <= 1 << 16:
                 raise ValueError(f"dim {dim}, dtype {dtype!r}")
             v, d = (int(x) for x in head["shape"])
-            if head["dtype"] not in hidden_states.DTYPES or d != dim or v < self.header.n_vocab:
+            if not hidden_states.is_head_dtype(head["dtype"]) or d != dim or v < self.header.n_vocab:
                 raise ValueError(f"head of shape {head['shape']} and dtype {head['dtype']!r} for hidden states of "
                                  f"{dim} and a vocabulary of {self.header.n_vocab}")
-            offset, length = int(head["offset"]), int(head["length"])
+            external = head.get("external")
+            offset, length = (frames_end if external else int(head["offset"])), int(head["length"])
             if length != hidden_states.expected_head_length(head):
                 raise ValueError(f"head section of {length} bytes, its shape needs "
                                  f"{hidden_states.expected_head_length(head)}")
+            if external is not None and not isinstance(external, str):
+                raise ValueError(f"external head source {external!r}")
             str(head["sha256"])
         except (KeyError, TypeError, ValueError) as e:
             self._fail(f"hidden-state container with unusable 'hidden'/'head' metadata: {e}", MetadataError)
-        if offset < frames_end or offset + length != index_offset:
+        if offset < frames_end or offset + (0 if external else length) != index_offset:
             self._fail(f"head section at offset {offset}, {length} bytes, does not lie between the last frame "
                        f"({frames_end}) and the index ({index_offset})", CorruptData)
         self.hidden = {"dim": dim, "dtype": dtype, "itemsize": hidden_states.DTYPES[dtype][1]}
         self.replayer = hidden_states.Replayer(self._read_head)
+        self.head_source = None  # --head-from: where an external head is now
         self.coding = Coding(self.metadata.get("codec", "grid"), self.header.clamp)
+
+    def use_head(self, source: str | None) -> None:
+        """A hidden-state file whose head is external: read it (from ``source`` if given, else
+        the model the file names) and check its hash now, not at the first replay."""
+        if self.transform != HIDDEN or not self.metadata["head"].get("external"):
+            return super().use_head(source)
+        self.head_source = source
+        self.replayer.head()
 
     def _read_head(self) -> "hidden_states.OutputHead":
         import hashlib
 
         head = self.metadata["head"]
+        if head.get("external"):
+            from kldtool.logitsfile.head_source import load_head
+
+            source = self.head_source or head["external"]
+            loaded = load_head(source, head)
+            got = loaded.describe(loaded.section())
+            if (got["sha256"], got["dtype"], got["shape"]) != (head["sha256"], head["dtype"], head["shape"]):
+                self._fail(f"the output head of {source} ({got['dtype']} {got['shape']}, sha256 {got['sha256'][:16]}...) "
+                           f"is not the one this file was written with ({head['dtype']} {head['shape']}, sha256 "
+                           f"{head['sha256'][:16]}...)", HeadMismatch)
+            return loaded
         data = os.pread(self.fd, head["length"], head["offset"])
         if len(data) != head["length"] or hashlib.sha256(data).hexdigest() != head["sha256"]:
             self._fail(f"output head at offset {head['offset']} does not match its sha256 in the metadata "
@@ -224,11 +247,13 @@ class ContainerReader(BaseFileReader):
         return hidden_states.OutputHead.from_section(data, head)
 
     def _replay_rows(self, hidden):
-        """int16 rows (on ``hidden``'s device) of the base logits replayed from hidden states."""
-        from kldtool.codec import encode_torch
+        """Rows of the base logits replayed from hidden states: uint16 numpy rows from a numpy
+        array (a GGUF head on the host, without torch), else int16 rows on ``hidden``'s device."""
+        from kldtool.codec import encode_np, encode_torch
 
         logits = self.replayer.logits(hidden)[:, :self.header.n_vocab]  # a padded head's extra rows
-        return encode_torch(logits, self.coding.codec, self.coding.clamp)[0]
+        encode = encode_np if isinstance(logits, np.ndarray) else encode_torch
+        return encode(logits, self.coding.codec, self.coding.clamp)[0]
 
     def _clamp(self, value) -> float:
         """The clamp window a container's metadata records (absent: llama.cpp's 16 nats)."""
@@ -282,6 +307,9 @@ class ContainerReader(BaseFileReader):
         if self.transform == HIDDEN:
             from kldtool.codec import rows_to_numpy
 
+            if hidden_states.ggml_head.is_ggml(self.metadata["head"]["dtype"]):
+                n, d = self.frames.span(frame.index)[2], self.hidden["dim"]
+                return self._replay_rows(np.frombuffer(frame.data, dtype="<f4").reshape(n, d))
             return rows_to_numpy(self._replay_rows(self._hidden_of(frame.data, frame.index)))
         try:
             return _from_frame_bytes(frame.data, self.transform, (self.frames.span(frame.index)[2],
@@ -341,6 +369,7 @@ class ContainerWriter(ResumableWriter):
         self.level = level
         self.transform = HIDDEN if (metadata or {}).get("hidden") else (TOPK if header.keep else transform)
         self.head = None  # hidden states: the OutputHead, stored by finish
+        self.head_source = None  # ... or only named, with its hash (--head external)
         self.frame_rows = default_frame_rows(header.row_width) if frame_rows is None else frame_rows
         if not 0 <= self.frame_rows <= MAX_FRAME_ROWS:
             raise ValueError(f"{self.frame_rows} rows per frame: expected 0 .. {MAX_FRAME_ROWS}")
@@ -434,8 +463,11 @@ class ContainerWriter(ResumableWriter):
             if self.head is None:
                 raise ValueError("a hidden-state container needs its output head before it is finished")
             section = self.head.section()
-            self.metadata["head"] = self.head.describe(section) | {"offset": self.out.tell()}
-            self.out.write(section)
+            if self.head_source:  # --head external: the model is named, the head hashed, nothing stored
+                self.metadata["head"] = self.head.describe(section) | {"external": self.head_source}
+            else:
+                self.metadata["head"] = self.head.describe(section) | {"offset": self.out.tell()}
+                self.out.write(section)
         index = np.array(self.index, dtype="<u8").tobytes()
         meta = json.dumps(self.metadata, sort_keys=True).encode("utf-8")
         index_offset = self.out.tell()

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from kldtool.logitsfile import ggml_head
+
 # Stored hidden-state dtypes: their item size and how their bytes are viewed (bf16 as raw uint16).
 DTYPES = {"float32": ("<f4", 4), "float16": ("<f2", 2), "bfloat16": ("<u2", 2)}
 
@@ -57,58 +59,100 @@ def from_raw(data, dtype: str, shape, device=None):
 @dataclass
 class OutputHead:
     """The output head as the engine applies it. ``weight`` (V x d) and ``bias`` are host tensors
-    in the engine's dtype; ``multiplier`` scales the logits, then ``softcap`` bounds them
-    (``cap * tanh(logits / cap)``)."""
+    in the engine's dtype, or, for llama.cpp (``ggml`` set to the GGUF tensor's type), ``weight``
+    is that tensor's bytes (ggml_head.py) and the product is replayed as ggml computes it.
+    ``multiplier`` scales the logits, then ``softcap`` bounds them (``cap * tanh(logits / cap)``)."""
 
     weight: object
     bias: object = None
     multiplier: float | None = None
     softcap: float | None = None
+    ggml: str | None = None
+    shape: tuple[int, int] | None = None  # (V, d), given with ``ggml`` (the bytes do not say)
+
+    def __post_init__(self):
+        if self.ggml is None:
+            self.shape = tuple(int(x) for x in self.weight.shape)
+        self._matrix = None
 
     @property
     def dtype(self) -> str:
-        return str(self.weight.dtype).removeprefix("torch.")
+        return ggml_head.PREFIX + self.ggml if self.ggml else str(self.weight.dtype).removeprefix("torch.")
+
+    @property
+    def state_dtype(self) -> str:
+        """The dtype the engine computes the head's input in: the stored hidden states'."""
+        return "float32" if self.ggml else self.dtype
+
+    def matrix(self):
+        """The weight the product uses: the tensor itself, or a GGUF head's float32 dequantized
+        (a numpy array: the host replays it without torch)."""
+        if self._matrix is None:
+            self._matrix = ggml_head.dequantize(self.weight, self.ggml, self.shape) if self.ggml else self.weight
+        return self._matrix
 
     def section(self) -> bytes:
-        """The bytes stored once per file: the weight, then the bias (same dtype)."""
-        parts = [raw_array(self.weight).tobytes()]
+        """The bytes stored once per file: the weight, then the bias (float32 beside a GGUF
+        head, else the weight's dtype)."""
+        parts = [np.asarray(self.weight).tobytes() if self.ggml else raw_array(self.weight).tobytes()]
         if self.bias is not None:
-            parts.append(raw_array(self.bias.to(self.weight.dtype)).tobytes())
+            parts.append(np.asarray(self.bias, dtype="<f4").tobytes() if self.ggml
+                         else raw_array(self.bias.to(self.weight.dtype)).tobytes())
         return b"".join(parts)
 
     def describe(self, section: bytes) -> dict:
-        return {"dtype": self.dtype, "shape": list(self.weight.shape), "bias": self.bias is not None,
+        return {"dtype": self.dtype, "shape": list(self.shape), "bias": self.bias is not None,
                 "multiplier": self.multiplier, "softcap": self.softcap, "length": len(section),
                 "sha256": hashlib.sha256(section).hexdigest()}
 
     @classmethod
     def from_section(cls, data: bytes, meta: dict) -> "OutputHead":
         v, d = meta["shape"]
-        _, item = DTYPES[meta["dtype"]]
-        weight = from_raw(data[:v * d * item], meta["dtype"], (v, d))
-        bias = from_raw(data[v * d * item:], meta["dtype"], (v,)) if meta["bias"] else None
-        return cls(weight, bias, meta.get("multiplier"), meta.get("softcap"))
+        dtype = meta["dtype"]
+        n = weight_bytes(dtype, v, d)
+        if ggml_head.is_ggml(dtype):
+            weight, ggml = np.frombuffer(data, dtype=np.uint8, count=n), dtype[len(ggml_head.PREFIX):]
+            bias = np.frombuffer(data, dtype="<f4", count=v, offset=n) if meta["bias"] else None
+        else:
+            weight, ggml = from_raw(data[:n], dtype, (v, d)), None
+            bias = from_raw(data[n:], dtype, (v,)) if meta["bias"] else None
+        return cls(weight, bias, meta.get("multiplier"), meta.get("softcap"), ggml, (v, d))
+
+    def apply(self, hidden, weight, bias):
+        """float32 logits of ``hidden`` (n x d) through ``weight`` and ``bias`` (this head's
+        :meth:`matrix` and bias, where ``hidden`` lies: numpy arrays on the host for a GGUF head,
+        else torch tensors on its device), computed as the engine computed them: in the head's
+        own dtype (a bf16 model's logits are bf16 before anyone reads them as float32: replaying
+        them in float32 would differ from the engine by its rounding), or for a GGUF head on
+        activations rounded as ggml rounds them."""
+        if self.ggml:
+            logits = ggml_head.round_activations(hidden, self.ggml) @ weight.T
+        else:
+            logits = hidden.to(weight.dtype) @ weight.T
+        if bias is not None:
+            logits += bias
+        if self.multiplier is not None:
+            logits *= self.multiplier
+        if self.softcap is not None:
+            tanh = np.tanh if isinstance(logits, np.ndarray) else type(logits).tanh
+            logits = tanh(logits / self.softcap) * self.softcap
+        return logits.astype(np.float32, copy=False) if isinstance(logits, np.ndarray) else logits.float()
+
+
+def weight_bytes(dtype: str, v: int, d: int) -> int:
+    if ggml_head.is_ggml(dtype):
+        return v * ggml_head.row_bytes(dtype[len(ggml_head.PREFIX):], d)
+    return v * d * DTYPES[dtype][1]
 
 
 def expected_head_length(meta: dict) -> int:
     v, d = meta["shape"]
-    return (v * d + (v if meta["bias"] else 0)) * DTYPES[meta["dtype"]][1]
+    bias_item = 4 if ggml_head.is_ggml(meta["dtype"]) else DTYPES[meta["dtype"]][1]
+    return weight_bytes(meta["dtype"], v, d) + (v * bias_item if meta["bias"] else 0)
 
 
-def apply_head(hidden, weight, bias, multiplier, softcap):
-    """float32 logits of ``hidden`` (n x d) through the head, computed in the head's own dtype
-    as the engine computed them (a bf16 model's logits are bf16 before anyone reads them as
-    float32: replaying them in float32 would differ from the engine by its rounding)."""
-    import torch
-
-    logits = hidden.to(weight.dtype) @ weight.T
-    if bias is not None:
-        logits += bias
-    if multiplier is not None:
-        logits *= multiplier
-    if softcap is not None:
-        logits = torch.tanh(logits / softcap) * softcap
-    return logits.to(torch.float32)
+def is_head_dtype(dtype: str) -> bool:
+    return dtype in DTYPES or ggml_head.is_ggml(dtype)
 
 
 class Replayer:
@@ -123,40 +167,64 @@ class Replayer:
     def head(self) -> OutputHead:
         with self._lock:
             if self._head is None:
-                self._head = self._load()
+                head = self._load()
+                head.matrix()  # a GGUF head's dequantization, once
+                self._head = head
             return self._head
 
+    def warm(self) -> None:
+        """Load the head (and torch) on a thread while the engine computes its first batch; the
+        first replay waits for it, and meets any error it had."""
+        threading.Thread(target=self._warm, name="kldtool-head-warm-up", daemon=True).start()
+
+    def _warm(self) -> None:
+        try:
+            self.head()
+        except Exception:  # the first replay loads it again and reports what failed
+            pass
+
     def logits(self, hidden):
-        key = str(hidden.device)
+        """float32 logits of ``hidden``: a numpy array (a GGUF head's replay on the host) or a
+        torch tensor on its device, the head's weight moved there once."""
         head = self.head()
+        if isinstance(hidden, np.ndarray):
+            return head.apply(hidden, head.matrix(), head.bias)
+        import torch
+
+        key = str(hidden.device)
         with self._lock:
             if key not in self._on:
-                self._on[key] = (head.weight.to(hidden.device),
-                                 None if head.bias is None else head.bias.to(hidden.device))
+                self._on[key] = tuple(None if t is None else torch.as_tensor(t).to(hidden.device)
+                                      for t in (head.matrix(), head.bias))
             w, b = self._on[key]
-        return apply_head(hidden, w, b, head.multiplier, head.softcap)
+        return head.apply(hidden, w, b)
 
 
 class ReplayProbe:
     """The base phase's check of its own file: the engine's logits against those replayed from
-    the hidden states it stores, as KLD(engine || replay) in float64 and the largest |Δlogit|."""
+    the hidden states it stores, as KLD(engine || replay) in float64 and the largest |Δlogit|,
+    over the blocks of the first ``chunks`` windows it is offered."""
 
     def __init__(self, head: OutputHead, chunks: int):
-
-        self.chunks_left = chunks
         self.head = head
+        self.limit = chunks
+        self.windows: set[int] = set()
         self.sum = 0.0
         self.count = 0
         self.kld_max = 0.0
         self.dlogit_max = 0.0
-        self.chunks = 0
 
-    def add(self, stored_hidden, logits) -> None:
+    def offer(self, window: int, stored_hidden, logits) -> None:
+        if window not in self.windows:
+            if len(self.windows) == self.limit:
+                return
+            self.windows.add(window)
         import torch
 
         h = self.head
-        replay = apply_head(stored_hidden.cpu(), h.weight, h.bias, h.multiplier, h.softcap)
-        ref = logits.detach().cpu().to(torch.float64)
+        stored = stored_hidden.cpu()
+        replay = torch.as_tensor(h.apply(stored.numpy() if h.ggml else stored, h.matrix(), h.bias))
+        ref = torch.as_tensor(logits).detach().cpu().to(torch.float64)
         lp, lq = torch.log_softmax(ref, dim=1), torch.log_softmax(replay.to(torch.float64), dim=1)
         kld = (lp.exp() * (lp - lq)).sum(dim=1)
         self.sum += float(kld.sum())
@@ -166,5 +234,5 @@ class ReplayProbe:
 
     def result(self) -> dict:
         mean = self.sum / self.count if self.count else math.nan
-        return {"chunks": self.chunks, "tokens": self.count, "kld_mean": mean, "kld_max": self.kld_max,
+        return {"chunks": len(self.windows), "tokens": self.count, "kld_mean": mean, "kld_max": self.kld_max,
                 "max_abs_dlogit": self.dlogit_max}

@@ -17,7 +17,27 @@ def iter_chunks(reader, indices: Iterable[int], ahead: int = 4, threads: int = 2
                 read=None) -> Iterator[tuple[int, np.ndarray]]:
     """Yield (index, read(index)) in order, keeping up to ``ahead`` reads in flight; ``read``
     (default ``reader.read_chunk``: whole chunks) is what the threads call per index."""
-    read = read or reader.read_chunk
+    for i, fut in submitted(indices, ahead, threads, read or reader.read_chunk):
+        yield i, fut.result()
+
+
+class _OnDemand:
+    """A read done when its result is asked for, in the asking thread."""
+
+    def __init__(self, read, index: int):
+        self.read, self.index = read, index
+
+    def result(self):
+        return self.read(self.index)
+
+
+def submitted(indices: Iterable[int], ahead: int, threads: int, read) -> Iterator[tuple[int, object]]:
+    """(index, future of read(index)) in order, up to ``ahead`` reads in flight: the first
+    ``next`` submits the first ``ahead`` reads and returns without waiting for any. With no
+    threads, each read is done when its result is asked for."""
+    if threads == 0:
+        yield from ((i, _OnDemand(read, i)) for i in indices)
+        return
     indices = iter(indices)
     with ThreadPoolExecutor(max_workers=threads) as pool:
         queue: deque = deque()
@@ -30,7 +50,7 @@ def iter_chunks(reader, indices: Iterable[int], ahead: int = 4, threads: int = 2
             nxt = next(indices, None)
             if nxt is not None:
                 queue.append((nxt, pool.submit(read, nxt)))
-            yield i, fut.result()
+            yield i, fut
 
 
 def prefetch_plan(frame_nbytes: int, cpus: int | None = None, budget: int = 2 << 30) -> tuple[int, int]:
@@ -74,18 +94,33 @@ class PrefetchedChunks:
         self.frames = reader.frames
         read, self._to_torch = _loader(reader, device)
         plan_ahead, plan_threads = prefetch_plan(reader.frame_nbytes)
+        if getattr(reader, "replayer", None) is not None and (device is None or str(device).startswith("cpu")):
+            # Replaying hidden states is compute, not I/O: beside an engine that keeps every core
+            # busy (llama.cpp's threads spin while they wait for each other) it would only slow
+            # both down, so on the host each frame is replayed when the engine asks for it.
+            plan_threads = 0
+            reader.replayer.warm()
         frames = (k for i in indices for k in self.frames.of_chunk(i))
-        self._it = iter_chunks(reader, frames, ahead=ahead or plan_ahead, threads=threads or plan_threads, read=read)
+        self._it = submitted(frames, ahead or plan_ahead, threads or plan_threads, read)
+        # The first reads start now, beside the engine's first forward rather than after it (a
+        # hidden-state file's first frames also load its head there).
+        self._next = next(self._it, None)
         self._held: tuple | None = None  # (frame, rows): the last frame, which the next block may share
+
+    def _pop(self) -> tuple[int, object]:
+        if self._next is None:
+            raise StopIteration
+        got, self._next = self._next, next(self._it, None)
+        return got
 
     def _frame(self, k: int, convert):
         if self._held is None or self._held[0] != k:
-            got, item = next(self._it)
+            got, fut = self._pop()
             while got < k:  # a frame no block asked for (never, when every row is scored)
-                got, item = next(self._it)
+                got, fut = self._pop()
             if got != k:
                 raise RuntimeError(f"frame {k} asked for out of order (next is {got})")
-            self._held = (k, convert(item))
+            self._held = (k, convert(fut.result()))
         return self._held[1]
 
     def _parts(self, index: int, start: int, stop: int | None, convert) -> list:

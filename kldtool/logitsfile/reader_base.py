@@ -9,7 +9,7 @@ from typing import NamedTuple
 import numpy as np
 
 from kldtool.codec import rows_to_torch
-from kldtool.errors import BaseFileError, CorruptData
+from kldtool.errors import BaseFileError, CorruptData, UsageError
 from kldtool.logitsfile.frames import FrameLayout
 from kldtool.logitsfile.header import BaseHeader
 
@@ -57,6 +57,11 @@ class BaseFileReader:
 
     def _parse(self) -> None:
         raise NotImplementedError
+
+    def use_head(self, source: str | None) -> None:
+        """``compare --head-from``: only a hidden-state file with an external head takes one."""
+        if source:
+            raise UsageError(f"--head-from {source}: {self.path} does not name an external output head")
 
     def _fail(self, msg: str, cls: type[BaseFileError] = BaseFileError):
         raise cls(f"{self.path}: {msg}")

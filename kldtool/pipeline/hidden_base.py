@@ -11,15 +11,21 @@ from kldtool.errors import ReplayMismatch, UsageError
 from kldtool.logitsfile.hidden import DTYPES, ReplayProbe, raw_array, torch_dtype
 
 STORES = ("logprobs", "hidden")
+HEADS = ("inline", "external")
 DEFAULT_TOLERANCE = 1e-5  # nats of mean KLD between the engine's logits and the replayed ones
 PROBE_CHUNKS = 2
 
 
-def check_store(store: str, fmt: str, keep: int | None, tolerance: float = DEFAULT_TOLERANCE) -> None:
+def check_store(store: str, fmt: str, keep: int | None, tolerance: float = DEFAULT_TOLERANCE,
+                head: str = "inline") -> None:
     """The storage flags on their own, before any model loads."""
     if store not in STORES:
         raise UsageError(f"--store {store!r}: expected one of {', '.join(STORES)}")
+    if head not in HEADS:
+        raise UsageError(f"--head {head!r}: expected one of {', '.join(HEADS)}")
     if store != "hidden":
+        if head != "inline":
+            raise UsageError("--head external names the output head of a hidden-state file: add --store hidden")
         return
     if fmt != "kldtool":
         raise UsageError("--store hidden: only kldtool's container holds hidden states; use --format kldtool")
@@ -30,34 +36,31 @@ def check_store(store: str, fmt: str, keep: int | None, tolerance: float = DEFAU
 
 
 class HiddenStore:
-    def __init__(self, engine, fmt: str, keep: int | None, tolerance: float = DEFAULT_TOLERANCE):
-        check_store("hidden", fmt, keep, tolerance)
+    """The base phase's side of a hidden-state file (the flags were checked by check_store)."""
+
+    def __init__(self, engine, tolerance: float = DEFAULT_TOLERANCE, head: str = "inline"):
         self.head = engine.output_head()
+        self.source = None
+        if head == "external":  # the file names the model; compare reads the head from it and checks its hash
+            self.source = engine.head_source()
         if self.head.dtype == "float64":  # a float64 reference run, stored at float32: its floor shows the cost
             b = self.head.bias
             self.head = replace(self.head, weight=self.head.weight.float(), bias=None if b is None else b.float())
-        if self.head.dtype not in DTYPES:
+        if self.head.state_dtype not in DTYPES:
             raise UsageError(f"--store hidden: the output head's dtype {self.head.dtype} cannot be stored "
                              f"({', '.join(DTYPES)})")
-        self.dtype = torch_dtype(self.head.dtype)
+        self.dtype = torch_dtype(self.head.state_dtype)
         self.tolerance = tolerance
         self.probe = ReplayProbe(self.head, PROBE_CHUNKS)
-        self.metadata = {"store": "hidden", "hidden": {"dim": int(self.head.weight.shape[1]),
-                                                       "dtype": self.head.dtype}}
+        self.metadata = {"store": "hidden", "hidden": {"dim": self.head.shape[1], "dtype": self.head.state_dtype}}
 
     def blocks(self, engine, windows):
         """(window number, stored hidden rows, float32 NLL of each target) block by block, the
         first chunks' blocks checked against their logits on the way."""
-        probing = None
         for i, off, hidden, logits in engine.hidden_blocks(windows):
             w = windows[i]
             stored = hidden.to(self.dtype)
-            if self.probe.chunks_left and probing != w.index:
-                probing = w.index
-                self.probe.chunks_left -= 1
-                self.probe.chunks += 1
-            if probing == w.index:
-                self.probe.add(stored, logits)
+            self.probe.offer(w.index, stored, logits)
             yield i, raw_array(stored), target_nll(logits, w.targets[off:off + len(logits)])
         self.check()
 
@@ -70,5 +73,5 @@ class HiddenStore:
                                  f"{self.tolerance:g}: no file written")
 
     def finish(self, writer) -> dict:
-        writer.head = self.head
+        writer.head, writer.head_source = self.head, self.source
         return {"replay": self.probe.result() | {"tolerance": self.tolerance}}

@@ -92,12 +92,12 @@ def run_base(engine: Engine, corpus: Corpus, protocol: Protocol, chunks: int | N
              out_path: str | None, fmt: str = "kldtool", sinks: Sinks | None = None, codec: str | None = None,
              resume: bool = False, force: bool = False, keep: int | None = None,
              clamp: float = DEFAULT_CLAMP, frame_rows: int | None = None, store: str = "logprobs",
-             replay_tolerance: float = DEFAULT_TOLERANCE) -> dict:
+             replay_tolerance: float = DEFAULT_TOLERANCE, head: str = "inline") -> dict:
     sinks = sinks or Sinks()
     codec = codec or default_codec(fmt)
     coding = Coding(codec, clamp, keep)
-    check_store(store, fmt, keep, replay_tolerance)
-    hidden = HiddenStore(engine, fmt, keep, replay_tolerance) if store == "hidden" and out_path else None
+    check_store(store, fmt, keep, replay_tolerance, head)
+    hidden = HiddenStore(engine, replay_tolerance, head) if store == "hidden" and out_path else None
     t0 = time.time()
     plan = make_plan(engine, corpus, protocol, chunks, force)
     windows, n_chunk = plan.windows, len(plan.windows)
@@ -121,7 +121,7 @@ def run_base(engine: Engine, corpus: Corpus, protocol: Protocol, chunks: int | N
         "n_seq": n_seq,
     } | (hidden.metadata if hidden else {})
     settings = {"format": fmt, "codec": codec, "keep": keep, "clamp": clamp, "frame_rows": frame_rows,
-                **({"store": "hidden"} if hidden else {}),
+                **({"store": "hidden", "head": head} if hidden else {}),
                 "protocol": described, "n_seq": n_seq,
                 "model": model_identity(model), "tokenizer_identity": engine.tokenizer_identity()}
     ppl = PplAccumulator()

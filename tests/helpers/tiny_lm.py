@@ -30,9 +30,14 @@ class TinyRecurrentLM(torch.nn.Module):
                 p.copy_(torch.randn(p.shape, generator=g) * (1.5 / p.shape[-1] ** 0.5))
         self.tokenizer = ByteTokenizer()
         self.name = "tiny-gru"
+        self.logit_multiplier = 4.0  # what step() does to the head's output, for --store hidden
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         return self.step(ids, None)[0]
+
+    def hidden(self, ids: torch.Tensor) -> torch.Tensor:
+        """kldtool's hidden-state API: the head's input (``self.head`` is the output head)."""
+        return self.rnn(self.embed(ids))[0]
 
     def step(self, ids: torch.Tensor, state):
         """kldtool's step API: a block of a window, carrying the GRU's hidden state, so a
