@@ -63,6 +63,30 @@ def test_transformers_fp32_base_vs_vllm_fp32_in_one_and_three_pipeline_stages(hf
     assert pp["statistics"]["same_top_p"] == s["same_top_p"] and pp["statistics"]["count"] == s["count"]
 
 
+def test_hidden_states_and_the_head_gathered_from_three_tensor_parallel_ranks(fp32_dir, hf_base, tmp_path):
+    """base --store hidden on vLLM with its head in three vocabulary shards: the gathered head
+    is the checkpoint's tied embedding to the byte, the replay floor is below 1e-7, and a quant
+    compared against the file prints what it prints against transformers' fp32 row file."""
+    import hashlib
+
+    from safetensors import safe_open
+
+    hidden = tmp_path / "tp3-hidden.kldt"
+    run_cli("base", "--engine", "vllm", "-m", fp32_dir, "--dtype", "float32", "--tensor-parallel-size", 3,
+            "-f", WIKI, "-c", 128, "--chunks", 8, "--store", "hidden", "--kl-divergence-base", hidden)
+    info = json.loads(run_cli("info", "--json", hidden).stdout)
+    with safe_open(os.path.join(fp32_dir, "model.safetensors"), "pt") as st:
+        embed = st.get_tensor("model.embed_tokens.weight").float().numpy()
+    assert info["metadata"]["head"]["sha256"] == hashlib.sha256(embed.tobytes()).hexdigest()
+    print("vLLM fp32 TP3 replay floor:", info["replay_floor_kld_mean"], info["replay_max_abs_dlogit"])
+    assert info["replay_floor_kld_mean"] < 1e-7 and info["metadata"]["replay"]["tokens"] == 2 * 63
+    a = run_cli("compare", "--kl-divergence-base", hidden).stdout  # the built-in Q4_1 GGUF
+    b = run_cli("compare", "--kl-divergence-base", hf_base).stdout
+    pa, pb = printed(a), printed(b)
+    kld = [float(p["mean KLD"].split(" ± ")[0]) for p in (pa, pb)]
+    assert abs(kld[0] - kld[1]) <= 1e-4 * kld[1] and pa["same top %"] == pb["same top %"]
+
+
 def test_w8a8_same_in_process_multiprocess_and_tensor_parallel(hf_base, w8a8_dir, tmp_path):
     mp = compare_json(hf_base, tmp_path, "--engine", "vllm", "-m", w8a8_dir)
     inproc = compare_json(hf_base, tmp_path, "--engine", "vllm", "-m", w8a8_dir,

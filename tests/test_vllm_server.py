@@ -42,6 +42,17 @@ def test_served_base_file_is_transformers_fp32_and_ppl_agrees(fp32_server, tmp_p
     s = json.loads(j.read_text())["statistics"]
     print("transformers fp32 vs served fp32 base:", s["kld_mean"], s["same_top_p"])
     assert s["count"] == 8 * 63 and abs(s["kld_mean"]["value"]) < 1e-5 and s["same_top_p"]["value"] == 1.0
+    # Hidden states from the server's workers, the head read from its checkpoint by the client.
+    hidden = tmp_path / "served-hidden.kldt"
+    run_cli("base", "--server", fp32_server, "-f", WIKI, "-c", CTX, "--chunks", 4, "--store", "hidden",
+            "--kl-divergence-base", hidden)
+    info = json.loads(run_cli("info", "--json", hidden).stdout)
+    print("served fp32 replay floor:", info["replay_floor_kld_mean"])
+    assert info["replay_floor_kld_mean"] < 1e-7 and info["hidden"] == "576 x float32"
+    j = tmp_path / "h.json"
+    run_cli("compare", "--kl-divergence-base", hidden, "--engine", "transformers", "--dtype", "float32", "--json", j)
+    h = json.loads(j.read_text())["statistics"]
+    assert h["count"] == 4 * 63 and abs(h["kld_mean"]["value"]) < 1e-5 and h["same_top_p"]["value"] == 1.0
 
 
 def test_served_shards_merge_to_one_served_run_and_hidden_states_replay_in_the_worker(fp32_server, hf_base, tmp_path):

@@ -85,9 +85,12 @@ class Engine(ABC):
             rows, nll = encode_base_rows(lg, windows[i].targets[off:off + len(lg)], coding)
             yield i, rows, nll
 
-    def hidden_blocks(self, windows: list[Window]) -> Iterator[tuple[int, int, object, object]]:
+    def hidden_blocks(self, windows: list[Window], probe_rows=None) -> Iterator[tuple[int, int, object, object, object]]:
         """Base mode with ``--store hidden``: (window number, first scored row, the final hidden
-        states of the following rows in the model's dtype, their logits), block by block."""
+        states of the following rows in the model's dtype, their logits, None), block by block.
+        An engine whose logits stay in its workers gives their target NLL instead of None, and
+        logits only for the first ``probe_rows(window)`` rows of a window (the replay probe's),
+        or None."""
         raise UsageError(self._no_hidden())
 
     def output_head(self):

@@ -172,7 +172,7 @@ class LlamaCppEngine(Engine):
                     yield s, done, rows
                     done += len(rows)
 
-    def hidden_blocks(self, windows: list[Window]):
+    def hidden_blocks(self, windows: list[Window], probe_rows=None):
         """The final norm's output (llama.cpp's embeddings with no pooling) beside the logits.
         With embeddings on, llama.cpp outputs every token of a batch, so each decode's scored
         rows are picked here; windows that fit a batch still go in together, as for logits."""
@@ -196,7 +196,7 @@ class LlamaCppEngine(Engine):
                         lo, hi = max(a, w.first), min(b, w.first + w.n_scored)
                         if lo < hi:
                             rows = slice(j * (b - a) + lo - a, j * (b - a) + hi - a)
-                            yield s, lo - w.first, torch.from_numpy(emb[rows].copy()), logits[rows]
+                            yield s, lo - w.first, torch.from_numpy(emb[rows].copy()), logits[rows], None
         finally:
             lib.llama_set_embeddings(self.ctx, False)
 

@@ -150,7 +150,7 @@ class PythonEngine(Engine):
                 if lo < b:
                     yield 0, lo - w.first, lg[lo - a:]
 
-    def hidden_blocks(self, windows: list[Window]):
+    def hidden_blocks(self, windows: list[Window], probe_rows=None):
         import torch
 
         hidden = getattr(self.obj, "hidden", None)
@@ -165,7 +165,7 @@ class PythonEngine(Engine):
                               f"expected (batch, seq, d)")
         first, n_scored = windows[0].first, windows[0].n_scored
         for i in range(len(windows)):
-            yield i, 0, h[i, first:first + n_scored], out[i, first:first + n_scored]
+            yield i, 0, h[i, first:first + n_scored], out[i, first:first + n_scored], None
 
     def output_head(self):
         from kldtool.logitsfile.hidden import OutputHead

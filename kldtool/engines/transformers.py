@@ -98,7 +98,7 @@ class TransformersEngine(Engine):
                     yield 0, lo - w.first, out.logits[0]
                 del out
 
-    def hidden_blocks(self, windows: list[Window]):
+    def hidden_blocks(self, windows: list[Window], probe_rows=None):
         # The output head's input, caught on its way in: the same forward, no second one. Its
         # rows line up with the logits (the model slices both with logits_to_keep).
         caught = []
@@ -106,7 +106,7 @@ class TransformersEngine(Engine):
         try:
             for i, off, lg in self.logit_blocks(windows):
                 del caught[:-1]  # only the forward that made these logits
-                yield i, off, caught[-1][i, :len(lg)], lg
+                yield i, off, caught[-1][i, :len(lg)], lg, None
         finally:
             hook.remove()
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import os
 
+import numpy as np
+
 from kldtool.engines import hf_tokenizer, vllm_cpu
 from kldtool.engines.vllm_requests import HookedEngine, window_keys, window_spec
 from kldtool.engines.vllm_worker import logits_block_rows
@@ -95,6 +97,7 @@ class VllmEngine(HookedEngine):
         self.bos_id = hf_tokenizer.bos_to_substitute(self.tokenizer)
         self.prefix_id = hf_tokenizer.prefix_token(self.tokenizer)
         self._versions = {"vllm": vllm.__version__, "hook": vllm_seam.TESTED_VERSIONS[-1]}
+        self.hidden_dtype = str(self.llm.llm_engine.model_config.dtype).removeprefix("torch.")
         itemsize = getattr(self.llm.llm_engine.model_config.dtype, "itemsize", 4)
         self.logits_block = logits_block or logits_block_rows(self.n_vocab, itemsize)
 
@@ -122,6 +125,26 @@ class VllmEngine(HookedEngine):
                 raise EngineError(f"vLLM window {w.index}: {why}")
             out.append(unpack(got))
         return out
+
+    def _output_head(self):
+        """The head's rows from every tensor-parallel rank of the last pipeline stage, put back
+        in vocabulary order (each holds a contiguous slice, vLLM's vocab-parallel layout)."""
+        from kldtool.engines.vllm_worker import unpack
+        from kldtool.logitsfile.hidden import OutputHead, from_raw
+
+        shards = [s for s in self.llm.collective_rpc("kldtool_head") if s is not None]
+        bad = next((s["error"] for s in shards if "error" in s), None)
+        if bad or not shards:
+            raise EngineError(f"--store hidden: {bad or 'no vLLM worker holds the output head'}")
+        shards.sort(key=lambda s: s["start"])
+        first = shards[0]
+        parts = [unpack(s["arrays"]) for s in shards]
+        weight = np.concatenate([p["weight"] for p in parts])[:first["vocab"]]
+        bias = np.concatenate([p["bias"] for p in parts])[:first["vocab"]] if "bias" in parts[0] else None
+        dtype = first["dtype"]
+        return OutputHead(from_raw(weight.tobytes(), dtype, weight.shape),
+                          None if bias is None else from_raw(bias.tobytes(), dtype, bias.shape),
+                          first["scale"] if first["scale"] != 1.0 else None, first["soft_cap"])
 
     def describe(self) -> dict:
         return {"engine": self.name, "model": self.model_path, "dtype": self.dtype,

@@ -69,5 +69,30 @@ class HookedEngine(Engine):
         for i, r in enumerate(results):
             yield i, r["rows"], r["nll"]
 
+    hidden_dtype: str  # the model's dtype, which its hidden states come in
+    _head = None
+
+    def output_head(self):
+        if self._head is None:
+            self._head = self._output_head()
+        return self._head
+
+    def _output_head(self):
+        """The output head as this engine's vLLM applies it (an OutputHead)."""
+        raise EngineError(self._no_hidden())
+
+    def hidden_blocks(self, windows: list[Window], probe_rows=None):
+        import torch
+
+        from kldtool.logitsfile.hidden import DTYPES, from_raw
+
+        dim, dtype = self.output_head().shape[1], self.hidden_dtype
+        rows = probe_rows or (lambda w: 0)
+        results = self._run(windows, lambda w: {"mode": "hidden", "dim": dim, "hidden_item": DTYPES[dtype][0],
+                                                "n_vocab": self.n_vocab, "probe_rows": min(rows(w), w.n_scored)})
+        for i, r in enumerate(results):
+            hidden = from_raw(r["hidden"].tobytes(), dtype, r["hidden"].shape)
+            yield i, 0, hidden, (torch.from_numpy(r["logits"].copy()) if "logits" in r else None), r["nll"]
+
     def nll(self, windows: list[Window]) -> list[np.ndarray]:
         return [r["nll"] for r in self._run(windows, lambda w: {"mode": "nll"})]

@@ -29,9 +29,11 @@ from typing import Callable
 SPEC_KEY = "kldtool"
 TESTED_VERSIONS = ("0.32",)
 
-# callback(spec, prompt_token_ids, start, n_computed, logits_fn): the request's positions
-# start .. start+n_computed-1 were computed this step; logits_fn(a, b) gives positions a..b-1.
-StepCallback = Callable[[dict, list, int, int, Callable], None]
+# callback(spec, prompt_token_ids, start, n_computed, logits_fn, hidden_fn): the request's
+# positions start .. start+n_computed-1 were computed this step; logits_fn(a, b) gives the
+# logits of positions a..b-1, hidden_fn(a, b) the hidden states compute_logits takes for them
+# (the last norm's output, this rank's copy: hidden states are replicated across TP ranks).
+StepCallback = Callable[[dict, list, int, int, Callable, Callable], None]
 
 
 class HookUnavailable(RuntimeError):
@@ -161,7 +163,8 @@ def _install_v1(runner, callback: StepCallback) -> None:
             start = state.num_computed_tokens
             row0 = int(starts[runner.input_batch.req_id_to_index[req_id]]) - start
             callback(spec, state.prompt_token_ids, start, int(n),
-                     lambda a, b, r=row0: runner.model.compute_logits(hidden_states[r + a:r + b]))
+                     lambda a, b, r=row0: runner.model.compute_logits(hidden_states[r + a:r + b]),
+                     lambda a, b, r=row0: hidden_states[r + a:r + b])
         return original(hidden_states, num_scheduled_tokens, *args, **kwargs)
 
     runner._get_prompt_logprobs_dict = hooked
@@ -196,7 +199,8 @@ def _install_v2(runner, callback: StepCallback) -> None:
             row0 = int(input_batch.query_start_loc_np[i]) - start
             prompt = all_token_ids[slot, :prompt_len].tolist()
             callback(spec, prompt, start, int(input_batch.num_scheduled_tokens[i]),
-                     lambda a, b, r=row0: logits_fn(hidden_states[r + a:r + b]))
+                     lambda a, b, r=row0: logits_fn(hidden_states[r + a:r + b]),
+                     lambda a, b, r=row0: hidden_states[r + a:r + b])
         return compute(logits_fn, hidden_states, input_batch, all_token_ids, num_computed_tokens, prompt_lens,
                        *args, **kwargs)
 

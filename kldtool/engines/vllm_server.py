@@ -30,6 +30,7 @@ from kldtool.engines.vllm_requests import HookedEngine, window_keys, window_spec
 from kldtool.engines.vllm_seam import SPEC_KEY
 from kldtool.engines.vllm_worker import exchange_path, logits_block_rows
 from kldtool.errors import EngineError, UsageError
+from kldtool.logitsfile.hidden import DTYPES
 from kldtool.protocols import Window
 
 # A result written on another node may take a moment to show on a shared filesystem.
@@ -62,8 +63,17 @@ class VllmServerEngine(HookedEngine):
             raise UsageError(f"--exchange-dir {exchange_dir}: no such directory")
         self.info = self._probe()
         self.n_vocab = int(self.info["n_vocab"])
-        itemsize = {"float32": 4}.get(self.info.get("dtype"), 2)
+        self.hidden_dtype = self.info.get("dtype", "bfloat16")
+        itemsize = DTYPES.get(self.hidden_dtype, ("", 2))[1]
         self.logits_block = logits_block or logits_block_rows(self.n_vocab, itemsize)
+
+    def _output_head(self):
+        """The served model's head, read from its checkpoint here (the client cannot reach the
+        workers' memory): the directory the tokenizer came from, in the server's dtype. The
+        replay probe then checks it against the logits the server computed."""
+        from kldtool.logitsfile.head_source import load_head
+
+        return load_head(self.tokenizer_path, {"dtype": self.hidden_dtype})
 
     def _load_tokenizer(self, path: str) -> None:
         try:

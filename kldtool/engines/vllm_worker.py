@@ -83,6 +83,11 @@ class _RequestResult:
             self.arrays = {f: np.zeros(n, dt) for f, dt in FIELDS.items()}
         elif spec["mode"] == "nll":
             self.arrays = {"nll": np.zeros(n, np.float32)}
+        elif spec["mode"] == "hidden":  # the head's input, as raw bytes of the model's dtype
+            self.arrays = {"hidden": np.zeros((n, spec["dim"]), np.dtype(spec["hidden_item"])),
+                           "nll": np.zeros(n, np.float32)}
+            if spec.get("probe_rows"):  # the replay probe's rows: the engine's own logits
+                self.arrays["logits"] = np.zeros((spec["probe_rows"], spec["n_vocab"]), np.float32)
         else:
             self.arrays = {"rows": np.zeros((n, spec["row_width"]), np.uint16), "nll": np.zeros(n, np.float32)}
 
@@ -110,7 +115,7 @@ class WorkerState:
             self.feeds[path] = ChunkFeed(open_base_file(path), device)
         return self.feeds[path]
 
-    def on_step(self, spec: dict, prompt, start: int, n_computed: int, logits_fn) -> None:
+    def on_step(self, spec: dict, prompt, start: int, n_computed: int, logits_fn, hidden_fn=None) -> None:
         if spec.get("mode") == "probe":
             if self.keeps and start == 0:
                 _publish_or_log(spec, "json", json.dumps(self.info).encode())
@@ -128,6 +133,8 @@ class WorkerState:
                 if res.error is None:
                     try:
                         self._consume(spec, prompt, a, b, logits, res)
+                        if spec["mode"] == "hidden":
+                            self._keep_hidden(spec, a, b, hidden_fn(a, b), logits, res)
                     except Exception as e:  # a bad request must not take vLLM's engine down with it
                         res.error = f"{type(e).__name__}: {e}"
         if self.keeps and spec.get("out") and lo < hi == first + n_scored:
@@ -161,7 +168,7 @@ class WorkerState:
             rec = reduce_base(logits, rows, targets, feed.reader.header)
             for f in FIELDS:
                 res.arrays[f][j0:j1] = getattr(rec, f)
-        elif spec["mode"] == "nll":
+        elif spec["mode"] in ("nll", "hidden"):
             from kldtool.codec import target_nll
 
             res.arrays["nll"][j0:j1] = target_nll(logits, targets)
@@ -171,6 +178,16 @@ class WorkerState:
             res.arrays["rows"][j0:j1], res.arrays["nll"][j0:j1] = encode_base_rows(logits, targets,
                                                                                    Coding(**spec["coding"]))
         res.filled[j0:j1] += 1
+
+    @staticmethod
+    def _keep_hidden(spec: dict, lo: int, hi: int, hidden, logits, res: _RequestResult) -> None:
+        from kldtool.logitsfile.hidden import raw_array
+
+        j0, j1 = lo - spec["first"], hi - spec["first"]
+        res.arrays["hidden"][j0:j1] = raw_array(hidden)
+        k = min(j1, spec.get("probe_rows") or 0)
+        if j0 < k:
+            res.arrays["logits"][j0:k] = logits[:k - j0].float().cpu().numpy()
 
     def pop(self, keys: list[str]) -> dict:
         if not self.keeps:
@@ -192,6 +209,34 @@ class WorkerState:
             bad = int(np.nonzero(res.filled != 1)[0][0])
             return {"error": f"scored position {bad} seen {int(res.filled[bad])} times, expected once"}
         return pack(res.arrays)
+
+
+def head_shard(worker) -> dict | None:
+    """This rank's rows of the output head as vLLM applies it (None off the pipeline's last
+    stage): the organic vocabulary's rows of its lm_head partition, in the logits processor's
+    head dtype, with where they start and what the processor does after the product."""
+    state = worker._kldtool
+    if not state.last_stage:
+        return None
+    model = worker.model_runner.model
+    lm, proc = getattr(model, "lm_head", None), getattr(model, "logits_processor", None)
+    weight = getattr(lm, "weight", None)
+    if proc is None or weight is None or weight.dim() != 2 or not weight.dtype.is_floating_point \
+            or getattr(proc, "logits_as_input", False):
+        return {"error": f"{type(model).__name__}'s output head is not a plain weight matrix "
+                         f"(a quantized lm_head?); use --store logprobs"}
+    idx = lm.shard_indices
+    rows = idx.org_vocab_end_index - idx.org_vocab_start_index
+    dtype = getattr(proc, "head_dtype", None) or weight.dtype
+    w = weight[:rows].to(dtype)
+    bias = getattr(lm, "bias", None)
+    arrays = {"weight": w} | ({} if bias is None else {"bias": bias[:rows].to(dtype)})
+    from kldtool.logitsfile.hidden import raw_array
+
+    return {"start": int(idx.org_vocab_start_index), "vocab": int(proc.org_vocab_size),
+            "dtype": str(dtype).removeprefix("torch."), "scale": float(proc.scale),
+            "soft_cap": None if proc.soft_cap is None else float(proc.soft_cap),
+            "arrays": pack({k: raw_array(t) for k, t in arrays.items()})}
 
 
 def install_on(worker) -> str:
@@ -222,3 +267,6 @@ class KldtoolWorker:
 
     def kldtool_pop(self, keys: list[str]) -> dict:
         return self._kldtool.pop(keys)
+
+    def kldtool_head(self) -> dict | None:
+        return head_shard(self)

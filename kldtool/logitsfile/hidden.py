@@ -214,11 +214,17 @@ class ReplayProbe:
         self.kld_max = 0.0
         self.dlogit_max = 0.0
 
-    def offer(self, window: int, stored_hidden, logits) -> None:
+    def takes(self, window: int) -> bool:
+        """Whether blocks of ``window`` are checked (the first ``chunks`` windows asked about)."""
         if window not in self.windows:
             if len(self.windows) == self.limit:
-                return
+                return False
             self.windows.add(window)
+        return True
+
+    def offer(self, window: int, stored_hidden, logits) -> None:
+        if not self.takes(window):
+            return
         import torch
 
         h = self.head

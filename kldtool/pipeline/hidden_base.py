@@ -14,6 +14,7 @@ STORES = ("logprobs", "hidden")
 HEADS = ("inline", "external")
 DEFAULT_TOLERANCE = 1e-5  # nats of mean KLD between the engine's logits and the replayed ones
 PROBE_CHUNKS = 2
+PROBE_ROWS = 128  # per probed window, where the engine's logits must leave its workers for the probe
 
 
 def check_store(store: str, fmt: str, keep: int | None, tolerance: float = DEFAULT_TOLERANCE,
@@ -57,11 +58,15 @@ class HiddenStore:
     def blocks(self, engine, windows):
         """(window number, stored hidden rows, float32 NLL of each target) block by block, the
         first chunks' blocks checked against their logits on the way."""
-        for i, off, hidden, logits in engine.hidden_blocks(windows):
+        rows = lambda w: PROBE_ROWS if self.probe.takes(w.index) else 0  # noqa: E731
+        for i, off, hidden, logits, nll in engine.hidden_blocks(windows, rows):
             w = windows[i]
             stored = hidden.to(self.dtype)
-            self.probe.offer(w.index, stored, logits)
-            yield i, raw_array(stored), target_nll(logits, w.targets[off:off + len(logits)])
+            if logits is not None and self.probe.takes(w.index):
+                self.probe.offer(w.index, stored[:len(logits)], logits)
+            if nll is None:
+                nll = target_nll(logits, w.targets[off:off + len(logits)])
+            yield i, raw_array(stored), nll
         self.check()
 
     def check(self) -> None:
