@@ -1,5 +1,6 @@
-"""What the vLLM benchmarks share: their flags and the base file they compare against (the
-built-in SmolLM2 through transformers over WikiText-2, or Python's pydoc text without it)."""
+"""What the benchmarks share: running kldtool's CLI quietly, and for the vLLM ones their flags
+and the base file they compare against (the built-in SmolLM2 through transformers over
+WikiText-2, or Python's pydoc text without it)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 WIKI = ROOT.parent / "shared" / "data" / "wikitext-2" / "wiki.test.txt"
+
+
+def kldtool(*args) -> None:
+    """``python -m kldtool ARGS`` from the repository root, its output discarded."""
+    subprocess.run([sys.executable, "-m", "kldtool", *map(str, args)], check=True, cwd=ROOT,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 def vllm_args(doc: str) -> argparse.Namespace:

@@ -16,20 +16,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
+from base_fixture import ROOT, WIKI, kldtool
 from results import append_row
 
-ROOT = Path(__file__).resolve().parent.parent
-WIKI = ROOT.parent / "shared" / "data" / "wikitext-2" / "wiki.test.txt"
 CACHE = Path(os.environ.get("KLDTOOL_BENCH_DIR", Path.home() / ".cache" / "kldtool" / "compact"))
-
-
-def kldtool(*args) -> None:
-    subprocess.run([sys.executable, "-m", "kldtool", *map(str, args)], check=True, cwd=ROOT,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 def main() -> None:

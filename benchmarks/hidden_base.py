@@ -23,17 +23,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+from base_fixture import ROOT, WIKI, kldtool
 from results import append_row
 from timing import best_alternating
 
-ROOT = Path(__file__).resolve().parent.parent
-WIKI = ROOT.parent / "shared" / "data" / "wikitext-2" / "wiki.test.txt"
 CACHE = Path(os.environ.get("KLDTOOL_BENCH_DIR", Path.home() / ".cache" / "kldtool" / "hidden"))
-
-
-def kldtool(*args) -> None:
-    subprocess.run([sys.executable, "-m", "kldtool", *map(str, args)], check=True, cwd=ROOT,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 def size_row(ctx: int, chunks: int) -> None:

@@ -3,7 +3,7 @@ holds, opening it and reading every chunk either works or raises one of our Base
 and never allocates more than a real chunk of the header's shape would need.
 
 The seeds are tiny real files of both formats (random logits through the codec, and random
-hidden states with a random head); mutations
+hidden states with a random head, and with a GGUF Q8_0 one); mutations
 overwrite header and trailer fields with boundary values, flip and insert bytes, truncate.
 """
 
@@ -46,21 +46,30 @@ def seed_files(directory: str) -> dict[str, bytes]:
         with open(path, "rb") as f:
             out[name] = f.read()
     out["kldtool-hidden"] = _hidden_seed(directory, header, tokens, rng)
+    out["kldtool-hidden-gguf"] = _hidden_seed(directory, header, tokens, rng, gguf=True)
     return out
 
 
-def _hidden_seed(directory: str, header: BaseHeader, tokens: np.ndarray, rng) -> bytes:
-    """A hidden-state container: float32 states of 6 dimensions, frames of 2 rows, a head with a bias."""
+def _hidden_seed(directory: str, header: BaseHeader, tokens: np.ndarray, rng, gguf: bool = False) -> bytes:
+    """A hidden-state container: float32 states, frames of 2 rows, and a head with a bias of 6
+    dimensions, or (``gguf``) a llama.cpp Q8_0 head of 32: one block a row, an fp16 scale and
+    32 int8 weights."""
     import torch
 
     from kldtool.logitsfile.hidden import OutputHead
 
-    dim = 6
-    path = os.path.join(directory, "seed-kldtool-hidden")
+    dim = 32 if gguf else 6
+    path = os.path.join(directory, "seed-kldtool-hidden" + ("-gguf" if gguf else ""))
     w = create_writer(path, "kldtool", header, tokens, {"seed": True, "store": "hidden",
                                                         "hidden": {"dim": dim, "dtype": "float32"}}, frame_rows=2)
-    w.head = OutputHead(torch.from_numpy(rng.normal(0, 1, (N_VOCAB, dim)).astype(np.float32)),
-                        torch.from_numpy(rng.normal(0, 1, N_VOCAB).astype(np.float32)))
+    if gguf:
+        blocks = np.zeros((N_VOCAB, 34), np.uint8)
+        blocks[:, :2] = rng.uniform(0.001, 0.05, (N_VOCAB, 1)).astype("<f2").view(np.uint8)
+        blocks[:, 2:] = rng.integers(-127, 128, (N_VOCAB, 32)).astype(np.int8).view(np.uint8)
+        w.head = OutputHead(blocks.reshape(-1), None, None, None, "q8_0", (N_VOCAB, dim))
+    else:
+        w.head = OutputHead(torch.from_numpy(rng.normal(0, 1, (N_VOCAB, dim)).astype(np.float32)),
+                            torch.from_numpy(rng.normal(0, 1, N_VOCAB).astype(np.float32)))
     for _ in range(N_CHUNK):
         w.write_chunk(rng.normal(0, 2, (header.rows_per_chunk, dim)).astype(np.float32))
     w.finish()

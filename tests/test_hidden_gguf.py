@@ -92,6 +92,8 @@ def test_an_external_head_compares_like_the_stored_one_and_refuses_another(gguf_
     inline = gguf_hidden[0]
     saved = inline.stat().st_size - ext.stat().st_size  # the head, give or take the metadata's path text
     assert abs(saved - 49152 * 576 // 32 * 34) < 512, saved
+    facts = json.loads(run_cli("info", "--json", ext).stdout)
+    assert facts["head_bytes"] == 0 and facts["head"].startswith("ggml-q8_0 [49152, 576], read from /")
     model = requant("Q2_K")
     a = run_cli("compare", "-m", model, "--kl-divergence-base", ext).stdout
     b = run_cli("compare", "-m", model, "--kl-divergence-base", inline).stdout

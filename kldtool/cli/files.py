@@ -75,8 +75,11 @@ def _hidden_facts(meta: dict) -> dict:
     """A hidden-state file's two parts, counted apart (the head is stored once), and its replay floor."""
     if meta.get("store") != "hidden":
         return {}
-    replay = meta.get("replay") or {}
-    return {"head_bytes": meta["head"]["length"], "hidden": f"{meta['hidden']['dim']} x {meta['hidden']['dtype']}",
+    replay, head = meta.get("replay") or {}, meta["head"]
+    external = head.get("external")  # named, not stored: its bytes are the model's
+    return {"head_bytes": 0 if external else head["length"], "head": f"{head['dtype']} {head['shape']}"
+            + (f", read from {external} (sha256 {head['sha256'][:16]}...)" if external else ", stored"),
+            "hidden": f"{meta['hidden']['dim']} x {meta['hidden']['dtype']}",
             "replay_floor_kld_mean": replay.get("kld_mean"), "replay_floor_kld_max": replay.get("kld_max"),
             "replay_max_abs_dlogit": replay.get("max_abs_dlogit")}
 
