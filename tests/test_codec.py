@@ -29,6 +29,19 @@ def test_numpy_and_torch_encoders_agree_bit_for_bit():
     assert np.array_equal(na, nb.numpy())
 
 
+@pytest.mark.parametrize("codec", ["llamacpp", "grid"])
+def test_the_compiled_replay_encoder_gives_numpys_rows(codec):
+    """encode_compiled (the host's replay of hidden states) against encode_np, whose rows the
+    parity tests hold to llama-perplexity's: the same bits, one row or many, a scale-0 row, a
+    tie, an odd vocabulary, a row with a 40-nat spread (clamped)."""
+    from kldtool.codec.rows_compiled import encode_compiled
+
+    for x in (_rows(), _rows()[:1], _rows(1, 4, 49152), _rows(2, 85, 49151) * 3):
+        a, na = encode_np(x, codec)
+        b, nb = encode_compiled(x, codec, 16.0)
+        assert np.array_equal(a, b) and np.array_equal(na, nb)
+
+
 def test_encoding_follows_the_rules():
     x = _rows()
     rows, _ = encode_np(x)

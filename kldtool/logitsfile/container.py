@@ -249,10 +249,13 @@ class ContainerReader(BaseFileReader):
     def _replay_rows(self, hidden):
         """Rows of the base logits replayed from hidden states: uint16 numpy rows from a numpy
         array (a GGUF head on the host, without torch), else int16 rows on ``hidden``'s device."""
-        from kldtool.codec import encode_np, encode_torch
+        from kldtool.codec import encode_torch
 
         logits = self.replayer.logits(hidden)[:, :self.header.n_vocab]  # a padded head's extra rows
-        encode = encode_np if isinstance(logits, np.ndarray) else encode_torch
+        if isinstance(logits, np.ndarray):
+            from kldtool.codec.rows_compiled import encode_compiled as encode
+        else:
+            encode = encode_torch
         return encode(logits, self.coding.codec, self.coding.clamp)[0]
 
     def _clamp(self, value) -> float:

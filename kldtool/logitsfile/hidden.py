@@ -179,7 +179,10 @@ class Replayer:
 
     def _warm(self) -> None:
         try:
-            self.head()
+            if self.head().ggml:  # the host replays a GGUF head through the compiled encoder
+                from kldtool.codec.rows_compiled import warm
+
+                warm()
         except Exception:  # the first replay loads it again and reports what failed
             pass
 

@@ -8,7 +8,7 @@ numba's threads. Scalar libm calls, as an earlier version made, cost 5-11 ns eac
 needs three per entry: 0.16-0.23 s per 255-row chunk of SmolLM2's 49,152 entries, 4-5x this.
 
 Our own exponentials therefore: the normalizer's and the base probabilities' (whose sums are
-PPL and llama.cpp's KLD) in float64 arithmetic rounded to float32 (``_exp_f64``, < 1e-8 before
+PPL and llama.cpp's KLD) in float64 arithmetic rounded to float32 (``numba_exp.exp_f64``, < 1e-8 before
 rounding, like libm's expf to within its rounding); those of reverse KLD and JSD in float32
 (``_exp``, < 3e-7), e^d - 1 near 0 from its series, log((1 + e^d) / 2) from one atanh series
 on either side of d = ln 3. Terms are float32 and sums float64, as in the torch reducer
@@ -24,6 +24,7 @@ import numpy as np
 from numba import njit, prange
 
 from kldtool.codec.rows import HEADER_SLOTS
+from kldtool.numba_exp import exp_f64 as _exp_f64
 
 TOP_N = 10  # rowmath.TOP_K is (5, TOP_N): _reduce's overlaps
 SPAN = 64  # entries per block of the top-list scan
@@ -48,18 +49,6 @@ def _exp(x):
     poly = _ONE + r * (_ONE + r * (_F(1 / 2) + r * (_F(1 / 6) + r * (_F(1 / 24) + r * (
         _F(1 / 120) + r * (_F(1 / 720) + r * _F(1 / 5040)))))))
     return poly * np.int32((np.int32(k) + np.int32(127)) << np.int32(23)).view(np.float32)
-
-
-@njit(cache=True, inline="always")
-def _exp_f64(x):
-    """e^x for float32 x, evaluated in float64 and rounded to float32 (< 1e-8 before the
-    rounding: as near to libm's expf as llama.cpp's own sums need, for the normalizer and the
-    base probabilities whose sums feed PPL and KLD)."""
-    y = min(max(np.float64(x), -700.0), 700.0)  # float32's underflow to 0 and overflow to inf stay
-    k = np.rint(y * 1.4426950408889634)
-    r = y - k * 0.6931471805599453  # |r| <= ln2 / 2: the series to r^7 leaves < 5e-9
-    poly = 1.0 + r * (1.0 + r * (1 / 2 + r * (1 / 6 + r * (1 / 24 + r * (1 / 120 + r * (1 / 720 + r * (1 / 5040)))))))
-    return np.float32(poly * np.int64((np.int64(k) + np.int64(1023)) << np.int64(52)).view(np.float64))
 
 
 @njit(cache=True, inline="always")
