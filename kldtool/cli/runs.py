@@ -32,7 +32,7 @@ def base(
     frame_rows: Optional[int] = FRAME_ROWS,
     store: str = typer.Option("logprobs", "--store", help="logprobs (every scored position's full row) or hidden "
                                                           "(its final hidden state, and the output head once: "
-                                                          "30-85x smaller; transformers, llamacpp and python engines)."),
+                                                          "30-85x smaller; every engine but python factories without hidden())."),
     head: str = typer.Option("inline", "--head", help="--store hidden: inline (the output head stored once in the "
                                                       "file) or external (only its model's path and sha256: compare "
                                                       "reads it from that model)."),

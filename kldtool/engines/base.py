@@ -110,7 +110,7 @@ class Engine(ABC):
 
     def _no_hidden(self) -> str:
         return (f"--store hidden: the {self.name} engine does not give its final hidden states and output head "
-                f"(the transformers, llamacpp and vllm engines do); use --store logprobs")
+                f"(the transformers, llamacpp, vllm and python engines do); use --store logprobs")
 
     def nll(self, windows: list[Window]) -> list[np.ndarray]:
         """Score mode: per window, the float32 NLL of each target (full-vocabulary normalisation)."""

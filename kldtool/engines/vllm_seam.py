@@ -70,6 +70,12 @@ SEAM = (
     ("vllm/distributed/parallel_state.py", "GroupCoordinator", "is_last_rank", ("self",)),
     ("vllm/v1/worker/gpu_model_runner.py", "GPUModelRunner", "intermediate_tensors", None),
     ("vllm/v1/worker/gpu_model_runner.py", "GPUModelRunner", "max_num_tokens", None),
+    # base --store hidden: the output head as the logits processor applies it, per TP rank
+    ("vllm/model_executor/layers/vocab_parallel_embedding.py", "VocabParallelEmbedding", "shard_indices", None),
+    *(("vllm/model_executor/layers/vocab_parallel_embedding.py", "VocabParallelEmbeddingShardIndices", f, None)
+      for f in ("org_vocab_start_index", "org_vocab_end_index")),
+    *(("vllm/model_executor/layers/logits_processor.py", "LogitsProcessor", f, None)
+      for f in ("scale", "soft_cap", "org_vocab_size", "logits_as_input")),
 )
 
 
@@ -206,6 +212,25 @@ def _install_v2(runner, callback: StepCallback) -> None:
 
     worker.add_request, worker.remove_request = add_request, remove_request
     worker.compute_prompt_logprobs = compute_prompt_logprobs
+
+
+def head_rows(model) -> dict:
+    """This rank's part of the output head as vLLM's logits processor applies it: the organic
+    vocabulary's rows of its lm_head partition (which come first in it), in the processor's head
+    dtype, where they start, and what the processor does after the product."""
+    lm, proc = getattr(model, "lm_head", None), getattr(model, "logits_processor", None)
+    weight = getattr(lm, "weight", None)
+    if proc is None or weight is None or weight.dim() != 2 or not weight.dtype.is_floating_point \
+            or proc.logits_as_input:
+        raise HookUnavailable(f"{type(model).__name__}'s output head is not a plain weight matrix "
+                              f"(a quantized lm_head?); use --store logprobs")
+    idx = lm.shard_indices
+    rows = idx.org_vocab_end_index - idx.org_vocab_start_index
+    dtype = getattr(proc, "head_dtype", None) or weight.dtype  # newer vLLMs may run the head in float32
+    bias = getattr(lm, "bias", None)
+    return {"start": int(idx.org_vocab_start_index), "vocab": int(proc.org_vocab_size),
+            "weight": weight[:rows].to(dtype), "bias": None if bias is None else bias[:rows].to(dtype),
+            "scale": float(proc.scale), "soft_cap": None if proc.soft_cap is None else float(proc.soft_cap)}
 
 
 def install(runner, callback: StepCallback) -> str:

@@ -212,31 +212,19 @@ class WorkerState:
 
 
 def head_shard(worker) -> dict | None:
-    """This rank's rows of the output head as vLLM applies it (None off the pipeline's last
-    stage): the organic vocabulary's rows of its lm_head partition, in the logits processor's
-    head dtype, with where they start and what the processor does after the product."""
-    state = worker._kldtool
-    if not state.last_stage:
+    """This rank's rows of the output head (vllm_seam.head_rows), packed for the driver; None
+    off the pipeline's last stage, which holds no head."""
+    if not worker._kldtool.last_stage:
         return None
-    model = worker.model_runner.model
-    lm, proc = getattr(model, "lm_head", None), getattr(model, "logits_processor", None)
-    weight = getattr(lm, "weight", None)
-    if proc is None or weight is None or weight.dim() != 2 or not weight.dtype.is_floating_point \
-            or getattr(proc, "logits_as_input", False):
-        return {"error": f"{type(model).__name__}'s output head is not a plain weight matrix "
-                         f"(a quantized lm_head?); use --store logprobs"}
-    idx = lm.shard_indices
-    rows = idx.org_vocab_end_index - idx.org_vocab_start_index
-    dtype = getattr(proc, "head_dtype", None) or weight.dtype
-    w = weight[:rows].to(dtype)
-    bias = getattr(lm, "bias", None)
-    arrays = {"weight": w} | ({} if bias is None else {"bias": bias[:rows].to(dtype)})
     from kldtool.logitsfile.hidden import raw_array
 
-    return {"start": int(idx.org_vocab_start_index), "vocab": int(proc.org_vocab_size),
-            "dtype": str(dtype).removeprefix("torch."), "scale": float(proc.scale),
-            "soft_cap": None if proc.soft_cap is None else float(proc.soft_cap),
-            "arrays": pack({k: raw_array(t) for k, t in arrays.items()})}
+    try:
+        part = vllm_seam.head_rows(worker.model_runner.model)
+    except vllm_seam.HookUnavailable as e:
+        return {"error": str(e)}
+    tensors = {k: part.pop(k) for k in ("weight", "bias")}
+    return part | {"dtype": str(tensors["weight"].dtype).removeprefix("torch."),
+                   "arrays": pack({k: raw_array(t) for k, t in tensors.items() if t is not None})}
 
 
 def install_on(worker) -> str:

@@ -173,8 +173,9 @@ class Replayer:
             return self._head
 
     def warm(self) -> None:
-        """Load the head (and torch) on a thread while the engine computes its first batch; the
-        first replay waits for it, and meets any error it had."""
+        """Load the head (a GGUF head: dequantized, and the compiled encoder its host replay uses)
+        on a thread while the engine computes its first batch; the first replay waits for it,
+        and meets any error it had."""
         threading.Thread(target=self._warm, name="kldtool-head-warm-up", daemon=True).start()
 
     def _warm(self) -> None:
