@@ -8,10 +8,13 @@ bytes on disk are counted (the head included).
 
 Speed: the same base model over ``--chunks`` chunks stored twice, as full rows (kldtool's
 container) and as hidden states; each quant is compared against both, alternating, best of
-``--rounds``, and the printed mean KLD of the two compares is checked to agree. Appends dated
-rows to benchmarks/RESULTS.md.
+``--rounds``, and the printed mean KLD of the two compares is checked to agree.
 
-    .venv/bin/python benchmarks/hidden_base.py [--ctx 512] [--size-chunks -1] [--chunks 20] [--types Q8_0,Q4_K_M,Q2_K]
+With ``--peer``, llama-perplexity itself (built as benchmarks/llamacpp_peer.py builds it) writes
+its own raw base file of the same chunks and compares each quant against it and against the
+hidden file expanded to the raw layout. Appends dated rows to benchmarks/RESULTS.md.
+
+    .venv/bin/python benchmarks/hidden_base.py [--ctx 512] [--size-chunks -1] [--chunks 20] [--types Q8_0,Q4_K_M,Q2_K] [--peer]
 """
 
 from __future__ import annotations
@@ -76,6 +79,41 @@ def speed_row(ctx: int, chunks: int, types: list[str], rounds: int) -> None:
                f"c={ctx}, {chunks} chunks, best of {rounds}: " + "; ".join(figures), f"{worst:.3f} (worst)")
 
 
+def printed(text: str, label: str) -> str:
+    """The value llama-perplexity prints after ``label`` (first number and its ±)."""
+    line = next((l for l in text.splitlines() if l.startswith(label)), "")
+    return line.split(":", 1)[1].strip() if line else "?"
+
+
+def peer_row(ctx: int, chunks: int, types: list[str]) -> None:
+    """llama-perplexity itself reads a hidden file expanded by ``convert --to llamacpp``: its
+    printed KLD, same top and PPL(Q) against that file beside those against the raw base file
+    it writes itself from the same model and chunks."""
+    from llamacpp_peer import build_peer, timed
+
+    from kldtool.engines.defaults import default_gguf
+
+    peer = build_peer()
+    theirs, ours = CACHE / f"peer-base-c{ctx}-{chunks}.kld", CACHE / f"expanded-c{ctx}-{chunks}.kld"
+    if not theirs.exists():
+        timed([peer, "-m", default_gguf(), "-f", WIKI, "-c", ctx, "--chunks", chunks, "-t", 2,
+               "--kl-divergence-base", theirs])
+    kldtool("convert", CACHE / f"hidden-c{ctx}-{chunks}.kldt", ours, "--to", "llamacpp")
+    figures = []
+    for t in types:
+        out = {name: timed([peer, "-m", CACHE / f"requant-{t}.gguf", "--kl-divergence", "-c", ctx, "-t", 2,
+                            "--kl-divergence-base", base])[1] for name, base in (("own", theirs), ("expanded", ours))}
+        got = {name: {k: printed(o, k) for k in ("Mean    KLD", "Same top p", "Mean PPL(Q)")} for name, o in out.items()}
+        print(f"{t}: llama-perplexity against its own base file {got['own']}, against the expanded hidden "
+              f"file {got['expanded']}")
+        figures.append(f"{t} mean KLD {got['own']['Mean    KLD']} / {got['expanded']['Mean    KLD']}, same top "
+                       f"{got['own']['Same top p']} / {got['expanded']['Same top p']}")
+    ours.unlink()
+    append_row("hidden_base: llama-perplexity --kl-divergence against its own raw base file / against kldtool's "
+               "hidden file expanded by convert --to llamacpp", f"c={ctx}, {chunks} chunks: " + "; ".join(figures),
+               "see figures")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--ctx", type=int, default=512)
@@ -83,12 +121,16 @@ def main() -> None:
     ap.add_argument("--chunks", type=int, default=20, help="chunks for the speed row (0: skip)")
     ap.add_argument("--types", default="Q8_0,Q4_K_M,Q2_K")
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--peer", action="store_true", help="also have llama-perplexity (benchmarks/llamacpp_peer.py's "
+                                                        "build) read the hidden file expanded to its raw layout")
     args = ap.parse_args()
     CACHE.mkdir(parents=True, exist_ok=True)
     if args.size_chunks:
         size_row(args.ctx, args.size_chunks)
     if args.chunks:
         speed_row(args.ctx, args.chunks, args.types.split(","), args.rounds)
+        if args.peer:
+            peer_row(args.ctx, args.chunks, args.types.split(","))
 
 
 if __name__ == "__main__":
