@@ -58,11 +58,13 @@ class HiddenStore:
     def blocks(self, engine, windows):
         """(window number, stored hidden rows, float32 NLL of each target) block by block, the
         first chunks' blocks checked against their logits on the way."""
-        rows = lambda w: PROBE_ROWS if self.probe.takes(w.index) else 0  # noqa: E731
-        for i, off, hidden, logits, nll in engine.hidden_blocks(windows, rows):
+        def probe_rows(w) -> int:  # rows of ``w`` whose logits an engine that keeps them in its workers returns
+            return PROBE_ROWS if self.probe.takes(w.index) else 0
+
+        for i, off, hidden, logits, nll in engine.hidden_blocks(windows, probe_rows):
             w = windows[i]
             stored = hidden.to(self.dtype)
-            if logits is not None and self.probe.takes(w.index):
+            if logits is not None:  # the probe keeps only its windows' blocks
                 self.probe.offer(w.index, stored[:len(logits)], logits)
             if nll is None:
                 nll = target_nll(logits, w.targets[off:off + len(logits)])
