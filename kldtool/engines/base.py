@@ -4,6 +4,7 @@ they evaluate the windows they are given and hand back the scored rows' logits."
 from __future__ import annotations
 
 import hashlib
+import os
 from abc import ABC, abstractmethod
 from typing import Iterable, Iterator
 
@@ -100,8 +101,6 @@ class Engine(ABC):
     def head_source(self) -> str:
         """Where ``compare`` finds this engine's output head again (``base --head external``):
         the model's absolute path."""
-        import os
-
         path = self.describe().get("model")
         if not path or not os.path.exists(path):
             raise UsageError(f"--head external: the {self.name} engine's model is not a file or directory "

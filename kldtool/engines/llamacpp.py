@@ -204,10 +204,10 @@ class LlamaCppEngine(Engine):
         from kldtool.logitsfile.ggml_head import gguf_head
         from kldtool.logitsfile.hidden import OutputHead
 
-        head = gguf_head(self.model_path)
-        if head["shape"][1] != int(self.lib.llama_model_n_embd(self.model)):
+        head, dim = gguf_head(self.model_path), int(self.lib.llama_model_n_embd(self.model))
+        if head["shape"][1] != dim:
             raise EngineError(f"{self.model_path}: its head {head['name']} takes {head['shape'][1]} inputs, the model's "
-                              f"final norm gives {int(self.lib.llama_model_n_embd(self.model))}")
+                              f"final norm gives {dim}")
         return OutputHead(head["data"], None, head["multiplier"], head["softcap"], head["type"], head["shape"])
 
     def describe(self) -> dict:

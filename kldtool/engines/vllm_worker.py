@@ -115,7 +115,7 @@ class WorkerState:
             self.feeds[path] = ChunkFeed(open_base_file(path), device)
         return self.feeds[path]
 
-    def on_step(self, spec: dict, prompt, start: int, n_computed: int, logits_fn, hidden_fn=None) -> None:
+    def on_step(self, spec: dict, prompt, start: int, n_computed: int, logits_fn, hidden_fn) -> None:
         if spec.get("mode") == "probe":
             if self.keeps and start == 0:
                 _publish_or_log(spec, "json", json.dumps(self.info).encode())
