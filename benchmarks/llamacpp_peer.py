@@ -10,8 +10,10 @@ The base file is written once by kldtool in llama.cpp's raw layout from the buil
 GGUF (byte-identical to what llama-perplexity writes, see tests/test_llamacpp_parity.py);
 the quants are requantized from it with llama-cpp-python. Wall time includes loading the
 model for both tools; each tool runs ``--rounds`` times per type in alternating order and its
-best time counts (a 2-core VM varies by 20 % from one run to the next). Prints each pair of
-times and their ratio, and appends a dated row to benchmarks/RESULTS.md.
+best time counts (a 2-core VM varies by 20 % from one run to the next). A third contender,
+llamacpp_decode.py, runs the shared decode alone (start-up and load included): its time over the
+peer's is the floor of any ratio a tool running that decode can reach. Prints each tool's time,
+their ratio and that floor, and appends a dated row to benchmarks/RESULTS.md.
 
     .venv/bin/python benchmarks/llamacpp_peer.py [--ctx 512] [--chunks 20] [--types Q8_0,Q4_K_M,Q2_K] [--rounds 2]
 """
@@ -90,7 +92,7 @@ def main() -> None:
     ap.add_argument("--types", default="Q8_0,Q4_K_M,Q2_K")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 2)
     ap.add_argument("--batch", type=int, default=2048)
-    ap.add_argument("--rounds", type=int, default=2, help="runs of each tool per type, alternating; best taken")
+    ap.add_argument("--rounds", type=int, default=2, help="runs of each contender per type, order rotated; best taken")
     a = ap.parse_args()
 
     from kldtool.engines.defaults import default_gguf
@@ -113,6 +115,8 @@ def main() -> None:
             quantize(model, str(quant), type_name)
         cmd_theirs = [peer, "-m", quant, "--kl-divergence", "-c", a.ctx, *common]
         cmd_ours = [sys.executable, "-m", "kldtool", "compare", "--engine", "llamacpp", "-m", quant, *common]
+        cmd_decode = [sys.executable, ROOT / "benchmarks" / "llamacpp_decode.py", quant, base, "-t", a.threads,
+                      "-b", a.batch]
         # An untimed chunk first: numba's compiled reducer reaches its disk cache (the first
         # run on a machine compiles it). llama-perplexity has no such cost to hide.
         timed(cmd_ours + ["--chunks", 1])
@@ -121,18 +125,23 @@ def main() -> None:
         def run(name, cmd):
             return lambda: outputs.__setitem__(name, timed(cmd)[1])
 
-        best = best_alternating({"llama-perplexity": run("theirs", cmd_theirs), "kldtool": run("ours", cmd_ours)},
-                                a.rounds)
-        theirs, ours = best["llama-perplexity"], best["kldtool"]
+        best = best_alternating({"llama-perplexity": run("theirs", cmd_theirs), "kldtool": run("ours", cmd_ours),
+                                 "decode alone": run("decode", cmd_decode)}, a.rounds)
+        theirs, ours, decode = best["llama-perplexity"], best["kldtool"], best["decode alone"]
         out_theirs, out_ours = outputs["theirs"], outputs["ours"]
-        rows.append((type_name, ours, theirs))
+        rows.append((type_name, ours, theirs, decode))
         print(f"{type_name:>6}: kldtool {ours:6.2f} s, llama-perplexity {theirs:6.2f} s, ratio {ours / theirs:.3f}; "
+              f"decode alone {decode:6.2f} s (floor {decode / theirs:.3f}); "
               f"mean KLD {kld_mean(out_ours)} vs {kld_mean(out_theirs)}", flush=True)
-    worst = max(o / t for _, o, t in rows)
-    print(f"worst ratio kldtool / llama-perplexity: {worst:.3f} (target <= 0.95)")
-    append_row(f"compare --engine llamacpp vs llama-perplexity --kl-divergence (SmolLM2 Q4_1 base, c={a.ctx}, "
-               f"{a.chunks} chunks, -t {a.threads}, -b {a.batch}, best of {a.rounds})",
-               "; ".join(f"{t} {o:.2f} s vs {th:.2f} s" for t, o, th in rows), f"worst ratio {worst:.3f}")
+    worst = max(o / t for _, o, t, _ in rows)
+    floor = max(d / t for _, _, t, d in rows)  # the worst ratio that a zero-cost reduction would give
+    print(f"worst ratio kldtool / llama-perplexity: {worst:.3f} (target <= 0.95); "
+          f"the shared decode alone, worst type: {floor:.3f}")
+    append_row(f"compare --engine llamacpp vs llama-perplexity --kl-divergence, and the shared llama.cpp decode "
+               f"alone (SmolLM2 Q4_1 base, c={a.ctx}, {a.chunks} chunks, -t {a.threads}, -b {a.batch}, "
+               f"best of {a.rounds})",
+               "; ".join(f"{t} {o:.2f} s vs {th:.2f} s, decode alone {d:.2f} s" for t, o, th, d in rows),
+               f"worst ratio {worst:.3f}; decode floor {floor:.3f}")
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""Two ways of doing the same work, timed in alternating order (so neither always runs on a
+"""Several ways of doing the same work, timed in rotating order (so none always runs on a
 warmer or cooler machine), best of each."""
 
 from __future__ import annotations
@@ -9,13 +9,14 @@ from typing import Callable
 
 def best_alternating(runs: dict[str, Callable[[], None]], rounds: int,
                      sync: Callable[[], None] = lambda: None) -> dict[str, float]:
-    """Run the two callables in ``runs`` once per round, swapping their order every round;
-    returns each one's best wall time in seconds. ``sync`` waits for queued device work."""
-    (name_a, fn_a), (name_b, fn_b) = runs.items()
-    times: dict[str, list[float]] = {name_a: [], name_b: []}
+    """Run each callable in ``runs`` once per round, the order rotated by one every round (two
+    callables swap); returns each one's best wall time in seconds. ``sync`` waits for queued
+    device work."""
+    items = list(runs.items())
+    times: dict[str, list[float]] = {name: [] for name, _ in items}
     for r in range(rounds):
-        order = ((name_a, fn_a), (name_b, fn_b)) if r % 2 == 0 else ((name_b, fn_b), (name_a, fn_a))
-        for name, fn in order:
+        k = r % len(items)
+        for name, fn in items[k:] + items[:k]:
             sync()
             t0 = time.perf_counter()
             fn()

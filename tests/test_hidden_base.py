@@ -44,6 +44,9 @@ def test_a_hidden_file_is_the_row_file_replayed(hidden8, hf_base, tmp_path):
     info = json.loads(run_cli("info", "--json", hidden8).stdout)
     assert info["store"] == "hidden" and info["hidden"] == "576 x float32"
     assert info["head_bytes"] == 49152 * 576 * 4 and info["replay_floor_kld_mean"] == floor["kld_mean"]
+    # A frame of hidden states stands for 32 MiB of replayed rows (a row file's frame: 8 MiB, 85
+    # rows), so the host replays a whole c=512 chunk as one product.
+    assert info["rows_per_frame"] == (32 << 20) // RAW_ROW
 
 
 def test_bytes_per_token_and_bf16_replayed_as_computed(hidden8, tmp_path):
