@@ -12,6 +12,8 @@ import numpy as np
 from kldtool.codec import rows_to_torch
 from kldtool.logitsfile.reader_base import stage_frame
 
+CACHE_BYTES = 256 << 20  # rows a ChunkFeed keeps on its device for requests that ask again
+
 
 def iter_chunks(reader, indices: Iterable[int], ahead: int = 4, threads: int = 2,
                 read=None) -> Iterator[tuple[int, np.ndarray]]:
@@ -151,6 +153,10 @@ class ChunkFeed:
         self.frames = reader.frames
         self._read, self._to_torch = _loader(reader, device)
         self.ahead, threads = prefetch_plan(reader.frame_nbytes)
+        # As many frames as are read ahead, plus two, within CACHE_BYTES: the rows sit on the
+        # engine's device beside the model, and a hidden-state file's frames replay into 4x a
+        # row file's (at least three frames, as for a file of one frame per long window).
+        self.keep = max(3, min(self.ahead + 2, CACHE_BYTES // max(reader.frame_nbytes, 1)))
         self._pool = ThreadPoolExecutor(max_workers=threads)
         self._pending: dict = {}
         self._cache: OrderedDict = OrderedDict()
@@ -162,7 +168,7 @@ class ChunkFeed:
         fut = self._pending.pop(k, None)
         rows = self._to_torch(fut.result() if fut is not None else self._read(k), self.device)
         self._cache[k] = rows
-        while len(self._cache) > self.ahead + 2:
+        while len(self._cache) > self.keep:
             self._cache.popitem(last=False)
         for j in range(k + 1, min(k + 1 + self.ahead, self.frames.n_frames)):
             if j not in self._pending and j not in self._cache:
