@@ -373,7 +373,9 @@ class ContainerWriter(ResumableWriter):
         self.transform = HIDDEN if (metadata or {}).get("hidden") else (TOPK if header.keep else transform)
         self.head = None  # hidden states: the OutputHead, stored by finish
         self.head_source = None  # ... or only named, with its hash (--head external)
-        self.frame_rows = default_frame_rows(header.row_width, self.transform == HIDDEN) if frame_rows is None else frame_rows
+        if frame_rows is None:
+            frame_rows = default_frame_rows(header.row_width, replayed=self.transform == HIDDEN)
+        self.frame_rows = frame_rows
         if not 0 <= self.frame_rows <= MAX_FRAME_ROWS:
             raise ValueError(f"{self.frame_rows} rows per frame: expected 0 .. {MAX_FRAME_ROWS}")
         self.layout = FrameLayout([header.rows_of(i) for i in range(header.n_chunk)], self.frame_rows)
