@@ -25,6 +25,10 @@ ENGINE = {
     "threads": (Optional[int], typer.Option(None, "-t", "--threads", help="CPU threads (default: all cores).")),
     "batch": (int, typer.Option(2048, "-b", "--batch-size", help="Tokens per engine call; chunks are batched as "
                                                                  "llama-perplexity's n_seq = batch / ctx.")),
+    "contexts": (Optional[int], typer.Option(None, "--contexts", help="llamacpp, compare: contexts decoding different "
+                                                                      "batches at once, the threads split among them "
+                                                                      "(default 2 with 2+ threads; 1 is llama-"
+                                                                      "perplexity's layout). The numbers do not change.")),
     "tensor_parallel_size": (Optional[int], typer.Option(None, "--tensor-parallel-size",
                                                          help="vLLM: tensor-parallel ranks.")),
     "pipeline_parallel_size": (Optional[int], typer.Option(None, "--pipeline-parallel-size",
@@ -118,11 +122,13 @@ def open_engine(opts: SimpleNamespace, model: str | None, n_ctx: int):
         raise UsageError(f"--threads {opts.threads}: must be at least 1")
     if opts.batch < 1:
         raise UsageError(f"--batch-size {opts.batch}: must be at least 1")
+    if opts.contexts is not None and opts.contexts < 1:
+        raise UsageError(f"--contexts {opts.contexts}: must be at least 1")
     # Only flags the user set reach vLLM (and are refused by the other engines); an unset switch is False.
     vllm = {k: v for k in VLLM_KEYS if (v := getattr(opts, k)) is not None and v is not False}
     vllm.update(parse_vllm_args(opts.vllm_arg or []))
     return make_engine(EngineOptions(opts.engine, model, opts.dtype, opts.device, opts.threads, opts.batch, vllm,
-                                     opts.server, opts.exchange_dir), n_ctx)
+                                     opts.server, opts.exchange_dir, opts.contexts), n_ctx)
 
 
 def protocol_of(opts: SimpleNamespace):

@@ -22,6 +22,7 @@ class EngineOptions:
     vllm: dict = field(default_factory=dict)  # to vllm.LLM(...), but max_model_len and logits_block
     server: str | None = None  # a running vLLM server's URL
     exchange_dir: str | None = None
+    contexts: int | None = None  # llamacpp: contexts decoding side by side
 
 
 def guess_engine(model: str | None) -> str:
@@ -37,9 +38,12 @@ def make_engine(opts: EngineOptions, n_ctx: int) -> Engine:
     the engine reads itself); with no model, the built-in default."""
     from kldtool.engines import defaults
 
+    engine = "vllm" if opts.server or opts.exchange_dir else opts.engine or guess_engine(opts.model)
+    if opts.contexts is not None and engine != "llamacpp":
+        raise UsageError(f"--contexts {opts.contexts}: only for --engine llamacpp (the {engine} engine spreads "
+                         f"one batch over its device itself)")
     if opts.server or opts.exchange_dir:
         return _served(opts, n_ctx)
-    engine = opts.engine or guess_engine(opts.model)
     if engine not in ENGINES:
         raise UsageError(f"--engine {engine!r}: expected one of {', '.join(ENGINES)}")
     if opts.vllm and engine != "vllm":
@@ -52,7 +56,7 @@ def make_engine(opts: EngineOptions, n_ctx: int) -> Engine:
         if opts.device not in (None, "cpu"):
             raise UsageError(f"--device {opts.device}: this llamacpp engine build runs on the CPU")
         return LlamaCppEngine(opts.model or defaults.default_gguf(), threads=opts.threads,
-                              batch_tokens=opts.batch_tokens)
+                              batch_tokens=opts.batch_tokens, contexts=opts.contexts)
     if engine == "python":
         from kldtool.engines.python import PythonEngine
 

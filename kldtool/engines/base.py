@@ -44,6 +44,16 @@ class Engine(ABC):
         array: the logits at offsets first .. first+n_scored-1. They may be views of the
         engine's own buffers (no copy of a batch's logits): valid until the next call."""
 
+    def lanes(self, n_groups: int) -> list["Engine"]:
+        """Engines that may score ``n_groups`` batches side by side, each on its own thread
+        (pipeline/lanes.py); the ones other than this engine are closed after the run. Most
+        engines spread one batch over every core themselves: just this one."""
+        return [self]
+
+    def set_threads(self, n: int) -> None:
+        """A lane's share of the CPU threads from its next batch on (lanes.py gives the lanes
+        still running the threads of those that are done)."""
+
     def logit_blocks(self, windows: list[Window]) -> Iterator[tuple[int, int, object]]:
         """(window number in ``windows``, first scored row, logits of the following rows), in
         order. An engine that can carry its state across a window (a KV cache) yields a long

@@ -4,10 +4,18 @@ The context and batches are laid out exactly as llama-perplexity lays them out (
 per decode as separate sequences, n_ctx = n_seq * chunk, n_batch 2048, n_ubatch 512, KV
 cleared before each pass), so the logits - and hence the base-file codes - are bit-identical
 to llama-perplexity's on the same build.
+
+``contexts`` > 1 (compare's default with two threads or more) splits the threads among that
+many contexts on the one loaded model, each decoding its own batches of chunks on its own
+thread (pipeline/lanes.py). A logit is computed by the same kernel whichever thread count or
+batch holds it, so the numbers stay llama-perplexity's; the lanes gain what ggml's threads
+lose waiting for each other at every operation of a decode (one 2-thread context decodes at
+0.88 of two 1-thread ones on two cores), and one lane's reduction runs while the other decodes.
 """
 
 from __future__ import annotations
 
+import copy
 import ctypes
 import os
 
@@ -38,7 +46,8 @@ def cpu_features(lib) -> str:
 class LlamaCppEngine(Engine):
     name = "llamacpp"
 
-    def __init__(self, model: str, threads: int | None = None, batch_tokens: int = 2048, verbose: bool = False):
+    def __init__(self, model: str, threads: int | None = None, batch_tokens: int = 2048, verbose: bool = False,
+                 contexts: int | None = None):
         try:
             import llama_cpp as lib
         except ImportError:
@@ -51,6 +60,7 @@ class LlamaCppEngine(Engine):
             raise EngineError(f"{model}: no such GGUF file")
         self.model_path = model
         self.threads = threads or os.cpu_count() or 1
+        self.contexts = contexts or min(2, self.threads)
         self.batch_tokens = batch_tokens
         self.model = lib.llama_model_load_from_file(model.encode(), lib.llama_model_default_params())
         if not self.model:
@@ -65,6 +75,26 @@ class LlamaCppEngine(Engine):
             raise EngineError(f"{model}: the model asks for EOS after every text; llama-perplexity's protocol has none")
         self.ctx = None
         self.ctx_shape = None
+        self._owns_model = True
+
+    def lanes(self, n_groups: int) -> list["LlamaCppEngine"]:
+        """Up to ``contexts`` engines sharing this one's model, each with its own context and
+        a share of the threads (at least one each); just this engine where one context is all
+        there is to use."""
+        n = min(self.contexts, n_groups, self.threads)
+        if n <= 1:
+            return [self]
+        return [self._twin(self.threads // n + (i < self.threads % n)) for i in range(n)]
+
+    def set_threads(self, n: int) -> None:
+        self.threads = n
+        if self.ctx:
+            self.lib.llama_set_n_threads(self.ctx, n, n)
+
+    def _twin(self, threads: int) -> "LlamaCppEngine":
+        twin = copy.copy(self)
+        twin.threads, twin.contexts, twin.ctx, twin.ctx_shape, twin._owns_model = threads, 1, None, None, False
+        return twin
 
     def _ensure_context(self, n_ctx: int):
         n_seq = max(1, self.batch_tokens // n_ctx)
@@ -94,9 +124,9 @@ class LlamaCppEngine(Engine):
 
     def close(self) -> None:
         self._free_context()
-        if self.model:
+        if self.model and self._owns_model:
             self.lib.llama_model_free(self.model)
-            self.model = None
+        self.model = None
 
     def tokenize(self, text: bytes) -> np.ndarray:
         lib = self.lib
@@ -214,5 +244,5 @@ class LlamaCppEngine(Engine):
         import llama_cpp
 
         return {"engine": self.name, "model": self.model_path, "dtype": "gguf", "device": "cpu",
-                "threads": self.threads, "versions": {"llama-cpp-python": llama_cpp.__version__},
+                "threads": self.threads, "contexts": self.contexts, "versions": {"llama-cpp-python": llama_cpp.__version__},
                 "cpu_isa": cpu_features(llama_cpp)}

@@ -18,6 +18,7 @@ from kldtool.identity import base_identity, model_identity
 from kldtool.logitsfile import frame_facts
 from kldtool.logitsfile.prefetch import PrefetchedChunks
 from kldtool.pipeline.common import Sinks, groups, run_metadata, whole_batches
+from kldtool.pipeline.lanes import in_order, lanes_note
 from kldtool.pipeline.state import RunState, check_fits, load_state, save_state
 from kldtool.manifest import run_manifest
 from kldtool.protocols import Window, llamacpp_windows, parse_lengths, windows_from_table
@@ -190,8 +191,6 @@ def run_compare(engine: Engine, reader, force: bool = False, json_path: str | No
     sinks = sinks or Sinks()
     ck = checkpoints or Checkpoints()
     t0 = time.time()
-    if engine.reduces_here:
-        reduce.warm_up(engine.device)
     warnings = check_compatible(engine, reader, force)
     for w in warnings:
         sinks.info("warning: " + w)
@@ -206,8 +205,10 @@ def run_compare(engine: Engine, reader, force: bool = False, json_path: str | No
     start = state.next_chunk
     in_range = base_windows(reader, engine.bos_id)[a:b]
     windows = in_range[start - a:]
+    batches = list(groups(windows, n_seq))
+    lanes = engine.lanes(len(batches))
     sinks.info(f"compare: chunks {start + 1}..{b} of {h.n_chunk}, n_ctx={h.n_ctx}, n_seq={n_seq}, "
-               f"engine {engine.name}, base {reader.path} ({reader.format_name})")
+               f"engine {engine.name}{lanes_note(lanes)}, base {reader.path} ({reader.format_name})")
     hidden_floor = reader.metadata.get("replay")
     if hidden_floor:
         sinks.info(f"compare: the base file stores hidden states; its replay floor: mean KLD "
@@ -220,7 +221,12 @@ def run_compare(engine: Engine, reader, force: bool = False, json_path: str | No
     per_token = None
     if per_token_path and not (state.complete and os.path.exists(per_token_path)):
         per_token = PerTokenWriter(per_token_path, meta, resume_tokens=acc.count)
-    source = PrefetchedChunks(reader, range(start, b), device=engine.device)
+    if engine.reduces_here:
+        # Started here, not before the checks above: numba's import holds the interpreter,
+        # which the tokenizer's identity (a loop over the vocabulary) needs too.
+        reduce.warm_up(engine.device)
+    scored = in_order(engine, lanes, batches, lambda lane, group, source: lane.score(group, source),
+                      lambda chunks: PrefetchedChunks(reader, chunks, device=engine.device))
     last_save, saved_at = time.time(), len(acc.chunks)
 
     def checkpoint() -> None:
@@ -229,14 +235,13 @@ def run_compare(engine: Engine, reader, force: bool = False, json_path: str | No
             per_token.flush()
         save_state(ck.path, state)
 
+    t_pass = time.time()
     try:
-        for gi, group in enumerate(groups(windows, n_seq)):
-            t_pass = time.time()
-            records = engine.score(group, source)
-            if gi == 0:
+        for gi, (group, records) in enumerate(scored):
+            if gi == 0:  # the lanes' first passes run side by side
                 per_pass = time.time() - t_pass
                 sinks.info(f"compare: {per_pass:.2f} seconds per pass - ETA "
-                           f"{per_pass * len(windows) / n_seq / 60:.2f} minutes")
+                           f"{per_pass * -(-len(batches) // len(lanes)) / 60:.2f} minutes")
             for w, rec in zip(group, records):
                 # Records first: wherever Ctrl-C lands, they cover every chunk the accumulator
                 # holds, and --resume cuts them back to the checkpoint.
@@ -261,7 +266,7 @@ def run_compare(engine: Engine, reader, force: bool = False, json_path: str | No
             per_token.close(keep=bool(ck.path))
         raise
     finally:
-        source.close()
+        scored.close()  # waits for the lanes' decodes in progress
     if ck.path:
         checkpoint()
     result = run_metadata("compare") | {

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import math
 import time
+from contextlib import closing
 
 from kldtool.corpus import Corpus
 from kldtool.engines.base import Engine
 from kldtool.pipeline.common import Sinks, groups, run_metadata
+from kldtool.pipeline.lanes import in_order, lanes_note
 from kldtool.pipeline.plan import make_plan
 from kldtool.protocols import Protocol
 from kldtool.report.console import final_estimate, ppl_progress
@@ -39,18 +41,20 @@ def run_ppl(engine: Engine, corpus: Corpus, protocol: Protocol, chunks: int | No
     sinks = sinks or Sinks()
     t0 = time.time()
     plan = make_plan(engine, corpus, protocol, chunks, force)
-    n_seq = engine.windows_per_call(plan.n_ctx)
+    batches = list(groups(plan.windows, engine.windows_per_call(plan.n_ctx)))
+    lanes = engine.lanes(len(batches))
     sinks.info(f"ppl: protocol {protocol.name}, {len(plan.windows)} windows of up to {plan.n_ctx} tokens "
-               f"({plan.n_source_tokens} tokens in {corpus.name}), engine {engine.name}")
+               f"({plan.n_source_tokens} tokens in {corpus.name}), engine {engine.name}{lanes_note(lanes)}")
     total = PplAccumulator()
     per_length = {n: PplAccumulator() for n in protocol.lengths}
-    for group in groups(plan.windows, n_seq):
-        for w, nll in zip(group, engine.nll(group)):
-            total.add(nll)
-            for n, acc in per_length.items():
-                if len(w.tokens) >= n:
-                    acc.add(nll[:n - 1])
-            sinks.out(ppl_progress(w.index + 1, total.ppl))
+    with closing(in_order(engine, lanes, batches, lambda lane, group, _: lane.nll(group))) as scored:
+        for group, nlls in scored:
+            for w, nll in zip(group, nlls):
+                total.add(nll)
+                for n, acc in per_length.items():
+                    if len(w.tokens) >= n:
+                        acc.add(nll[:n - 1])
+                sinks.out(ppl_progress(w.index + 1, total.ppl))
     sinks.line()
     value, unc = total.estimate()
     sinks.info(final_estimate(value, unc))

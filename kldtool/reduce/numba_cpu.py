@@ -20,11 +20,14 @@ Compiled on first use and cached on disk (numba's ``cache=True``).
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 import numpy as np
 from numba import njit, prange
 
 from kldtool.codec.rows import HEADER_SLOTS
 from kldtool.numba_exp import exp_f64 as _exp_f64
+from kldtool.threadmode import one_core, spread
 
 TOP_N = 10  # rowmath.TOP_K is (5, TOP_N): _reduce's overlaps
 SPAN = 64  # entries per block of the top-list scan
@@ -162,39 +165,50 @@ def _records(x, c, e, big_m, inv_s, scale, lowest, floor):
     return kld, rk, p_sum, js
 
 
+@njit(cache=True, inline="always")
+def _reduce_row(r, logits, codes, heads, targets, floor, out64, out32, outi):
+    n_vocab = logits.shape[1]
+    x = logits[r]
+    c = codes[r]
+    scale, lowest = heads[r, 0], heads[r, 1]
+    qv = np.empty(TOP_N, np.float32)
+    qi = np.empty(TOP_N, np.int64)
+    bv = np.empty(TOP_N, np.float32)
+    bi = np.empty(TOP_N, np.int64)
+    _top_lists(x, c, scale, lowest, qv, qi, bv, bi)
+    mx = qv[0]
+    e = np.empty(n_vocab, np.float32)  # exp(x - max), kept: q below costs no second exp
+    s = _exp_sum(x, mx, e)
+    big_m = mx + np.float32(np.log(s))
+    inv_s = np.float32(1.0 / s)
+    kld, rk, p_sum, js = _records(x, c, e, big_m, inv_s, scale, lowest, floor)
+    t = targets[r]
+    nll = big_m - x[t]
+    nll_base = -(np.float32(c[t]) * scale + lowest)
+    out64[r, 0] = kld
+    out64[r, 1] = rk - (p_sum - 1.0)
+    out64[r, 2] = js
+    out32[r, 0] = nll
+    out32[r, 1] = nll_base
+    out32[r, 2] = np.exp(-nll) - np.exp(-nll_base)
+    out32[r, 3] = np.exp(bv[0])
+    outi[r, 0] = qi[0] == bi[0]
+    outi[r, 1] = _overlap(qi, bi, 5)
+    outi[r, 2] = _overlap(qi, bi, TOP_N)
+    outi[r, 3] = qi[0]
+    outi[r, 4] = bi[0]
+
+
 @njit(parallel=True, cache=True, nogil=True)
 def _reduce(logits, codes, heads, targets, floor, out64, out32, outi):
-    n_rows, n_vocab = logits.shape
-    for r in prange(n_rows):
-        x = logits[r]
-        c = codes[r]
-        scale, lowest = heads[r, 0], heads[r, 1]
-        qv = np.empty(TOP_N, np.float32)
-        qi = np.empty(TOP_N, np.int64)
-        bv = np.empty(TOP_N, np.float32)
-        bi = np.empty(TOP_N, np.int64)
-        _top_lists(x, c, scale, lowest, qv, qi, bv, bi)
-        mx = qv[0]
-        e = np.empty(n_vocab, np.float32)  # exp(x - max), kept: q below costs no second exp
-        s = _exp_sum(x, mx, e)
-        big_m = mx + np.float32(np.log(s))
-        inv_s = np.float32(1.0 / s)
-        kld, rk, p_sum, js = _records(x, c, e, big_m, inv_s, scale, lowest, floor)
-        t = targets[r]
-        nll = big_m - x[t]
-        nll_base = -(np.float32(c[t]) * scale + lowest)
-        out64[r, 0] = kld
-        out64[r, 1] = rk - (p_sum - 1.0)
-        out64[r, 2] = js
-        out32[r, 0] = nll
-        out32[r, 1] = nll_base
-        out32[r, 2] = np.exp(-nll) - np.exp(-nll_base)
-        out32[r, 3] = np.exp(bv[0])
-        outi[r, 0] = qi[0] == bi[0]
-        outi[r, 1] = _overlap(qi, bi, 5)
-        outi[r, 2] = _overlap(qi, bi, TOP_N)
-        outi[r, 3] = qi[0]
-        outi[r, 4] = bi[0]
+    for r in prange(logits.shape[0]):
+        _reduce_row(r, logits, codes, heads, targets, floor, out64, out32, outi)
+
+
+@njit(cache=True, nogil=True)
+def _reduce_one_core(logits, codes, heads, targets, floor, out64, out32, outi):
+    for r in range(logits.shape[0]):
+        _reduce_row(r, logits, codes, heads, targets, floor, out64, out32, outi)
 
 
 def reduce_rows_cpu(logits: np.ndarray, rows: np.ndarray, targets: np.ndarray, floor: float) -> list[np.ndarray]:
@@ -207,13 +221,17 @@ def reduce_rows_cpu(logits: np.ndarray, rows: np.ndarray, targets: np.ndarray, f
     out64 = np.empty((n_rows, 3), np.float64)
     out32 = np.empty((n_rows, 4), np.float32)
     outi = np.empty((n_rows, 5), np.int64)
-    _reduce(np.ascontiguousarray(logits, np.float32), codes, heads, np.ascontiguousarray(targets, np.int64),
-            np.float32(floor), out64, out32, outi)
+    loop = _reduce if spread() else _reduce_one_core
+    loop(np.ascontiguousarray(logits, np.float32), codes, heads, np.ascontiguousarray(targets, np.int64),
+         np.float32(floor), out64, out32, outi)
     return [out32[:, 0], out32[:, 1], out64[:, 0], out32[:, 2], outi[:, 0].astype(bool),
             out64[:, 1], out64[:, 2], outi[:, 1], outi[:, 2], out32[:, 3], outi[:, 3], outi[:, 4]]
 
 
 def warm() -> None:
-    """Compile, or load from numba's cache, the loop for the argument types reduce_rows_cpu passes."""
+    """Compile, or load from numba's cache, both loops (all cores, one core) for the argument
+    types reduce_rows_cpu passes."""
     rows = np.zeros((1, HEADER_SLOTS + 8), np.uint16)
-    reduce_rows_cpu(np.zeros((1, 8), np.float32), rows, np.zeros(1, np.int64), -16.0)
+    for mode in (nullcontext, one_core):
+        with mode():
+            reduce_rows_cpu(np.zeros((1, 8), np.float32), rows, np.zeros(1, np.int64), -16.0)
