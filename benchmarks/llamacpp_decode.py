@@ -1,9 +1,11 @@
 """llama.cpp's decode of a raw base file's chunks and nothing else: the same batches, context
 and threads as llama-perplexity --kl-divergence (kldtool's llama.cpp engine lays them out as it
 does, bit-identical logits; the windows compare takes from the base file), no base rows read, no
-statistics. Its wall time, start-up and model
-load included, is the least any tool that runs this decode can take: llamacpp_peer.py times it
-beside both tools to show how much of each run is the shared decode.
+statistics, in one context with all the threads, as llama-perplexity runs it. Its wall time,
+start-up and model load included, is the least a tool running the decode in that layout can
+take: llamacpp_peer.py times it beside both tools to show how much of each run is the decode.
+kldtool's compare decodes the same batches in two 1-thread contexts side by side (--contexts),
+which gets more out of two cores than one 2-thread context, and so can finish below it.
 
     .venv/bin/python benchmarks/llamacpp_decode.py QUANT.gguf BASE.kld [-t THREADS] [-b BATCH]
 """
@@ -25,7 +27,7 @@ def main() -> None:
     ap.add_argument("-b", "--batch", type=int, default=2048)
     a = ap.parse_args()
     reader = open_base_file(a.base)
-    engine = LlamaCppEngine(a.model, threads=a.threads, batch_tokens=a.batch)
+    engine = LlamaCppEngine(a.model, threads=a.threads, batch_tokens=a.batch, contexts=1)
     windows = base_windows(reader, engine.bos_id)  # the windows compare evaluates
     per = engine.windows_per_call(reader.header.n_ctx)
     rows = 0

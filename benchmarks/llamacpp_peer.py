@@ -11,8 +11,9 @@ GGUF (byte-identical to what llama-perplexity writes, see tests/test_llamacpp_pa
 the quants are requantized from it with llama-cpp-python. Wall time includes loading the
 model for both tools; each tool runs ``--rounds`` times per type in alternating order and its
 best time counts (a 2-core VM varies by 20 % from one run to the next). A third contender,
-llamacpp_decode.py, runs the shared decode alone (start-up and load included): its time over the
-peer's is the floor of any ratio a tool running that decode can reach. Prints each tool's time,
+llamacpp_decode.py, runs the shared decode alone in llama-perplexity's layout (one context, all
+threads; start-up and load included): its time over the peer's is the floor of any ratio a tool
+running the decode that way can reach; kldtool's two contexts side by side go below it. Prints each tool's time,
 their ratio and that floor, and appends a dated row to benchmarks/RESULTS.md.
 
     .venv/bin/python benchmarks/llamacpp_peer.py [--ctx 512] [--chunks 20] [--types Q8_0,Q4_K_M,Q2_K] [--rounds 2]
@@ -134,7 +135,7 @@ def main() -> None:
               f"decode alone {decode:6.2f} s (floor {decode / theirs:.3f}); "
               f"mean KLD {kld_mean(out_ours)} vs {kld_mean(out_theirs)}", flush=True)
     worst = max(o / t for _, o, t, _ in rows)
-    floor = max(d / t for _, _, t, d in rows)  # the worst ratio that a zero-cost reduction would give
+    floor = max(d / t for _, _, t, d in rows)  # one context's decode alone: what a zero-cost reduction would give
     print(f"worst ratio kldtool / llama-perplexity: {worst:.3f} (target <= 0.95); "
           f"the shared decode alone, worst type: {floor:.3f}")
     append_row(f"compare --engine llamacpp vs llama-perplexity --kl-divergence, and the shared llama.cpp decode "

@@ -38,8 +38,11 @@ def test_a_lanes_damaged_frame_is_one_line(small_container, tmp_path):  # noqa: 
     assert "Mean    KLD" not in p.stdout
 
 
-def test_contexts_only_for_llamacpp():
+def test_contexts_only_for_llamacpp(tmp_path):
     p = fail("ppl", "--engine", "transformers", "--contexts", 2, "-f", WIKI, "--chunks", 1)
     one_line_error(p, errors.UsageError, "--contexts 2", "only for --engine llamacpp")
     p = fail("ppl", "--contexts", 0, "-f", WIKI, "--chunks", 1)
     one_line_error(p, errors.UsageError, "--contexts 0", "at least 1")
+    p = fail("base", "--contexts", 2, "-f", WIKI, "--chunks", 1, "--kl-divergence-base", tmp_path / "b.kldt")
+    one_line_error(p, errors.UsageError, "--contexts 2", "for compare and ppl")
+    assert not list(tmp_path.iterdir())

@@ -25,7 +25,7 @@ ENGINE = {
     "threads": (Optional[int], typer.Option(None, "-t", "--threads", help="CPU threads (default: all cores).")),
     "batch": (int, typer.Option(2048, "-b", "--batch-size", help="Tokens per engine call; chunks are batched as "
                                                                  "llama-perplexity's n_seq = batch / ctx.")),
-    "contexts": (Optional[int], typer.Option(None, "--contexts", help="llamacpp, compare: contexts decoding different "
+    "contexts": (Optional[int], typer.Option(None, "--contexts", help="llamacpp, compare and ppl: contexts decoding different "
                                                                       "batches at once, the threads split among them "
                                                                       "(default 2 with 2+ threads; 1 is llama-"
                                                                       "perplexity's layout). The numbers do not change.")),

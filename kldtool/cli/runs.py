@@ -65,6 +65,9 @@ def base(
         raise UsageError(f"--clamp: {e}") from None
     check_layout(fmt, spec.name, top, clamp, frame_rows)  # before the model loads
     check_store(store, fmt, top, replay_tolerance, head)
+    if run.contexts is not None:
+        # The rows of a batch stream to the file as they come; lanes would hold whole batches.
+        raise UsageError(f"--contexts {run.contexts}: for compare and ppl; base runs one context")
     text = corpus_of(corpus)
     eng = open_engine(run, model, longest(spec))
     try:
