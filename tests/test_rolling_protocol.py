@@ -9,14 +9,18 @@ log-softmax sits about 8e-6 nats per token below the exact value (measured: 1.0e
 perplexity), which would blur a 1e-5 comparison. kldtool runs at float32, as users run it.
 """
 
+import hashlib
 import json
+import os
 import re
+import shutil
 import subprocess
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-from conftest import ROOT, WIKI, compare_json, run_cli
+from conftest import ROOT, WIKI, compare_json, run_cli, sha256
 
 from kldtool import wikitext
 from kldtool.protocols import Protocol, rolling_windows
@@ -48,17 +52,32 @@ def pages() -> dict[str, list[str]]:
 
 @pytest.fixture(scope="module")
 def lmeval(fp32_dir, pages, tmp_path_factory) -> dict:
-    py = ROOT / ".venv-lmeval" / "bin" / "python"
-    if not py.exists():
-        subprocess.run(["bash", str(ROOT / "scripts" / "lmeval" / "setup.sh")], check=True)
-    d = tmp_path_factory.mktemp("lmeval")
+    """What lm-eval itself computes for ``pages``. Its float64 run takes minutes on two cores, so
+    it is done once per machine and kept in kldtool's cache (as the quantized test checkpoints
+    are), under a key of everything it depends on: the pinned lm-eval (its setup script), the
+    helper that drives it, the model's weights, the pages and the window length."""
+    from kldtool.engines.defaults import cache_dir
+
     runs = {"wikitext": {"pages": pages["wikitext"], "detokenize": True},
             "plain": {"pages": pages["plain"], "detokenize": False}}
+    helper, setup = ROOT / "tests" / "helpers" / "lmeval_rolling.py", ROOT / "scripts" / "lmeval" / "setup.sh"
+    key = hashlib.sha256("\0".join([json.dumps(runs, sort_keys=True), helper.read_text(), setup.read_text(),
+                                     sha256(Path(fp32_dir) / "model.safetensors"), str(LENGTH), "float64"]).encode())
+    kept = cache_dir() / f"lmeval-reference-{key.hexdigest()[:24]}.json"
+    if kept.exists():
+        return json.loads(kept.read_text())
+    py = ROOT / ".venv-lmeval" / "bin" / "python"
+    if not py.exists():
+        subprocess.run(["bash", str(setup)], check=True)
+    d = tmp_path_factory.mktemp("lmeval")
     (d / "runs.json").write_text(json.dumps(runs))
-    p = subprocess.run([str(py), str(ROOT / "tests" / "helpers" / "lmeval_rolling.py"), fp32_dir, str(LENGTH),
-                        "float64", str(d / "runs.json"), str(d / "out.json")], capture_output=True, text=True)
+    p = subprocess.run([str(py), str(helper), fp32_dir, str(LENGTH), "float64", str(d / "runs.json"),
+                        str(d / "out.json")], capture_output=True, text=True)
     assert p.returncode == 0, p.stderr[-3000:]
-    return json.loads((d / "out.json").read_text())
+    kept.parent.mkdir(parents=True, exist_ok=True)
+    part = kept.with_name(f".{kept.name}.{os.getpid()}")
+    os.replace(shutil.copy(d / "out.json", part), kept)  # whole or absent
+    return json.loads(kept.read_text())
 
 
 def test_paging_and_detokenizer_are_lmevals(pages, lmeval):

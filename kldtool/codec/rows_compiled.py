@@ -50,23 +50,25 @@ def _row_codes(r, logits, mn, inv, rows, first):
         o[first + j] = np.uint16(0.0 if x[j] <= floor else q)
 
 
+@njit(cache=True, inline="always")
+def _row(r, logits, mx, lowest, sums, mn, inv, rows, first, codes):
+    """Row ``r``'s part of the first pass (its statistics) or, with ``codes``, of the second."""
+    if codes:
+        _row_codes(r, logits, mn, inv, rows, first)
+    else:
+        _row_stat(r, logits, mx, lowest, sums)
+
+
 @njit(parallel=True, cache=True, nogil=True)
 def _rows(logits, mx, lowest, sums, mn, inv, rows, first, codes):
-    """Both passes' loops over the rows on every core: the statistics, or (``codes``) the codes."""
     for r in prange(logits.shape[0]):
-        if codes:
-            _row_codes(r, logits, mn, inv, rows, first)
-        else:
-            _row_stat(r, logits, mx, lowest, sums)
+        _row(r, logits, mx, lowest, sums, mn, inv, rows, first, codes)
 
 
 @njit(cache=True, nogil=True)
 def _rows_one_core(logits, mx, lowest, sums, mn, inv, rows, first, codes):
     for r in range(logits.shape[0]):
-        if codes:
-            _row_codes(r, logits, mn, inv, rows, first)
-        else:
-            _row_stat(r, logits, mx, lowest, sums)
+        _row(r, logits, mx, lowest, sums, mn, inv, rows, first, codes)
 
 
 def encode_compiled(logits: np.ndarray, codec: str, clamp: float) -> tuple[np.ndarray, np.ndarray]:
