@@ -224,7 +224,7 @@ def run_compare(engine: Engine, reader, force: bool = False, json_path: str | No
     if engine.reduces_here:
         # Started here, not before the checks above: numba's import holds the interpreter,
         # which the tokenizer's identity (a loop over the vocabulary) needs too.
-        reduce.warm_up(engine.device)
+        reduce.warm_up(engine.device, len(lanes))
     scored = in_order(engine, lanes, batches, lambda lane, group, source: lane.score(group, source),
                       lambda chunks: PrefetchedChunks(reader, chunks, device=engine.device))
     last_save, saved_at = time.time(), len(acc.chunks)

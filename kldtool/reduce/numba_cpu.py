@@ -228,10 +228,11 @@ def reduce_rows_cpu(logits: np.ndarray, rows: np.ndarray, targets: np.ndarray, f
             out64[:, 1], out64[:, 2], outi[:, 1], outi[:, 2], out32[:, 3], outi[:, 3], outi[:, 4]]
 
 
-def warm() -> None:
-    """Compile, or load from numba's cache, both loops (all cores, one core) for the argument
-    types reduce_rows_cpu passes."""
+def warm(lanes: int = 1) -> None:
+    """Compile, or load from numba's cache, the loops a run in ``lanes`` lanes uses for the
+    argument types reduce_rows_cpu passes: all cores (one lane; a last batch run alone), and
+    one core where there are several. Each load is CPU time beside the engine's first batch."""
     rows = np.zeros((1, HEADER_SLOTS + 8), np.uint16)
-    for mode in (nullcontext, one_core):
+    for mode in (nullcontext, one_core)[:1 + (lanes > 1)]:
         with mode():
             reduce_rows_cpu(np.zeros((1, 8), np.float32), rows, np.zeros(1, np.int64), -16.0)
