@@ -89,9 +89,8 @@ def encode_compiled(logits: np.ndarray, codec: str, clamp: float) -> tuple[np.nd
     return rows, mx + lse
 
 
-def warm() -> None:
-    """Compile, or load from numba's cache, the loops (all cores, one core) for the types
-    encode_compiled passes."""
-    for mode in (nullcontext, one_core):
-        with mode():
-            encode_compiled(np.zeros((1, 8), np.float32), "grid", 16.0)
+def warm(all_cores: bool = True) -> None:
+    """Compile, or load from numba's cache, the loop encode_compiled runs for its types: on
+    every core, or (``all_cores`` False, a lane's) on the calling thread alone."""
+    with nullcontext() if all_cores else one_core():
+        encode_compiled(np.zeros((1, 8), np.float32), "grid", 16.0)

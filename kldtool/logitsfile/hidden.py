@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kldtool.logitsfile import ggml_head
+from kldtool.threadmode import spread
 
 # Stored hidden-state dtypes: their item size and how their bytes are viewed (bf16 as raw uint16).
 DTYPES = {"float32": ("<f4", 4), "float16": ("<f2", 2), "bfloat16": ("<u2", 2)}
@@ -175,15 +176,16 @@ class Replayer:
     def warm(self) -> None:
         """Load the head (a GGUF head: dequantized, and the compiled encoder its host replay uses)
         on a thread while the engine computes its first batch; the first replay waits for it,
-        and meets any error it had."""
-        threading.Thread(target=self._warm, name="kldtool-head-warm-up", daemon=True).start()
+        and meets any error it had. The encoder's loop is the one the calling thread will run
+        (all cores, or one on a lane's thread)."""
+        threading.Thread(target=self._warm, args=(spread(),), name="kldtool-head-warm-up", daemon=True).start()
 
-    def _warm(self) -> None:
+    def _warm(self, all_cores: bool) -> None:
         try:
             if self.head().ggml:  # the host replays a GGUF head through the compiled encoder
                 from kldtool.codec.rows_compiled import warm
 
-                warm()
+                warm(all_cores)
         except Exception:  # the first replay loads it again and reports what failed
             pass
 
