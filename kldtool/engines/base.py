@@ -50,6 +50,12 @@ class Engine(ABC):
         engines spread one batch over every core themselves: just this one."""
         return [self]
 
+    def lane_pieces(self, batch: list[Window]) -> list[list[Window]]:
+        """``batch`` (windows_per_call windows of one shape) cut into the pieces a lane may take
+        one call at a time, each window's logits staying exactly those of the whole batch's
+        call; the batch itself where no cut keeps them."""
+        return [batch]
+
     def set_threads(self, n: int) -> None:
         """A lane's share of the CPU threads from its next batch on (lanes.py gives the lanes
         still running the threads of those that are done)."""

@@ -7,10 +7,20 @@ to llama-perplexity's on the same build.
 
 ``contexts`` > 1 (compare's default with two threads or more) splits the threads among that
 many contexts on the one loaded model, each decoding its own batches of chunks on its own
-thread (pipeline/lanes.py). A logit is computed by the same kernel whichever thread count or
-batch holds it, so the numbers stay llama-perplexity's; the lanes gain what ggml's threads
-lose waiting for each other at every operation of a decode (on two cores, two 1-thread
-contexts decode 7 % more per second than one 2-thread context: SmolLM2 Q8_0, 4-chunk batches).
+thread (pipeline/lanes.py). A logit is computed by the same kernels whichever thread count
+holds it, so the numbers stay llama-perplexity's; the lanes gain what ggml's threads lose
+waiting for each other at every operation of a decode (on two cores, two 1-thread contexts
+decode 7 % more per second than one 2-thread context: SmolLM2 Q8_0, 4-chunk batches).
+
+What a batch's composition can change is the kernels a token goes through. llama-perplexity's
+context keeps a KV stream per sequence, so llama.cpp cuts a batch into ubatches of the same
+t = n_ubatch / n_seq positions of every sequence; the quantized matmuls take a ubatch's rows in
+groups of 4 and any rest through another kernel, and ggml's flash attention takes a stream's
+queries through its tiled kernel when there are at least 64 of them, else one by one. A batch
+whose every ubatch has rows and output rows in fours and 64 positions or more per sequence
+gives each token the same kernels as any such piece of it: a lane decodes those pieces on their
+own (``lane_pieces``: one 512-token chunk at a time at c=512), logits bit-identical (sha256
+over 20 chunks, tests/test_llamacpp_lanes.py), and no lane waits through a last partial round.
 """
 
 from __future__ import annotations
@@ -43,6 +53,24 @@ def cpu_features(lib) -> str:
     return " ".join(k.split(":")[-1].strip() for k, _, v in pairs if v.strip() == "1") or "unknown"
 
 
+FA_TILE_Q = 64  # ggml-cpu's flash attention: a stream's queries go through its tiled kernel from this many
+
+
+def _same_kernels(batch: list[Window], ubatch: int) -> bool:
+    """Whether every ubatch of ``batch``'s decode has rows and output rows in fours and at
+    least FA_TILE_Q positions of each sequence (llama.cpp's equal split: the same ``t``
+    positions of every sequence per ubatch): then each token's kernels do not depend on the
+    other sequences beside it."""
+    n_tokens = len(batch[0].tokens)
+    t = ubatch // len(batch)
+    for a in range(0, n_tokens, max(t, 1)):
+        k = min(t, n_tokens - a)
+        outputs = sum(max(0, a + k - max(a, w.first)) for w in batch)
+        if k < min(FA_TILE_Q, n_tokens) or (len(batch) * k) % 4 or outputs % 4:
+            return False
+    return True
+
+
 class LlamaCppEngine(Engine):
     name = "llamacpp"
 
@@ -73,9 +101,11 @@ class LlamaCppEngine(Engine):
                                if t >= 0), None)
         if lib.llama_vocab_get_add_eos(self.vocab):
             raise EngineError(f"{model}: the model asks for EOS after every text; llama-perplexity's protocol has none")
+        self.n_ubatch = int(lib.llama_context_default_params().n_ubatch)
         self.ctx = None
         self.ctx_shape = None
         self._owns_model = True
+        self._lane = False  # a lane's context is sized for the pieces it gets (lane_pieces)
 
     def lanes(self, n_groups: int) -> list["LlamaCppEngine"]:
         """Up to ``contexts`` engines sharing this one's model, each with its own context and
@@ -86,6 +116,19 @@ class LlamaCppEngine(Engine):
             return [self]
         return [self._twin(self.threads // n + (i < self.threads % n)) for i in range(n)]
 
+    def lane_pieces(self, batch: list[Window]) -> list[list[Window]]:
+        n_tokens = len(batch[0].tokens)
+        if len(batch) == 1 or n_tokens > self.batch_tokens:
+            return [batch]
+        ubatch = min(self.n_ubatch, self.windows_per_call(n_tokens) * n_tokens)  # the whole batch's context
+        if not _same_kernels(batch, ubatch):
+            return [batch]
+        for size in range(1, len(batch)):
+            pieces = [batch[i:i + size] for i in range(0, len(batch), size)]
+            if all(_same_kernels(p, min(ubatch, len(p) * n_tokens)) for p in pieces):
+                return pieces
+        return [batch]
+
     def set_threads(self, n: int) -> None:
         self.threads = n
         if self.ctx:
@@ -94,11 +137,14 @@ class LlamaCppEngine(Engine):
     def _twin(self, threads: int) -> "LlamaCppEngine":
         twin = copy.copy(self)
         twin.threads, twin.contexts, twin.ctx, twin.ctx_shape, twin._owns_model = threads, 1, None, None, False
+        twin._lane = True
         return twin
 
-    def _ensure_context(self, n_ctx: int):
+    def _ensure_context(self, n_ctx: int, n_windows: int):
         n_seq = max(1, self.batch_tokens // n_ctx)
-        if self.ctx_shape == (n_ctx, n_seq):
+        if self._lane:  # its pieces, or a whole batch where none could be cut
+            n_seq = min(n_seq, n_windows)
+        if self.ctx_shape and self.ctx_shape[0] == n_ctx and self.ctx_shape[1] >= n_seq:
             return
         self._free_context()
         lib = self.lib
@@ -169,7 +215,7 @@ class LlamaCppEngine(Engine):
 
     def logits(self, windows: list[Window]) -> list:
         n_ctx = len(windows[0].tokens)
-        self._ensure_context(n_ctx)
+        self._ensure_context(n_ctx, len(windows))
         if n_ctx > self.n_batch:  # the blocks are views of llama.cpp's buffer: keep copies
             return [np.concatenate(p) for p in self._per_block(windows, lambda w, off, lg: lg.copy())]
         self.lib.llama_memory_clear(self.lib.llama_get_memory(self.ctx), True)
@@ -181,7 +227,7 @@ class LlamaCppEngine(Engine):
 
     def logit_blocks(self, windows: list[Window]):
         n_ctx = len(windows[0].tokens)
-        self._ensure_context(n_ctx)
+        self._ensure_context(n_ctx, len(windows))
         if n_ctx > self.n_batch:
             yield from self._long_blocks(windows)
         else:
@@ -209,7 +255,7 @@ class LlamaCppEngine(Engine):
         import torch
 
         lib, n_ctx = self.lib, len(windows[0].tokens)
-        self._ensure_context(n_ctx)
+        self._ensure_context(n_ctx, len(windows))
         dim = int(lib.llama_model_n_embd(self.model))
         packed = n_ctx <= self.n_batch
         lib.llama_set_embeddings(self.ctx, True)

@@ -4,10 +4,15 @@
     | n_chunk * rows_per_chunk rows of row_width uint16
 
 There is no version, checksum or completion marker, so completeness is judged from the size.
+
+The rows are read through a read-only map of the file: a frame is a view of the page cache,
+so the reducer reads the rows where they lie instead of a copy made first (copying a 20-chunk
+SmolLM2 file's 1 GB of rows cost ~0.4 s of CPU beside llama.cpp's decode).
 """
 
 from __future__ import annotations
 
+import mmap
 import os
 
 import numpy as np
@@ -54,6 +59,7 @@ class RawReader(BaseFileReader):
         self.metadata = {"protocol": {"name": "llamacpp", "n_ctx": h.n_ctx}}
         # Stored whole, read in frames: any rows can be read where they lie.
         self.frames = self._layout(default_frame_rows(h.row_width))
+        self._map = mmap.mmap(self.fd, expected, prot=mmap.PROT_READ) if h.n_chunk else None
 
     def read_frame(self, index: int) -> Frame:
         h = self.header
@@ -61,13 +67,23 @@ class RawReader(BaseFileReader):
             raise IndexError(index)
         chunk, row0, n = self.frames.span(index)
         offset = self.rows_offset + chunk * h.chunk_nbytes + row0 * h.row_width * 2
-        data = os.pread(self.fd, n * h.row_width * 2, offset)
-        if len(data) != n * h.row_width * 2:
-            self._fail(f"chunk {chunk} cut short at offset {offset + len(data)}", TruncatedRows)
-        return Frame(index, offset, data)
+        end = offset + n * h.row_width * 2
+        size = os.fstat(self.fd).st_size  # a file cut since it was opened: an error, not SIGBUS
+        if size < end:
+            self._fail(f"chunk {chunk} cut short at offset {size}", TruncatedRows)
+        return Frame(index, offset, memoryview(self._map)[offset:end])
 
     def frame_rows(self, frame: Frame) -> np.ndarray:
         return np.frombuffer(frame.data, dtype="<u2").reshape(-1, self.header.row_width)
+
+    def close(self) -> None:
+        if getattr(self, "_map", None) is not None:
+            try:
+                self._map.close()
+            except BufferError:  # rows still in use keep the map open until they go
+                pass
+            self._map = None
+        super().close()
 
 
 class RawWriter(ResumableWriter):

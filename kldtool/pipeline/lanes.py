@@ -7,6 +7,10 @@ The consumer sees (batch, result) in batch order, exactly as one lane would hand
 accumulators, the printed lines and the checkpoints do not depend on the lane count. A lane
 runs at most ``AHEAD`` batches ahead of the consumer.
 
+Where an engine can cut its batches into smaller pieces with the same logits
+(``Engine.lane_pieces``: llama.cpp's batches at ubatch boundaries), the lanes take the pieces,
+so a run's last round leaves no lane idle for long.
+
 The batches that do not fill a last round of every lane (the fifth of five on two lanes) would
 leave a core idle for a whole batch: they wait until every lane is done with the full rounds,
 then run with all the lanes' threads shared among them (one batch: all of them, and its
@@ -27,6 +31,14 @@ from typing import Callable, Iterator, Sequence
 from kldtool.threadmode import all_cores, one_core
 
 AHEAD = 2
+
+
+def lane_plan(engine, batches: list[list]) -> tuple[list, list[list]]:
+    """(lanes, what they score one call at a time): ``batches`` as they are for one lane, cut
+    into the engine's lane pieces for several."""
+    pieces = [piece for batch in batches for piece in engine.lane_pieces(batch)]
+    lanes = engine.lanes(len(pieces))
+    return lanes, (pieces if len(lanes) > 1 else batches)
 
 
 def in_order(engine, lanes: list, batches: Sequence[list], work: Callable,
@@ -103,11 +115,13 @@ def _lane(i: int, engine, batches: list[list], open_source: Callable, work: Call
             source.close()
 
 
-def lanes_note(lanes: list) -> str:
-    """What a run's first line says of its lanes: nothing for one."""
+def lanes_note(lanes: list, batches: list[list]) -> str:
+    """What a run's first line says of its lanes (and the windows each call takes): nothing for one."""
     if len(lanes) == 1:
         return ""
-    return f", {len(lanes)} lanes side by side ({'+'.join(str(lane.threads) for lane in lanes)} threads)"
+    per = max(map(len, batches))
+    return (f", {len(lanes)} lanes side by side ({'+'.join(str(lane.threads) for lane in lanes)} threads, "
+            f"{per} window{'s' if per > 1 else ''} a call)")
 
 
 def _open(open_source: Callable | None, batches: Sequence[list]):

@@ -15,7 +15,7 @@ from contextlib import closing
 from kldtool.corpus import Corpus
 from kldtool.engines.base import Engine
 from kldtool.pipeline.common import Sinks, groups, run_metadata
-from kldtool.pipeline.lanes import in_order, lanes_note
+from kldtool.pipeline.lanes import in_order, lane_plan, lanes_note
 from kldtool.pipeline.plan import make_plan
 from kldtool.protocols import Protocol
 from kldtool.report.console import final_estimate, ppl_progress
@@ -41,10 +41,9 @@ def run_ppl(engine: Engine, corpus: Corpus, protocol: Protocol, chunks: int | No
     sinks = sinks or Sinks()
     t0 = time.time()
     plan = make_plan(engine, corpus, protocol, chunks, force)
-    batches = list(groups(plan.windows, engine.windows_per_call(plan.n_ctx)))
-    lanes = engine.lanes(len(batches))
+    lanes, batches = lane_plan(engine, list(groups(plan.windows, engine.windows_per_call(plan.n_ctx))))
     sinks.info(f"ppl: protocol {protocol.name}, {len(plan.windows)} windows of up to {plan.n_ctx} tokens "
-               f"({plan.n_source_tokens} tokens in {corpus.name}), engine {engine.name}{lanes_note(lanes)}")
+               f"({plan.n_source_tokens} tokens in {corpus.name}), engine {engine.name}{lanes_note(lanes, batches)}")
     total = PplAccumulator()
     per_length = {n: PplAccumulator() for n in protocol.lengths}
     with closing(in_order(engine, lanes, batches, lambda lane, group, _: lane.nll(group))) as scored:

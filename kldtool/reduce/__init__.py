@@ -84,19 +84,19 @@ def reducer_for(device) -> str:
     return "numba" if _installed("numba") else "torch"
 
 
-def warm_up(device, lanes: int = 1) -> None:
-    """Load the CPU reducer's compiled loops for a run in ``lanes`` lanes (numba's import and its
-    disk cache: ~1 s) on a thread while the engine computes its first batch, instead of after
-    it; a no-op elsewhere."""
+def warm_up(device, lanes: int = 1, tail: bool = False) -> None:
+    """Load the CPU reducer's compiled loops for a run in ``lanes`` lanes, ``tail`` if a last
+    call runs alone on every core (numba's import and its disk cache: ~1 s) on a thread while
+    the engine computes its first batch, instead of after it; a no-op elsewhere."""
     if reducer_for(device) == "numba":
-        threading.Thread(target=_load_numba, args=(lanes,), name="kldtool-reducer-warm-up", daemon=True).start()
+        threading.Thread(target=_load_numba, args=(lanes, tail), name="kldtool-reducer-warm-up", daemon=True).start()
 
 
-def _load_numba(lanes: int) -> None:
+def _load_numba(lanes: int, tail: bool) -> None:
     try:
         from kldtool.reduce.numba_cpu import warm
 
-        warm(lanes)
+        warm(lanes, tail)
     except Exception:  # the first real reduction meets the same error and reports it
         pass
 

@@ -33,7 +33,7 @@ TOP_N = 10  # rowmath.TOP_K is (5, TOP_N): _reduce's overlaps
 SPAN = 64  # entries per block of the top-list scan
 _FM = {"reassoc"}  # float64 sums may be vectorized; nothing else is relaxed
 _F = np.float32
-_ZERO, _ONE, _TWO, _HALF = _F(0.0), _F(1.0), _F(2.0), _F(0.5)
+_ZERO, _ONE, _TWO, _FOUR = _F(0.0), _F(1.0), _F(2.0), _F(4.0)
 _LN2 = _F(np.log(2.0))
 _HALF_LN2 = _F(np.log(2.0) / 2)
 _CUT = _F(0.5)  # |d| below which e^d - 1 comes from its own series
@@ -61,9 +61,8 @@ def _expm1_series(d):
 
 
 @njit(cache=True, inline="always")
-def _log1p_series(v):
-    """log(1 + v) for -1/2 < v <= 1: 2 atanh(v / (2 + v)), |z| <= 1/3, series to z^15."""
-    z = v / (_TWO + v)
+def _atanh2_series(z):
+    """2 atanh(z) = log((1 + z) / (1 - z)) for |z| <= 1/3, series to z^15."""
     z2 = z * z
     return _TWO * z * (_ONE + z2 * (_F(1 / 3) + z2 * (_F(1 / 5) + z2 * (_F(1 / 7) + z2 * (_F(1 / 9) + z2 * (
         _F(1 / 11) + z2 * (_F(1 / 13) + z2 * _F(1 / 15))))))))
@@ -156,10 +155,12 @@ def _records(x, c, e, big_m, inv_s, scale, lowest, floor):
         rk += np.float64(p * (em * (d - _ONE) + d))
         p_sum += np.float64(p)
         kld += np.float64(p * ((b - x[j]) + big_m) if kept else _ZERO)
-        # s = log((1 + e^d) / 2) = log1p(em / 2), or d - ln 2 + log1p(e^-d) once em / 2 > 1
-        u = em * _HALF
-        near = u <= _ONE
-        s = _log1p_series(u if near else _ONE / ed) + (_ZERO if near else d - _LN2)
+        # s = log((1 + e^d) / 2) = log1p(em / 2), or d - ln 2 + log1p(e^-d) once em / 2 > 1;
+        # log1p(v) = 2 atanh(v / (2 + v)), whose argument is em / (4 + em) or 1 / (2 e^d + 1):
+        # one division either way
+        near = em <= _TWO
+        z = (em if near else _ONE) / ((_FOUR + em) if near else (_TWO * ed + _ONE))
+        s = _atanh2_series(z) + (_ZERO if near else d - _LN2)
         g = ((_ONE + em) * d - (_TWO + em) * s) / _TWO
         js += np.float64(p * g if kept else e[j] * inv_s * _HALF_LN2)
     return kld, rk, p_sum, js
@@ -228,11 +229,14 @@ def reduce_rows_cpu(logits: np.ndarray, rows: np.ndarray, targets: np.ndarray, f
             out64[:, 1], out64[:, 2], outi[:, 1], outi[:, 2], out32[:, 3], outi[:, 3], outi[:, 4]]
 
 
-def warm(lanes: int = 1) -> None:
+def warm(lanes: int = 1, tail: bool = False) -> None:
     """Compile, or load from numba's cache, the loops a run in ``lanes`` lanes uses for the
-    argument types reduce_rows_cpu passes: all cores (one lane; a last batch run alone), and
-    one core where there are several. Each load is CPU time beside the engine's first batch."""
+    argument types reduce_rows_cpu passes: one core on each of several lanes, all cores for one
+    lane or a ``tail`` call run alone (numba's parallel loop also starts its thread pool, which
+    a run that never calls it should not pay for). Each load is CPU time beside the engine's
+    first batch."""
     rows = np.zeros((1, HEADER_SLOTS + 8), np.uint16)
-    for mode in (nullcontext, one_core)[:1 + (lanes > 1)]:
+    modes = ([one_core] if lanes > 1 else []) + ([nullcontext] if lanes == 1 or tail else [])
+    for mode in modes:
         with mode():
             reduce_rows_cpu(np.zeros((1, 8), np.float32), rows, np.zeros(1, np.int64), -16.0)
