@@ -19,8 +19,9 @@ groups of 4 and any rest through another kernel, and ggml's flash attention take
 queries through its tiled kernel when there are at least 64 of them, else one by one. A batch
 whose every ubatch has rows and output rows in fours and 64 positions or more per sequence
 gives each token the same kernels as any such piece of it: a lane decodes those pieces on their
-own (``lane_pieces``: one 512-token chunk at a time at c=512), logits bit-identical (sha256
-over 20 chunks, tests/test_llamacpp_lanes.py), and no lane waits through a last partial round.
+own (``lane_pieces``: one 512-token chunk at a time at c=512), logits bit-identical (sha256 of
+each chunk's logits at c=512, 256 and 128 for four quant types; tests/test_llamacpp_lanes.py
+checks c=256), and no lane waits through a last partial round.
 """
 
 from __future__ import annotations

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import time
-from itertools import accumulate
 from dataclasses import dataclass
 
 from kldtool import reduce
@@ -19,7 +18,7 @@ from kldtool.identity import base_identity, model_identity
 from kldtool.logitsfile import frame_facts
 from kldtool.logitsfile.prefetch import PrefetchedChunks
 from kldtool.pipeline.common import Sinks, groups, run_metadata, whole_batches
-from kldtool.pipeline.lanes import in_order, lane_plan, lanes_note
+from kldtool.pipeline.lanes import alone_at_the_end, in_order, lane_plan, lanes_note
 from kldtool.pipeline.state import RunState, check_fits, load_state, save_state
 from kldtool.manifest import run_manifest
 from kldtool.protocols import Window, llamacpp_windows, parse_lengths, windows_from_table
@@ -207,9 +206,6 @@ def run_compare(engine: Engine, reader, force: bool = False, json_path: str | No
     in_range = base_windows(reader, engine.bos_id)[a:b]
     windows = in_range[start - a:]
     lanes, batches = lane_plan(engine, list(groups(windows, n_seq)))
-    # Checkpoints fall where one of llama-perplexity's batches ends (lanes may take pieces of
-    # them): a resumed run starts a batch there and evaluates the same batches.
-    batch_ends = set(accumulate(len(g) for g in groups(in_range, n_seq)))
     sinks.info(f"compare: chunks {start + 1}..{b} of {h.n_chunk}, n_ctx={h.n_ctx}, n_seq={n_seq}, "
                f"engine {engine.name}{lanes_note(lanes, batches)}, base {reader.path} ({reader.format_name})")
     hidden_floor = reader.metadata.get("replay")
@@ -227,7 +223,7 @@ def run_compare(engine: Engine, reader, force: bool = False, json_path: str | No
     if engine.reduces_here:
         # Started here, not before the checks above: numba's import holds the interpreter,
         # which the tokenizer's identity (a loop over the vocabulary) needs too.
-        reduce.warm_up(engine.device, len(lanes), tail=len(batches) % len(lanes) > 0)
+        reduce.warm_up(engine.device, len(lanes), tail=alone_at_the_end(lanes, batches))
     scored = in_order(engine, lanes, batches, lambda lane, group, source: lane.score(group, source),
                       lambda chunks: PrefetchedChunks(reader, chunks, device=engine.device))
     last_save, saved_at = time.time(), len(acc.chunks)
@@ -254,7 +250,10 @@ def run_compare(engine: Engine, reader, force: bool = False, json_path: str | No
                 sinks.line(chunk_line(w.index + 1, summarize(acc, with_quantiles=False)))
             due = (ck.chunks is not None and len(acc.chunks) - saved_at >= ck.chunks) or \
                   time.time() - last_save >= ck.seconds
-            if ck.path and due and not state.complete and len(acc.chunks) in batch_ends:
+            # Only where one of llama-perplexity's batches ends (lanes may take pieces of them):
+            # a resumed run starts a batch there and evaluates the same batches.
+            done = len(acc.chunks)
+            if ck.path and due and not state.complete and whole_batches(in_range, n_seq, done) == done:
                 checkpoint()
                 last_save, saved_at = time.time(), len(acc.chunks)
     except BaseException:

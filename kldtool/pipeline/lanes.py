@@ -41,6 +41,12 @@ def lane_plan(engine, batches: list[list]) -> tuple[list, list[list]]:
     return lanes, (pieces if len(lanes) > 1 else batches)
 
 
+def alone_at_the_end(lanes: list, batches: list[list]) -> bool:
+    """Whether one last call runs alone with every lane's threads (and its reduction on every
+    core): a last round that only one lane has a call in."""
+    return len(lanes) > 1 and len(batches) % len(lanes) == 1
+
+
 def in_order(engine, lanes: list, batches: Sequence[list], work: Callable,
              open_source: Callable | None = None) -> Iterator[tuple[list, object]]:
     """(batch, work(lane, batch, source)) for every batch in order, over ``lanes`` (what
@@ -57,7 +63,8 @@ def in_order(engine, lanes: list, batches: Sequence[list], work: Callable,
                 source.close()
         return
     n = len(lanes)
-    run = _Run(threading.Event(), threading.Barrier(n), len(batches) % n, sum(lane.threads for lane in lanes))
+    run = _Run(threading.Event(), threading.Barrier(n), len(batches) % n, sum(lane.threads for lane in lanes),
+               alone_at_the_end(lanes, batches))
     outs = [queue.Queue(maxsize=AHEAD) for _ in lanes]
     threads = [threading.Thread(target=_lane, args=(i, lane, batches[i::n], open_source, work, outs[i], run),
                                 name=f"kldtool-lane-{i}", daemon=True) for i, lane in enumerate(lanes)]
@@ -85,6 +92,7 @@ class _Run:
     full_rounds: threading.Barrier  # every lane is done with its batches of the full rounds
     tail: int  # batches of the last, partial round (lanes 0 .. tail-1 have one each)
     threads: int  # all lanes' threads together
+    alone: bool  # the last round is one call, run on every core (alone_at_the_end)
 
 
 def _lane(i: int, engine, batches: list[list], open_source: Callable, work: Callable, out: queue.Queue,
@@ -104,7 +112,7 @@ def _lane(i: int, engine, batches: list[list], open_source: Callable, work: Call
             if not tail or run.stop.is_set():
                 return
             engine.set_threads(run.threads // run.tail + (i < run.threads % run.tail))
-            with (nullcontext() if run.tail > 1 else all_cores()):
+            with (all_cores() if run.alone else nullcontext()):
                 _hand_on(out, (True, work(engine, tail[0], source)), run.stop)
     except threading.BrokenBarrierError:  # the consumer stopped
         return
