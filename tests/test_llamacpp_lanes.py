@@ -72,6 +72,28 @@ def test_pieces_decode_bit_identical_logits(q4_1_gguf):
     assert cut == whole
 
 
+def test_beside_starts_once_every_lane_is_ready(q4_1_gguf):
+    """What compare starts beside the lanes (the reducer's warm-up) waits for every lane's
+    context, so an import holding the interpreter cannot hold up their first decodes; the
+    lanes' results still arrive in batch order."""
+    from kldtool.pipeline.lanes import in_order, lane_plan
+
+    engine = LlamaCppEngine(str(q4_1_gguf), threads=2, batch_tokens=1024, contexts=2)
+    seen = []
+    try:
+        text = WIKI.read_bytes()[:60000]
+        windows = llamacpp_windows(engine.tokenize(text), 256, 4, engine.bos_id)
+        lanes, batches = lane_plan(engine, [windows])
+        assert len(lanes) == 2 and len(batches) == 4
+        got = in_order(engine, lanes, batches, lambda lane, batch, _: [w.index for w in batch],
+                       beside=lambda: seen.append([lane.ctx is not None for lane in lanes]))
+        order = [r for _, r in got]
+    finally:
+        engine.close()
+    assert seen == [[True, True]]
+    assert order == [[0], [1], [2], [3]]
+
+
 def test_a_lanes_damaged_frame_is_one_line(small_container, tmp_path):  # noqa: F811
     """Chunk 1 is the second context's: its damaged frame is named, and no statistics follow."""
     data = small_container.read_bytes()

@@ -56,6 +56,11 @@ class Engine(ABC):
         call; the batch itself where no cut keeps them."""
         return [batch]
 
+    def prepare(self, windows: list[Window]) -> None:
+        """Make ready what a first call with ``windows`` needs (a llama.cpp context), so that the
+        call itself goes straight to the model (lanes.py does this before starting anything
+        that competes for the interpreter)."""
+
     def set_threads(self, n: int) -> None:
         """A lane's share of the CPU threads from its next batch on (lanes.py gives the lanes
         still running the threads of those that are done)."""
@@ -143,11 +148,9 @@ class Engine(ABC):
         """sha256 over the token texts, NUL-separated: equal vocabularies hash equal across engines."""
         cached = getattr(self, "_identity", None)
         if cached is None:
-            h = hashlib.sha256()
-            for t in self.token_strings():
-                h.update(t)
-                h.update(b"\0")
-            cached = self._identity = "sha256:" + h.hexdigest()
+            texts = list(self.token_strings())  # one update: the same digest as one per text
+            digest = hashlib.sha256(b"\0".join(texts) + b"\0" if texts else b"").hexdigest()
+            cached = self._identity = "sha256:" + digest
         return cached
 
 

@@ -130,6 +130,9 @@ class LlamaCppEngine(Engine):
                 return pieces
         return [batch]
 
+    def prepare(self, windows: list[Window]) -> None:
+        self._ensure_context(len(windows[0].tokens), len(windows))
+
     def set_threads(self, n: int) -> None:
         self.threads = n
         if self.ctx:
@@ -185,8 +188,8 @@ class LlamaCppEngine(Engine):
         return np.frombuffer(buf, dtype=np.int32, count=got).copy()
 
     def token_strings(self):
-        for i in range(self.n_vocab):
-            yield self.lib.llama_vocab_get_text(self.vocab, i) or b""
+        text, vocab = self.lib.llama_vocab_get_text, self.vocab
+        return [text(vocab, i) or b"" for i in range(self.n_vocab)]
 
     def windows_per_call(self, n_ctx: int) -> int:
         return max(1, self.batch_tokens // n_ctx)

@@ -220,12 +220,13 @@ def run_compare(engine: Engine, reader, force: bool = False, json_path: str | No
     per_token = None
     if per_token_path and not (state.complete and os.path.exists(per_token_path)):
         per_token = PerTokenWriter(per_token_path, meta, resume_tokens=acc.count)
-    if engine.reduces_here:
-        # Started here, not before the checks above: numba's import holds the interpreter,
-        # which the tokenizer's identity (a loop over the vocabulary) needs too.
-        reduce.warm_up(engine.device, len(lanes), tail=alone_at_the_end(lanes, batches))
+    # numba's import holds the interpreter, which the checks above (the tokenizer's identity:
+    # a loop over the vocabulary) and the lanes' way into their first decodes need: it starts
+    # once those decodes are ready to go.
+    warm = (lambda: reduce.warm_up(engine.device, len(lanes), tail=alone_at_the_end(lanes, batches))) \
+        if engine.reduces_here else None
     scored = in_order(engine, lanes, batches, lambda lane, group, source: lane.score(group, source),
-                      lambda chunks: PrefetchedChunks(reader, chunks, device=engine.device))
+                      lambda chunks: PrefetchedChunks(reader, chunks, device=engine.device), beside=warm)
     last_save, saved_at = time.time(), len(acc.chunks)
 
     def checkpoint() -> None:

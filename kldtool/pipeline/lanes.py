@@ -48,14 +48,19 @@ def alone_at_the_end(lanes: list, batches: list[list]) -> bool:
 
 
 def in_order(engine, lanes: list, batches: Sequence[list], work: Callable,
-             open_source: Callable | None = None) -> Iterator[tuple[list, object]]:
+             open_source: Callable | None = None, beside: Callable | None = None) -> Iterator[tuple[list, object]]:
     """(batch, work(lane, batch, source)) for every batch in order, over ``lanes`` (what
     ``engine.lanes`` gave). ``open_source(chunks)`` makes a lane's base-row feed over the chunk
     indices it will ask for, in that order (it is closed after the lane's last batch); without
-    it the source is None."""
+    it the source is None. ``beside()`` is called once every lane has its first call ready
+    (``Engine.prepare``), not before: what it starts (numba's import and cache load) holds the
+    interpreter for long stretches, and held the lanes' way into their first decodes 0.1-0.2 s."""
     if len(lanes) == 1:
         source = _open(open_source, batches)
         try:
+            _prepare(lanes[0], batches)
+            if beside:
+                beside()
             for batch in batches:
                 yield batch, work(lanes[0], batch, source)
         finally:
@@ -64,13 +69,17 @@ def in_order(engine, lanes: list, batches: Sequence[list], work: Callable,
         return
     n = len(lanes)
     run = _Run(threading.Event(), threading.Barrier(n), len(batches) % n, sum(lane.threads for lane in lanes),
-               alone_at_the_end(lanes, batches))
+               alone_at_the_end(lanes, batches), threading.Semaphore(0))
     outs = [queue.Queue(maxsize=AHEAD) for _ in lanes]
     threads = [threading.Thread(target=_lane, args=(i, lane, batches[i::n], open_source, work, outs[i], run),
                                 name=f"kldtool-lane-{i}", daemon=True) for i, lane in enumerate(lanes)]
     for t in threads:
         t.start()
     try:
+        for _ in lanes:
+            run.ready.acquire()
+        if beside:
+            beside()
         for k, batch in enumerate(batches):
             ok, got = outs[k % n].get()
             if not ok:
@@ -93,15 +102,20 @@ class _Run:
     tail: int  # batches of the last, partial round (lanes 0 .. tail-1 have one each)
     threads: int  # all lanes' threads together
     alone: bool  # the last round is one call, run on every core (alone_at_the_end)
+    ready: threading.Semaphore  # released once by each lane when its first call is ready (or it failed)
 
 
 def _lane(i: int, engine, batches: list[list], open_source: Callable, work: Callable, out: queue.Queue,
           run: _Run) -> None:
     source = None
     tail = batches[-1:] if i < run.tail else []
+    ready = False
     try:
         with one_core():
             source = _open(open_source, batches)
+            _prepare(engine, batches)
+            run.ready.release()
+            ready = True
             for batch in batches[:len(batches) - len(tail)]:
                 if run.stop.is_set():
                     return
@@ -119,8 +133,15 @@ def _lane(i: int, engine, batches: list[list], open_source: Callable, work: Call
     except BaseException as e:  # the consumer raises it where this batch's result was due
         _hand_on(out, (False, e), run.stop)
     finally:
+        if not ready:
+            run.ready.release()
         if source is not None:
             source.close()
+
+
+def _prepare(engine, batches: Sequence[list]) -> None:
+    if batches:
+        engine.prepare(batches[0])
 
 
 def lanes_note(lanes: list, batches: list[list]) -> str:
