@@ -167,10 +167,10 @@ def _records(x, c, e, big_m, inv_s, scale, lowest, floor):
 
 
 @njit(cache=True, inline="always")
-def _reduce_row(r, logits, codes, heads, targets, floor, out64, out32, outi):
+def _reduce_row(r, logits, rows, heads, targets, floor, out64, out32, outi):
     n_vocab = logits.shape[1]
     x = logits[r]
-    c = codes[r]
+    c = rows[r, HEADER_SLOTS:HEADER_SLOTS + n_vocab]  # a row of a C-contiguous array: unit stride, SIMD loads
     scale, lowest = heads[r, 0], heads[r, 1]
     qv = np.empty(TOP_N, np.float32)
     qi = np.empty(TOP_N, np.int64)
@@ -201,15 +201,15 @@ def _reduce_row(r, logits, codes, heads, targets, floor, out64, out32, outi):
 
 
 @njit(parallel=True, cache=True, nogil=True)
-def _reduce(logits, codes, heads, targets, floor, out64, out32, outi):
+def _reduce(logits, rows, heads, targets, floor, out64, out32, outi):
     for r in prange(logits.shape[0]):
-        _reduce_row(r, logits, codes, heads, targets, floor, out64, out32, outi)
+        _reduce_row(r, logits, rows, heads, targets, floor, out64, out32, outi)
 
 
 @njit(cache=True, nogil=True)
-def _reduce_one_core(logits, codes, heads, targets, floor, out64, out32, outi):
+def _reduce_one_core(logits, rows, heads, targets, floor, out64, out32, outi):
     for r in range(logits.shape[0]):
-        _reduce_row(r, logits, codes, heads, targets, floor, out64, out32, outi)
+        _reduce_row(r, logits, rows, heads, targets, floor, out64, out32, outi)
 
 
 def reduce_rows_cpu(logits: np.ndarray, rows: np.ndarray, targets: np.ndarray, floor: float) -> list[np.ndarray]:
@@ -218,12 +218,11 @@ def reduce_rows_cpu(logits: np.ndarray, rows: np.ndarray, targets: np.ndarray, f
     n_rows, n_vocab = logits.shape
     rows = np.ascontiguousarray(rows).view(np.uint16)
     heads = np.ascontiguousarray(rows[:, :HEADER_SLOTS]).view(np.float32)
-    codes = rows[:, HEADER_SLOTS:HEADER_SLOTS + n_vocab]
     out64 = np.empty((n_rows, 3), np.float64)
     out32 = np.empty((n_rows, 4), np.float32)
     outi = np.empty((n_rows, 5), np.int64)
     loop = _reduce if spread() else _reduce_one_core
-    loop(np.ascontiguousarray(logits, np.float32), codes, heads, np.ascontiguousarray(targets, np.int64),
+    loop(np.ascontiguousarray(logits, np.float32), rows, heads, np.ascontiguousarray(targets, np.int64),
          np.float32(floor), out64, out32, outi)
     return [out32[:, 0], out32[:, 1], out64[:, 0], out32[:, 2], outi[:, 0].astype(bool),
             out64[:, 1], out64[:, 2], outi[:, 1], outi[:, 2], out32[:, 3], outi[:, 3], outi[:, 4]]
