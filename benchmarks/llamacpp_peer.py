@@ -10,7 +10,9 @@ The base file is written once by kldtool in llama.cpp's raw layout from the buil
 GGUF (byte-identical to what llama-perplexity writes, see tests/test_llamacpp_parity.py);
 the quants are requantized from it with llama-cpp-python. Wall time includes loading the
 model for both tools; each tool runs ``--rounds`` times per type in alternating order and its
-best time counts (a 2-core VM varies by 20 % from one run to the next). A third contender,
+best time counts (a 2-core VM varies by 20 % from one run to the next); beside the ratio of the
+best times it prints the median of each round's ratio, which a drift of the machine's speed over
+minutes moves far less (the two runs of a round see nearly the same machine). A third contender,
 llamacpp_decode.py, runs the shared decode alone in llama-perplexity's layout (one context, all
 threads; start-up and load included): its time over the peer's is the floor of any ratio a tool
 running the decode that way can reach; kldtool's two contexts side by side go below it. Prints each tool's time,
@@ -32,7 +34,7 @@ from importlib.metadata import version
 from pathlib import Path
 
 from results import append_row
-from timing import best_alternating
+from timing import alternating, median_ratio
 
 ROOT = Path(__file__).resolve().parent.parent
 WIKI = ROOT.parent / "shared" / "data" / "wikitext-2" / "wiki.test.txt"
@@ -126,23 +128,26 @@ def main() -> None:
         def run(name, cmd):
             return lambda: outputs.__setitem__(name, timed(cmd)[1])
 
-        best = best_alternating({"llama-perplexity": run("theirs", cmd_theirs), "kldtool": run("ours", cmd_ours),
-                                 "decode alone": run("decode", cmd_decode)}, a.rounds)
-        theirs, ours, decode = best["llama-perplexity"], best["kldtool"], best["decode alone"]
+        times = alternating({"llama-perplexity": run("theirs", cmd_theirs), "kldtool": run("ours", cmd_ours),
+                             "decode alone": run("decode", cmd_decode)}, a.rounds)
+        theirs, ours, decode = (min(times[k]) for k in ("llama-perplexity", "kldtool", "decode alone"))
+        paired = median_ratio(times, "kldtool", "llama-perplexity")
         out_theirs, out_ours = outputs["theirs"], outputs["ours"]
-        rows.append((type_name, ours, theirs, decode))
-        print(f"{type_name:>6}: kldtool {ours:6.2f} s, llama-perplexity {theirs:6.2f} s, ratio {ours / theirs:.3f}; "
-              f"decode alone {decode:6.2f} s (floor {decode / theirs:.3f}); "
-              f"mean KLD {kld_mean(out_ours)} vs {kld_mean(out_theirs)}", flush=True)
-    worst = max(o / t for _, o, t, _ in rows)
-    floor = max(d / t for _, _, t, d in rows)  # one context's decode alone: what a zero-cost reduction would give
-    print(f"worst ratio kldtool / llama-perplexity: {worst:.3f} (target <= 0.95); "
-          f"the shared decode alone, worst type: {floor:.3f}")
+        rows.append((type_name, ours, theirs, decode, paired))
+        print(f"{type_name:>6}: kldtool {ours:6.2f} s, llama-perplexity {theirs:6.2f} s, ratio {ours / theirs:.3f} "
+              f"(median of the rounds' ratios {paired:.3f}); decode alone {decode:6.2f} s (floor "
+              f"{decode / theirs:.3f}); mean KLD {kld_mean(out_ours)} vs {kld_mean(out_theirs)}", flush=True)
+    worst = max(o / t for _, o, t, _, _ in rows)
+    worst_paired = max(p for *_, p in rows)
+    floor = max(d / t for _, _, t, d, _ in rows)  # one context's decode alone: what a zero-cost reduction would give
+    print(f"worst ratio kldtool / llama-perplexity: {worst:.3f} of the best times, {worst_paired:.3f} as the median "
+          f"of each round's (target <= 0.95); the shared decode alone, worst type: {floor:.3f}")
     append_row(f"compare --engine llamacpp vs llama-perplexity --kl-divergence, and the shared llama.cpp decode "
                f"alone (SmolLM2 Q4_1 base, c={a.ctx}, {a.chunks} chunks, -t {a.threads}, -b {a.batch}, "
                f"best of {a.rounds})",
-               "; ".join(f"{t} {o:.2f} s vs {th:.2f} s, decode alone {d:.2f} s" for t, o, th, d in rows),
-               f"worst ratio {worst:.3f}; decode floor {floor:.3f}")
+               "; ".join(f"{t} {o:.2f} s vs {th:.2f} s (rounds' median ratio {p:.3f}), decode alone {d:.2f} s"
+                         for t, o, th, d, p in rows),
+               f"worst ratio {worst:.3f} (rounds' median {worst_paired:.3f}); decode floor {floor:.3f}")
 
 
 if __name__ == "__main__":
