@@ -36,6 +36,15 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _run(argv: list[str] | None) -> int:
+    try:
+        return _command(argv)
+    finally:
+        loading = sys.modules.get("kldtool.engines.llamacpp_load")
+        if loading is not None:  # a model loaded early that no engine took
+            loading.drop()
+
+
+def _command(argv: list[str] | None) -> int:
     from kldtool.memory import pin_mmap_threshold
 
     pin_mmap_threshold()

@@ -113,6 +113,14 @@ def flags(**groups: dict):
     return decorate
 
 
+def start_loading(opts: SimpleNamespace, model: str | None) -> None:
+    """Begin loading the model open_engine will build its engine for, where that can run beside
+    the command's own start-up (a GGUF: engines/llamacpp_load.py); call it first thing."""
+    from kldtool.engines import EngineOptions, start_loading as start
+
+    start(EngineOptions(opts.engine, model, server=opts.server, exchange_dir=opts.exchange_dir))
+
+
 def open_engine(opts: SimpleNamespace, model: str | None, n_ctx: int):
     """The engine a command's ENGINE flags describe, for windows of ``n_ctx`` tokens."""
     from kldtool.engines import EngineOptions, make_engine

@@ -10,7 +10,7 @@ import typer
 
 from kldtool.cli.app import app
 from kldtool.cli.options import (BOOTSTRAP, CORPUS, ENGINE, FRAME_ROWS, SCORING, ModelOpt, bootstrap_of, corpus_of,
-                                 flags, longest, open_engine, protocol_of)
+                                 flags, longest, open_engine, protocol_of, start_loading)
 from kldtool.errors import UsageError
 
 
@@ -46,6 +46,7 @@ def base(
     corpus=None, scoring=None, run=None,
 ):
     """Phase 1: run the base model over a text, print its PPL and store its log-probs."""
+    start_loading(run, model)
     from kldtool.codec import CODECS, check_clamp
     from kldtool.codec.topk import keep_of
     from kldtool.logitsfile import FORMATS, check_layout
@@ -93,6 +94,7 @@ def ppl(
     corpus=None, scoring=None, run=None,
 ):
     """Score mode: a model's perplexity under any protocol, without a base file."""
+    start_loading(run, (models or [None])[0])
     from kldtool.pipeline.ppl import run_ppl
     from kldtool.report.ppl_table import csv_text, print_table
     from kldtool.textio import write_json, write_text
@@ -157,6 +159,7 @@ def compare(
     run=None, boot=None,
 ):
     """Phase 2: run a model over a base file's tokens and print llama-perplexity's KLD statistics."""
+    start_loading(run, model)
     from kldtool.logitsfile import open_base_file
     from kldtool.pipeline import run_compare
     from kldtool.pipeline.compare import Checkpoints, check_protocol_flags, parse_chunk_range

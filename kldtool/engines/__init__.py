@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from kldtool.engines.base import Engine
-from kldtool.errors import UsageError
+from kldtool.errors import EngineError, UsageError
+
+if TYPE_CHECKING:  # the package stays light: start_loading runs before numpy is imported
+    from kldtool.engines.base import Engine
 
 ENGINES = ("transformers", "llamacpp", "vllm", "python")
 
@@ -33,12 +36,30 @@ def guess_engine(model: str | None) -> str:
     return "transformers"
 
 
+def engine_name(opts: EngineOptions) -> str:
+    """The engine ``opts`` ask for: a server or exchange directory means vLLM's client, else the
+    named engine, else the one the model path suggests."""
+    return "vllm" if opts.server or opts.exchange_dir else opts.engine or guess_engine(opts.model)
+
+
+def start_loading(opts: EngineOptions) -> None:
+    """Begin loading the model of a llamacpp engine on a thread (engines/llamacpp_load.py), so
+    that it overlaps the command's start-up; make_engine's engine takes it. Nothing for others."""
+    if engine_name(opts) == "llamacpp":
+        from kldtool.engines import defaults, llamacpp_load
+
+        try:
+            llamacpp_load.start(opts.model or defaults.default_gguf())
+        except EngineError:  # make_engine reports it, after the command's own checks
+            pass
+
+
 def make_engine(opts: EngineOptions, n_ctx: int) -> Engine:
     """Build an engine for windows of ``n_ctx`` tokens (0: as long as the model's context, which
     the engine reads itself); with no model, the built-in default."""
     from kldtool.engines import defaults
 
-    engine = "vllm" if opts.server or opts.exchange_dir else opts.engine or guess_engine(opts.model)
+    engine = engine_name(opts)
     if opts.contexts is not None and engine != "llamacpp":
         raise UsageError(f"--contexts {opts.contexts}: only for --engine llamacpp (the {engine} engine spreads "
                          f"one batch over its device itself)")

@@ -27,24 +27,15 @@ checks c=256), and no lane waits through a last partial round.
 from __future__ import annotations
 
 import copy
-import ctypes
 import os
 
 import numpy as np
 
+from kldtool.engines import llamacpp_load
 from kldtool.engines.base import Engine
+from kldtool.engines.llamacpp_load import silence_llama_logs
 from kldtool.errors import EngineError
 from kldtool.protocols import Window
-
-_LOG_CALLBACK = None  # kept alive for as long as llama.cpp may call it
-
-
-def silence_llama_logs(lib) -> None:
-    global _LOG_CALLBACK
-    if _LOG_CALLBACK is None:
-        _LOG_CALLBACK = lib.llama_log_callback(lambda level, text, user: None)
-        lib.llama_log_set(_LOG_CALLBACK, ctypes.c_void_p(0))
-
 
 def cpu_features(lib) -> str:
     """The instruction sets this llama.cpp build's CPU kernels use ("SSE3 AVX AVX2 ..."):
@@ -91,7 +82,8 @@ class LlamaCppEngine(Engine):
         self.threads = threads or os.cpu_count() or 1
         self.contexts = contexts or min(2, self.threads)
         self.batch_tokens = batch_tokens
-        self.model = lib.llama_model_load_from_file(model.encode(), lib.llama_model_default_params())
+        self.model = llamacpp_load.take(model) or lib.llama_model_load_from_file(model.encode(),
+                                                                              lib.llama_model_default_params())
         if not self.model:
             raise EngineError(f"{model}: llama.cpp could not load it (not a GGUF model, or an unsupported one)")
         self.vocab = lib.llama_model_get_vocab(self.model)

@@ -29,7 +29,7 @@ class Decoder:
         if self.source.endswith(".gguf"):
             import llama_cpp
 
-            from kldtool.engines.llamacpp import silence_llama_logs
+            from kldtool.engines.llamacpp_load import silence_llama_logs
 
             silence_llama_logs(llama_cpp)
             self._llama = llama_cpp.Llama(self.source, vocab_only=True, verbose=False)

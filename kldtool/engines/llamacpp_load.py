@@ -1,0 +1,91 @@
+"""llama-cpp-python's library quieted, and a GGUF model loaded on a thread while the command's
+own start-up runs.
+
+llama.cpp reads (and repacks) the weights in C with the interpreter released: 0.1 s for the
+built-in SmolLM2, seconds for a large model. Before it asks for its engine, a command spends
+0.2-0.3 s importing and checking in Python. ``start`` begins the load there, ``take`` hands the
+model to the engine built for that file, and ``drop`` lets go of any nobody took (a command that
+failed first, or built its engine for another file).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+
+_loads: dict[str, "_Load"] = {}
+_lock = threading.Lock()
+
+_LOG_CALLBACK = None  # kept alive for as long as llama.cpp may call it
+_log_lock = threading.Lock()  # the loading thread and an engine may both ask
+
+
+def silence_llama_logs(lib) -> None:
+    global _LOG_CALLBACK
+    with _log_lock:
+        if _LOG_CALLBACK is None:
+            _LOG_CALLBACK = lib.llama_log_callback(lambda level, text, user: None)
+            lib.llama_log_set(_LOG_CALLBACK, ctypes.c_void_p(0))
+
+
+class _Load:
+    def __init__(self, path: str):
+        self.path = path
+        self.model = None
+        self.lib = None
+        self.dropped = False
+        self.done = threading.Event()
+        threading.Thread(target=self._run, name="kldtool-model-load", daemon=True).start()
+
+    def _run(self) -> None:
+        try:
+            import llama_cpp as lib
+
+            silence_llama_logs(lib)
+            lib.llama_backend_init()
+            self.lib = lib
+            self.model = lib.llama_model_load_from_file(self.path.encode(), lib.llama_model_default_params()) or None
+        except Exception:  # the engine loads the file itself and reports what goes wrong
+            self.model = None
+        finally:
+            with _lock:
+                self.done.set()
+                if self.dropped:
+                    self._free()
+
+    def _free(self) -> None:
+        if self.model:
+            self.lib.llama_model_free(self.model)
+        self.model = None
+
+
+def start(path: str) -> None:
+    """Begin loading the GGUF at ``path`` on a thread (once; nothing for a path that is no file)."""
+    if not os.path.isfile(path):
+        return
+    with _lock:
+        key = os.path.realpath(path)
+        if key not in _loads:
+            _loads[key] = _Load(path)
+
+
+def take(path: str):
+    """The model loaded for ``path`` once its load ends, or None if none was started or it failed."""
+    with _lock:
+        load = _loads.pop(os.path.realpath(path), None)
+    if load is None:
+        return None
+    load.done.wait()
+    return load.model
+
+
+def drop() -> None:
+    """Free the loaded models nobody took; one still loading is freed by its thread when done."""
+    with _lock:
+        loads = list(_loads.values())
+        _loads.clear()
+        for load in loads:
+            load.dropped = True
+            if load.done.is_set():
+                load._free()
