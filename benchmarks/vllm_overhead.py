@@ -22,7 +22,7 @@ def main() -> None:
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
-    from kldtool.engines.vllm import VllmEngine
+    from kldtool.engines.vllm.offline import VllmEngine
     from kldtool.protocols import llamacpp_windows
 
     with base_reader(a) as (model, reader, _):

@@ -27,15 +27,20 @@ sys.path.insert(0, str(ROOT / "tests"))
 def main() -> None:
     a = vllm_args(__doc__)
 
-    from helpers.vllm_serve import served
+    from helpers.vllm_serve import operator_env, served
 
-    from kldtool.engines.vllm_server import MAX_IN_FLIGHT, VllmServerEngine
+    from kldtool.engines.vllm.served import MAX_IN_FLIGHT, VllmServerEngine
     from kldtool.protocols import llamacpp_windows
 
     with base_reader(a) as (model, reader, tmp):
         h = reader.header
-        with served(model, tmp, h.n_ctx + 1, dtype=a.dtype) as url:
-            engine = VllmServerEngine(url, n_ctx=h.n_ctx, windows_per_call=max(4, 65536 // h.n_ctx))
+        # The operator allows the base file's directory and a results directory beside it.
+        exchange = Path(tmp) / "exchange"
+        exchange.mkdir()
+        operator = operator_env([Path(reader.path).parent], exchange)
+        with served(model, tmp, h.n_ctx + 1, dtype=a.dtype, operator=operator) as url:
+            engine = VllmServerEngine(url, n_ctx=h.n_ctx, windows_per_call=max(4, 65536 // h.n_ctx),
+                                      exchange_dir=str(exchange))
             windows = llamacpp_windows(reader.tokens, h.n_ctx, h.n_chunk, engine.bos_id)
 
             def one(w) -> None:

@@ -1,5 +1,5 @@
 """Does a vLLM release still have everything kldtool's hook uses? Reads its source (an
-installed package directory or a wheel, never imported) against ``kldtool.engines.vllm_seam.SEAM``
+installed package directory or a wheel, never imported) against ``kldtool.engines.vllm.seam.SEAM``
 and prints one line per item; exit status 1 if anything is missing or changed.
 
     .venv/bin/python scripts/vllm_seam_check.py                       # the installed vllm(-cpu)
@@ -18,7 +18,7 @@ import zipfile
 from pathlib import Path
 
 from kldtool.engines.defaults import cache_dir
-from kldtool.engines.vllm_seam import SEAM
+from kldtool.engines.vllm.seam import SEAM
 
 
 class Source:
@@ -66,6 +66,23 @@ def _members(cls: ast.ClassDef) -> dict[str, ast.AST]:
     return out
 
 
+def _module_member(body: list[ast.stmt], name: str) -> ast.AST | None:
+    """A module-level function or variable, also one defined under ``if`` or ``try``."""
+    for node in body:
+        if isinstance(node, ast.FunctionDef) and node.name == name:
+            return node
+        if isinstance(node, (ast.Assign, ast.AnnAssign)):
+            if any(isinstance(t, ast.Name) and t.id == name for t in (node.targets if isinstance(node, ast.Assign)
+                                                                       else [node.target])):
+                return node
+        if isinstance(node, (ast.If, ast.Try)):
+            inner = [*node.body, *node.orelse, *getattr(node, "finalbody", [])]
+            found = _module_member(inner, name)
+            if found is not None:
+                return found
+    return None
+
+
 def check(src: Source) -> list[tuple[bool, str]]:
     lines, trees = [], {}
     for path, cls_name, member, params in SEAM:
@@ -85,7 +102,7 @@ def check(src: Source) -> list[tuple[bool, str]]:
                 continue
             found = _members(cls).get(member)
         else:
-            found = next((n for n in scope if isinstance(n, ast.FunctionDef) and n.name == member), None)
+            found = _module_member(scope, member)
         if found is None:
             lines.append((False, f"{what}: missing"))
         elif params is not None:

@@ -74,3 +74,76 @@ def test_layers():
 def test_cli_modules_stay_small():
     for path in (PKG / "cli").glob("*.py"):
         assert len(path.read_text().splitlines()) <= 250, path.name
+
+
+# --- the vLLM seam: kldtool touches vLLM in one module, and only through what SEAM lists ------
+
+SEAM_PATH = PKG / "engines" / "vllm" / "seam.py"
+# Attribute names seam.py uses that are not vLLM's: Python's, torch's, transformers' config,
+# and kldtool's own marks and hook methods.
+NOT_VLLM = {"__contains__", "__name__", "__version__", "get", "items", "pop", "join", "removeprefix", "getLogger",
+            "error", "import_module", "tolist", "to", "dim", "is_floating_point", "weight", "bias", "type",
+            "itemsize", "is_available", "is_initialized", "get_rank", "max_position_embeddings",
+            "_kldtool", "_kldtool_hooked", "step", "sweep",
+            "head_dtype"}  # newer vLLMs' LogitsProcessor only: read with a default, so not a seam item
+HANDLES = {"worker", "runner", "llm", "model_runner"}  # names other modules give vLLM's objects
+
+
+def _trees():
+    return {name: ast.parse(path.read_text(), str(path)) for name, path in _modules().items()}
+
+
+def _is_vllm(module: str | None) -> bool:
+    return bool(module) and (module == "vllm" or module.startswith("vllm."))
+
+
+def test_only_the_seam_imports_vllm():
+    offenders = []
+    for name, tree in _trees().items():
+        if name == "kldtool.engines.vllm.seam":
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import) and any(_is_vllm(a.name) for a in node.names):
+                offenders.append(name)
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and _is_vllm(node.module):
+                offenders.append(name)
+            elif isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "import_module" and \
+                    node.args and isinstance(node.args[0], ast.Constant) and _is_vllm(str(node.args[0].value)):
+                offenders.append(name)
+    assert not offenders, f"modules importing vLLM outside engines/vllm/seam.py: {sorted(set(offenders))}"
+
+
+def test_vllm_objects_stay_handles_outside_the_seam():
+    """A worker, runner or LLM reaches other modules only to be handed back to the seam: no
+    attribute of it is read there (nor of ``self`` in the worker extension vLLM mixes in)."""
+    offenders = []
+    for path in (PKG / "engines" / "vllm").glob("*.py"):
+        if path == SEAM_PATH:
+            continue
+        tree = ast.parse(path.read_text())
+        extension = [n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == "KldtoolWorker"]
+        selfish = {id(n) for c in extension for n in ast.walk(c)}
+        for node in ast.walk(tree):
+            base = node.value if isinstance(node, ast.Attribute) else \
+                node.args[0] if isinstance(node, ast.Call) and getattr(node.func, "id", None) in ("getattr", "hasattr") \
+                and node.args else None
+            if isinstance(base, ast.Attribute) and isinstance(base.value, ast.Name) and base.value.id == "self" \
+                    and base.attr in HANDLES:
+                base = ast.Name(id=base.attr)
+            if isinstance(base, ast.Name) and (base.id in HANDLES or (base.id == "self" and id(node) in selfish)):
+                offenders.append(f"{path.name}:{node.lineno}")
+    assert not offenders, f"vLLM objects read outside the seam: {offenders}"
+
+
+def test_every_vllm_attribute_the_seam_uses_is_in_the_seam_list():
+    """What seam.py reads of vLLM's objects is what SEAM lists, so scripts/vllm_seam_check.py
+    checks a new vLLM release for all of it."""
+    from kldtool.engines.vllm.seam import SEAM
+
+    tree = ast.parse(SEAM_PATH.read_text())
+    used = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+    used |= {n.args[1].value for n in ast.walk(tree) if isinstance(n, ast.Call) and
+             getattr(n.func, "id", None) in ("getattr", "hasattr", "setattr") and len(n.args) > 1 and
+             isinstance(n.args[1], ast.Constant)}
+    unlisted = used - {item[2] for item in SEAM} - NOT_VLLM
+    assert not unlisted, f"vLLM attributes the seam uses but SEAM does not list: {sorted(unlisted)}"

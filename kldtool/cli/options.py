@@ -5,6 +5,7 @@ engine, a protocol, a corpus or a bootstrap with the same checks for every comma
 from __future__ import annotations
 
 import functools
+import json
 import inspect
 from types import SimpleNamespace
 from typing import Optional
@@ -124,7 +125,6 @@ def start_loading(opts: SimpleNamespace, model: str | None) -> None:
 def open_engine(opts: SimpleNamespace, model: str | None, n_ctx: int):
     """The engine a command's ENGINE flags describe, for windows of ``n_ctx`` tokens."""
     from kldtool.engines import EngineOptions, make_engine
-    from kldtool.engines.vllm import parse_vllm_args
 
     if opts.threads is not None and opts.threads < 1:
         raise UsageError(f"--threads {opts.threads}: must be at least 1")
@@ -163,3 +163,17 @@ def bootstrap_of(opts: SimpleNamespace):
     if opts.resamples < 0:
         raise UsageError(f"--bootstrap {opts.resamples}: must be 0 (none) or more")
     return Bootstrap(opts.resamples, opts.seed)
+
+
+def parse_vllm_args(pairs: list[str]) -> dict:
+    """``--vllm-arg KEY=VALUE`` pairs; values parse as JSON when they can (numbers, true, {...})."""
+    out = {}
+    for p in pairs:
+        key, sep, value = p.partition("=")
+        if not sep or not key:
+            raise UsageError(f"--vllm-arg {p!r}: expected KEY=VALUE")
+        try:
+            out[key.replace("-", "_")] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key.replace("-", "_")] = value
+    return out

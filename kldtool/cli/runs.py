@@ -173,7 +173,11 @@ def compare(
     reader = open_base_file(base_file)
     try:
         floor = load_floor(noise_floor, reader) if noise_floor else None
-        reader.use_head(head_from)  # an external head is found and checked now, before the model runs
+        if run.server and head_from:
+            raise UsageError(f"--head-from {head_from}: with --server the server's workers read the output head "
+                             f"the base file names")
+        if not run.server:  # a server's workers read the head themselves: the client loads none
+            reader.use_head(head_from)  # an external head is found and checked now, before the model runs
         check_protocol_flags(reader, protocol, ctx_size, stride, lengths)
         span = parse_chunk_range(chunk_range, chunks, reader.header.n_chunk, base_file)
         if file is not None:

@@ -91,7 +91,7 @@ def make_engine(opts: EngineOptions, n_ctx: int) -> Engine:
 
         return TransformersEngine(opts.model or defaults.default_transformers_model(), dtype=opts.dtype or "float32",
                                   device=opts.device or "cpu", threads=opts.threads, batch_tokens=opts.batch_tokens)
-    from kldtool.engines.vllm import VllmEngine
+    from kldtool.engines.vllm.offline import VllmEngine
 
     if opts.device not in (None, "cuda", "cpu"):
         raise UsageError(f"--device {opts.device}: vLLM picks its devices itself (see --tensor-parallel-size)")
@@ -102,7 +102,7 @@ def make_engine(opts: EngineOptions, n_ctx: int) -> Engine:
 
 
 def _served(opts: EngineOptions, n_ctx: int) -> Engine:
-    from kldtool.engines.vllm_server import VllmServerEngine
+    from kldtool.engines.vllm.served import VllmServerEngine
 
     if not opts.server:
         raise UsageError("--exchange-dir: only with --server URL")

@@ -78,6 +78,13 @@ class Engine(ABC):
             parts[i].append(fn(windows[i], off, lg))
         return parts
 
+    def rows_source(self, reader, chunks: list[int]):
+        """What :meth:`score` reads base rows from for ``chunks`` (asked for in that order):
+        by default their frames, read ahead on threads; closed after the last of them."""
+        from kldtool.logitsfile.prefetch import PrefetchedChunks
+
+        return PrefetchedChunks(reader, chunks, device=self.device)
+
     def score(self, windows: list[Window], base) -> list[TokenRecords]:
         """Compare mode: per window, its per-token records against the base rows.
 

@@ -16,7 +16,6 @@ from kldtool.engines.base import Engine
 from kldtool.errors import ContextTooLong, TokenizerMismatch, UsageError, VocabMismatch
 from kldtool.identity import base_identity, model_identity
 from kldtool.logitsfile import frame_facts
-from kldtool.logitsfile.prefetch import PrefetchedChunks
 from kldtool.pipeline.common import Sinks, groups, run_metadata, whole_batches
 from kldtool.pipeline.lanes import alone_at_the_end, in_order, lane_plan, lanes_note
 from kldtool.pipeline.state import RunState, check_fits, load_state, save_state
@@ -226,7 +225,7 @@ def run_compare(engine: Engine, reader, force: bool = False, json_path: str | No
     warm = (lambda: reduce.warm_up(engine.device, len(lanes), tail=alone_at_the_end(lanes, batches))) \
         if engine.reduces_here else None
     scored = in_order(engine, lanes, batches, lambda lane, group, source: lane.score(group, source),
-                      lambda chunks: PrefetchedChunks(reader, chunks, device=engine.device), beside=warm)
+                      lambda chunks: engine.rows_source(reader, chunks), beside=warm)
     last_save, saved_at = time.time(), len(acc.chunks)
 
     def checkpoint() -> None:

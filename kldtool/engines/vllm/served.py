@@ -1,13 +1,16 @@
 """A model served by ``vllm serve`` (``--server URL``), scored by kldtool's hook in the
-server's own workers (vllm_plugin.py: ``KLDTOOL_VLLM_HOOK=1`` in the server's environment).
+server's own workers (plugin.py: ``KLDTOOL_VLLM_HOOK=1`` and the operator's roots in the
+server's environment, policy.py).
 
 Each window is one OpenAI-style completion: the window's token ids as the prompt,
-``max_tokens=1``, the hook's spec as a JSON string in ``vllm_xargs`` and a ``cache_salt`` of
-its own so vLLM's prefix cache can never hide a scored position. The server's rank-0 worker
-reads the base rows from the base file's path and writes each request's records to the
-exchange directory before vLLM answers it; both paths must therefore mean the same files on
-the server's nodes as here (a shared filesystem on a cluster). The client needs neither vLLM
-nor the weights: the tokenizer comes from the path the server reports (or ``-m``).
+``max_tokens=1``, the hook's spec (wire.py) as a JSON string in ``vllm_xargs`` and a
+``cache_salt`` of its own so vLLM's prefix cache can never hide a scored position. The
+server's rank-0 worker reads the base rows from the base file's path and writes each request's
+records to the exchange directory before vLLM answers it; both paths must therefore mean the
+same files on the server's nodes as here (a shared filesystem on a cluster), inside the
+directories the operator allows. The client needs neither vLLM nor the weights: the tokenizer
+comes from the path the server reports (or ``-m``). Of kldtool's vLLM package it imports only
+the wire format (and the engine base it shares with the offline engine).
 """
 
 from __future__ import annotations
@@ -20,15 +23,13 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-import uuid
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
 from kldtool.engines import hf_tokenizer
-from kldtool.engines.vllm_requests import HookedEngine, window_keys, window_spec
-from kldtool.engines.vllm_seam import SPEC_KEY
-from kldtool.engines.vllm_worker import exchange_path, logits_block_rows
+from kldtool.engines.vllm import wire
+from kldtool.engines.vllm.hooked_engine import HookedEngine, window_specs
 from kldtool.errors import EngineError, UsageError
 from kldtool.logitsfile.hidden import DTYPES
 from kldtool.protocols import Window
@@ -57,15 +58,26 @@ class VllmServerEngine(HookedEngine):
             raise UsageError(f"-c {n_ctx}: the served model's max_model_len is {self.max_model_len}; "
                              f"a window needs -c + 1 (restart the server with --max-model-len {n_ctx + 1} or more)")
         self._load_tokenizer(tokenizer or models[0].get("root") or self.model_id)
+        # The operator's shared secret, from the environment (a flag would show in ps).
+        self.token = os.environ.get(wire.TOKEN) or None
         self._own_exchange = exchange_dir is None
-        self.exchange = os.path.abspath(exchange_dir or tempfile.mkdtemp(prefix="kldtool-exchange-"))
+        if exchange_dir is None:
+            # A fresh directory of this run's inside the server's exchange root, when that is
+            # visible here too (a server on this machine, or a shared filesystem).
+            root = os.environ.get(wire.EXCHANGE_ROOT) or None
+            try:
+                exchange_dir = tempfile.mkdtemp(prefix="kldtool-exchange-", dir=root)
+            except OSError as e:
+                raise UsageError(f"{wire.EXCHANGE_ROOT}={root}: cannot make this run's exchange directory there "
+                                 f"({e.strerror}); give --exchange-dir") from None
+        self.exchange = os.path.abspath(exchange_dir)
         if not os.path.isdir(self.exchange):
             raise UsageError(f"--exchange-dir {exchange_dir}: no such directory")
         self.info = self._probe()
         self.n_vocab = int(self.info["n_vocab"])
         self.hidden_dtype = self.info.get("dtype", "bfloat16")
         itemsize = DTYPES.get(self.hidden_dtype, ("", 2))[1]
-        self.logits_block = logits_block or logits_block_rows(self.n_vocab, itemsize)
+        self.logits_block = logits_block or wire.logits_block_rows(self.n_vocab, itemsize)
 
     def _output_head(self):
         """The served model's head, read from its checkpoint here (the client cannot reach the
@@ -104,19 +116,28 @@ class VllmServerEngine(HookedEngine):
     def _complete(self, key: str, prompt: list[int], spec: dict) -> None:
         self._request("/v1/completions", {
             "model": self.model_id, "prompt": prompt, "max_tokens": 1, "temperature": 0.0,
-            "cache_salt": key, "vllm_xargs": {SPEC_KEY: json.dumps({**spec, "out": self.exchange})}})
+            "cache_salt": key, "vllm_xargs": {wire.SPEC_KEY: wire.served(spec, self.exchange, self.token)}})
 
     def _probe(self) -> dict:
-        key = f"probe-{uuid.uuid4().hex[:12]}"
-        self._complete(key, [0, 0], {"key": key, "mode": "probe"})
-        answer = self._wait(exchange_path(self.exchange, key, "json"))
+        key = wire.probe_key(wire.new_run())
+        self._complete(key, [0, 0], wire.probe_spec(key))
+        answer = self._wait(wire.exchange_path(self.exchange, key, "json"), wire.exchange_path(self.exchange, key, "err"))
         if answer is None:
-            raise EngineError(f"{self.url}: no answer from kldtool's hook: start the server with KLDTOOL_VLLM_HOOK=1 "
-                              f"and kldtool installed beside vLLM, and give --exchange-dir a directory its workers "
-                              f"can write (now {self.exchange})")
-        with open(answer) as f:
-            info = json.load(f)
-        os.unlink(answer)
+            raise EngineError(f"{self.url}: no answer from kldtool's hook: start the server with KLDTOOL_VLLM_HOOK=1, "
+                              f"KLDTOOL_VLLM_BASE_ROOTS and a KLDTOOL_VLLM_EXCHANGE_ROOT that holds --exchange-dir "
+                              f"(now {self.exchange}), with kldtool installed beside vLLM; where the server sets "
+                              f"{wire.TOKEN}, set the same here")
+        try:
+            with open(answer) as f:
+                text = f.read()
+        finally:
+            os.unlink(answer)
+        if answer.endswith(".err"):
+            raise EngineError(f"{self.url}: {text.strip()}")
+        info = json.loads(text)
+        if info.get("wire") != wire.VERSION:
+            raise EngineError(f"{self.url}: the server's kldtool speaks wire protocol version {info.get('wire', 1)}, "
+                              f"this one {wire.VERSION}: install the same kldtool on both")
         return info
 
     @staticmethod
@@ -132,8 +153,7 @@ class VllmServerEngine(HookedEngine):
             time.sleep(0.05)
 
     def _run(self, windows: list[Window], mode_for) -> list[dict]:
-        keys = window_keys(windows)
-        specs = [window_spec(k, w, self.logits_block, mode_for(w)) for k, w in zip(keys, windows)]
+        keys, specs = window_specs(windows, self.logits_block, mode_for)
         # Sent together so the server batches them, as one generate() call does offline.
         try:
             with ThreadPoolExecutor(max_workers=min(len(windows), MAX_IN_FLIGHT)) as pool:
@@ -144,11 +164,11 @@ class VllmServerEngine(HookedEngine):
             for k in keys:  # what the other windows of a failed call left in the exchange directory
                 for kind in ("npz", "err"):
                     with contextlib.suppress(FileNotFoundError):
-                        os.unlink(exchange_path(self.exchange, k, kind))
+                        os.unlink(wire.exchange_path(self.exchange, k, kind))
             raise
 
     def _collect(self, key: str, w: Window) -> dict:
-        arrays, error = exchange_path(self.exchange, key, "npz"), exchange_path(self.exchange, key, "err")
+        arrays, error = wire.exchange_path(self.exchange, key, "npz"), wire.exchange_path(self.exchange, key, "err")
         got = self._wait(arrays, error)
         if got is None:
             raise EngineError(f"{self.url}: window {w.index}: no result in {self.exchange} (see the server's log)")

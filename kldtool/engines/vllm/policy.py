@@ -1,0 +1,115 @@
+"""What the operator of a vLLM server lets kldtool's hook do, read from the server's environment.
+
+The operator decides, the client asks: a served request only names a base file and an
+exchange directory, and the hook reads and writes nothing outside the directories set here.
+
+| variable | meaning |
+| --- | --- |
+| ``KLDTOOL_VLLM_HOOK=1`` | the hook is on (off when unset, ``0``, ``false`` or ``no``) |
+| ``KLDTOOL_VLLM_BASE_ROOTS=dir1:dir2`` | the only directories base files are read from; required |
+| ``KLDTOOL_VLLM_EXCHANGE_ROOT=dir`` | results are written only below it; required |
+| ``KLDTOOL_VLLM_TOKEN`` | optional shared secret every request must carry |
+
+Paths are resolved (symlinks followed) before they are checked. The offline engine runs its
+own vLLM in the user's process: its hook reads the base file the user named and writes nothing.
+"""
+
+from __future__ import annotations
+
+import hmac
+import os
+import stat
+from dataclasses import dataclass
+
+from kldtool.engines.vllm.wire import EXCHANGE_ROOT, TOKEN
+
+HOOK = "KLDTOOL_VLLM_HOOK"
+BASE_ROOTS = "KLDTOOL_VLLM_BASE_ROOTS"
+SETTINGS = (HOOK, BASE_ROOTS, EXCHANGE_ROOT, TOKEN)
+
+
+class Refused(Exception):
+    """A path or token the operator's settings do not allow: one line, never a file's bytes."""
+
+
+def enabled(environ=os.environ) -> bool:
+    return environ.get(HOOK, "").strip().lower() not in ("", "0", "false", "no")
+
+
+def _inside(path: str, root: str) -> bool:
+    return path == root or os.path.commonpath([path, root]) == root
+
+
+@dataclass(frozen=True)
+class Policy:
+    served: bool
+    base_roots: tuple[str, ...] | None = None  # None: any base file (the offline engine's own process)
+    exchange_root: str | None = None
+    token: str | None = None
+    problem: str | None = None  # a misconfiguration: every request is refused with this line
+
+    @classmethod
+    def offline(cls) -> "Policy":
+        return cls(served=False)
+
+    @classmethod
+    def from_environment(cls, environ=os.environ) -> "Policy":
+        problems = []
+        roots = []
+        for entry in environ.get(BASE_ROOTS, "").split(os.pathsep):
+            if entry.strip():
+                root = _root(entry.strip(), BASE_ROOTS, problems)
+                if root:
+                    roots.append(root)
+        if not roots and not problems:
+            problems.append(f"{BASE_ROOTS} is not set: the server's operator names the directories base files "
+                            f"may be read from (dir1{os.pathsep}dir2)")
+        exchange = environ.get(EXCHANGE_ROOT, "").strip() or None
+        if exchange:
+            exchange = _root(exchange, EXCHANGE_ROOT, problems)
+        else:
+            problems.append(f"{EXCHANGE_ROOT} is not set: the server's operator names the directory results are "
+                            f"written below")
+        token = environ.get(TOKEN) or None
+        return cls(True, tuple(roots), exchange, token,
+                   "kldtool's hook is off on this server: " + "; ".join(problems) if problems else None)
+
+    def token_ok(self, given) -> bool:
+        if self.token is None:
+            return True
+        return isinstance(given, str) and hmac.compare_digest(given.encode(), self.token.encode())
+
+    def exchange_dir(self, out: str) -> str:
+        """The client's exchange directory, resolved, if it lies inside the exchange root."""
+        if not self.served or self.exchange_root is None:
+            raise Refused("no exchange directory is allowed here")
+        resolved = os.path.realpath(out)
+        if not _inside(resolved, self.exchange_root):
+            raise Refused(f"exchange directory {out} is outside {EXCHANGE_ROOT}")
+        if not os.path.isdir(resolved):
+            raise Refused(f"exchange directory {out} is not a directory")
+        return resolved
+
+    def base_file(self, path: str) -> str:
+        """The base file's resolved path, if it is a regular file the operator allows."""
+        resolved = os.path.realpath(path)
+        if self.base_roots is not None and not any(_inside(resolved, r) for r in self.base_roots):
+            raise Refused(f"base file {path} is outside {BASE_ROOTS}")
+        try:
+            mode = os.stat(resolved).st_mode
+        except OSError as e:
+            raise Refused(f"base file {path}: {e.strerror}") from None
+        if not stat.S_ISREG(mode):  # a FIFO or device would hang or flood the worker
+            raise Refused(f"base file {path} is not a regular file")
+        return resolved
+
+
+def _root(entry: str, name: str, problems: list) -> str | None:
+    if not os.path.isabs(entry):
+        problems.append(f"{name}: {entry} is not an absolute path")
+        return None
+    resolved = os.path.realpath(entry)
+    if not os.path.isdir(resolved):
+        problems.append(f"{name}: {entry} is not a directory")
+        return None
+    return resolved
