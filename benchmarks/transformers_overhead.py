@@ -7,18 +7,26 @@ script does); (b) kldtool's whole compare pipeline (base rows read and decoded, 
 accumulators, printing). Loading is excluded from both. Prints the best time of each and their
 ratio, the base phase's time and bytes, and appends a dated row to benchmarks/RESULTS.md.
 
-On a CPU it runs the built-in SmolLM2 (fp32); on a GPU, ``--random-llama-8b DIR`` first writes
-a Llama-3-8B-shaped model with random bf16 weights to DIR (any tokenizer directory whose ids
-fit, e.g. SmolLM2's, given by --tokenizer), so no download is needed.
+On a CPU it runs the built-in SmolLM2 (fp32); on a GPU, ``--random-llama-8b`` builds a
+Llama-3-8B-shaped model with random bf16 weights on the device (any tokenizer directory whose ids
+fit, e.g. SmolLM2's, given by --tokenizer), so nothing is downloaded or written to disk.
+``--tiny`` builds the same architecture at toy size on the CPU (gpu_check.sh --dry-run).
+
+With ``--hidden`` it also writes a hidden-state base file (``--store hidden``) and times compare
+against it, the base logits replayed from the hidden states on the engine's device. It always
+times the base-row feed alone (every frame of the container read, decompressed and made into
+rows on the device, nothing computed): where that takes longer than the bare forward, the
+device waits for the host.
 
     .venv/bin/python benchmarks/transformers_overhead.py [--ctx 512] [--chunks 16] [--rounds 2]
     python benchmarks/transformers_overhead.py --device cuda --dtype bfloat16 --ctx 2048 \\
-        --random-llama-8b /tmp/llama8b --tokenizer TOKDIR
+        --random-llama-8b --tokenizer TOKDIR --hidden
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import tempfile
@@ -36,24 +44,33 @@ LLAMA_8B = dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
                 num_key_value_heads=8, vocab_size=128256, max_position_embeddings=8192, rope_theta=500000.0)
 
 
-def write_random_llama(directory: str, tokenizer_dir: str) -> None:
+# The same architecture at a size a CPU runs in seconds, with the 8B's vocabulary.
+LLAMA_TINY = dict(LLAMA_8B, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2)
+
+
+def random_llama(shape: dict, tokenizer_dir: str, device: str, dtype: str, batch: int):
+    """A transformers engine over a Llama-3-shaped model with random weights made on ``device``."""
     import torch
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-    torch.set_default_dtype(torch.bfloat16)
-    with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
-        model = LlamaForCausalLM(LlamaConfig(**LLAMA_8B))
+    from kldtool.engines.transformers import TransformersEngine
+
+    torch.set_default_dtype(getattr(torch, dtype))
+    with torch.device(device):
+        model = LlamaForCausalLM(LlamaConfig(**shape))
     torch.set_default_dtype(torch.float32)
-    model.save_pretrained(directory)
-    AutoTokenizer.from_pretrained(tokenizer_dir).save_pretrained(directory)
-    del model
+    return TransformersEngine.from_model(model, AutoTokenizer.from_pretrained(tokenizer_dir), "random-llama-3",
+                                         device=device, batch_tokens=batch)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=None, help="model directory (default: the built-in fp32 SmolLM2)")
-    ap.add_argument("--random-llama-8b", default=None, metavar="DIR")
-    ap.add_argument("--tokenizer", default=None, help="tokenizer directory for --random-llama-8b")
+    ap.add_argument("--random-llama-8b", action="store_true", help="a Llama-3-8B shape with random weights")
+    ap.add_argument("--tiny", action="store_true", help="the same shape at toy size (checks the script)")
+    ap.add_argument("--tokenizer", default=None, help="tokenizer directory for --random-llama-8b (default: SmolLM2's)")
+    ap.add_argument("--hidden", action="store_true", help="also compare against a hidden-state base file")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--ctx", type=int, default=512)
@@ -78,24 +95,31 @@ def main() -> None:
     from kldtool.protocols import Protocol, llamacpp_windows
 
     model = a.model
-    if a.random_llama_8b:
+    if a.random_llama_8b or a.tiny:
         t0 = time.perf_counter()
-        write_random_llama(a.random_llama_8b, a.tokenizer)
-        print(f"wrote a random Llama-3-8B-shaped model in {time.perf_counter() - t0:.0f} s", flush=True)
-        model = a.random_llama_8b
-    model = model or default_transformers_model()
-    engine = TransformersEngine(model, dtype=a.dtype, device=a.device, batch_tokens=a.batch)
+        engine = random_llama(LLAMA_TINY if a.tiny else LLAMA_8B, a.tokenizer or default_transformers_model(),
+                              a.device, a.dtype, a.batch)
+        print(f"made a random Llama-3-{'tiny' if a.tiny else '8B'}-shaped model on {a.device} in "
+              f"{time.perf_counter() - t0:.1f} s", flush=True)
+        model = "random-llama-3"
+    else:
+        model = model or default_transformers_model()
+        engine = TransformersEngine(model, dtype=a.dtype, device=a.device, batch_tokens=a.batch)
     quiet = Sinks(out=lambda s: None, info=lambda s: None)
     sync = torch.cuda.synchronize if a.device.startswith("cuda") else (lambda: None)
     with tempfile.TemporaryDirectory(dir=os.environ.get("TMPDIR")) as tmp:
         corpus = open_corpus(a.text if Path(a.text).exists() else None)
         sizes, base_times = {}, {}
-        for fmt, fname in (("llamacpp", "base.kld"), ("kldtool", "base.kldt")):
+        stores = [("llamacpp", "base.kld", "logprobs"), ("kldtool", "base.kldt", "logprobs")]
+        if a.hidden:
+            stores.append(("kldtool", "base-hidden.kldt", "hidden"))
+        for fmt, fname, store in stores:
             t0 = time.perf_counter()
-            run_base(engine, corpus, Protocol("llamacpp", a.ctx), a.chunks, os.path.join(tmp, fname), fmt, sinks=quiet)
-            base_times[fmt] = time.perf_counter() - t0
-            sizes[fmt] = os.path.getsize(os.path.join(tmp, fname))
-            print(f"base ({fmt}): {base_times[fmt]:.2f} s, {sizes[fmt] / 2**20:.1f} MiB", flush=True)
+            run_base(engine, corpus, Protocol("llamacpp", a.ctx), a.chunks, os.path.join(tmp, fname), fmt, sinks=quiet,
+                     store=store)
+            base_times[fname] = time.perf_counter() - t0
+            sizes[fname] = os.path.getsize(os.path.join(tmp, fname))
+            print(f"base ({fmt}, {store}): {base_times[fname]:.2f} s, {sizes[fname] / 2**20:.1f} MiB", flush=True)
         reader = open_base_file(os.path.join(tmp, "base.kldt"))
         h = reader.header
         windows = llamacpp_windows(reader.tokens, h.n_ctx, h.n_chunk, engine.bos_id)
@@ -116,6 +140,19 @@ def main() -> None:
         def ours() -> None:
             run_compare(engine, reader, sinks=quiet)
 
+        hidden = open_base_file(os.path.join(tmp, "base-hidden.kldt")) if a.hidden else None
+
+        def from_hidden() -> None:
+            run_compare(engine, hidden, sinks=quiet)
+
+        def feed() -> None:  # the base rows alone, as compare's feed makes them on the device
+            source = engine.rows_source(reader, list(range(h.n_chunk)))
+            try:
+                for i in range(h.n_chunk):
+                    source.rows_torch(i, a.device)
+            finally:
+                source.close()
+
         if a.profile:
             import cProfile
             import pstats
@@ -130,7 +167,9 @@ def main() -> None:
             converted = open_base_file(os.path.join(tmp, "converted.kldt"))
             runs = [run_compare(engine, r, sinks=quiet)["statistics"] for r in (raw, raw, converted)]
             for label, other in (("the raw base twice", runs[1]), ("the raw base and its container copy", runs[2])):
-                diff = {k: (runs[0][k], other[k]) for k in runs[0] if runs[0][k] != other[k]}
+                # compared as JSON text: a NaN uncertainty equals itself there
+                diff = {k: (runs[0][k], other[k]) for k in runs[0]
+                        if json.dumps(runs[0][k], sort_keys=True) != json.dumps(other[k], sort_keys=True)}
                 print(f"{label}: identical statistics: {not diff}; differing: {str(diff)[:300]}")
             converted.close()
             for label, r in (("raw", raw), ("container", reader)):
@@ -144,28 +183,53 @@ def main() -> None:
                 pstats.Stats(prof).sort_stats("tottime").print_stats(14)
             raw.close()
 
-        bare()  # warm-up: first-call allocations and kernels (Triton compiles here too)
-        ours()
-        best = best_alternating({"bare": bare, "kldtool": ours}, a.rounds, sync)
+        runs = {"bare": bare, "kldtool": ours, "feed": feed}
+        if hidden is not None:
+            runs["hidden"] = from_hidden
+        for fn in runs.values():  # warm-up: first-call allocations and kernels (Triton compiles here too)
+            fn()
+        best = best_alternating(runs, a.rounds, sync)
         reader.close()
+        if hidden is not None:
+            hidden.close()
     engine.close()
     ratio = best["kldtool"] / best["bare"]
     tokens = len(windows) * h.n_ctx
+    target = 1.3 if a.device.startswith("cuda") else 1.05
+    row_bytes = h.n_chunk * h.rows_per_chunk * h.row_width * 2
     print(f"bare transformers scoring: {best['bare']:.3f} s ({tokens / best['bare']:.0f} tok/s)")
     print(f"kldtool compare:           {best['kldtool']:.3f} s ({tokens / best['kldtool']:.0f} tok/s)")
-    print(f"ratio kldtool / bare: {ratio:.3f} (target <= 1.05)")
-    label = "random Llama-3-8B shape" if a.random_llama_8b else Path(model).name
+    print(f"ratio kldtool / bare: {ratio:.3f} (target <= {target})")
+    print(f"base-row feed alone: {best['feed']:.3f} s for {row_bytes / 2**30:.2f} GiB of rows "
+          f"({row_bytes / best['feed'] / 2**30:.2f} GiB/s): {best['feed'] / best['bare']:.2f} of the bare forward's "
+          f"time ({'the device waits for the host' if best['feed'] > best['bare'] else 'the host keeps up'})")
+    if hidden is not None:
+        print(f"compare from the hidden-state file: {best['hidden']:.3f} s, ratio {best['hidden'] / best['bare']:.3f} "
+              f"of the bare forward")
+    label = "random Llama-3-8B shape" if a.random_llama_8b else "random Llama-3-tiny shape" if a.tiny \
+        else Path(model).name
     where = (f"{torch.cuda.get_device_name()}, torch {torch.__version__}" if a.device.startswith("cuda")
              else machine())
     append_row(f"transformers compare vs bare forward+log_softmax ({label} {a.dtype}, {a.device}, c={a.ctx}, "
                f"{len(windows)} chunks, b={a.batch})",
                f"bare {best['bare']:.3f} s, kldtool {best['kldtool']:.3f} s ({tokens / best['kldtool']:.0f} tok/s)",
-               f"ratio {ratio:.3f}", where, a.results)
+               f"ratio {ratio:.3f} (target <= {target})", where, a.results)
+    append_row(f"base-row feed alone vs bare forward ({label} {a.dtype}, {a.device}, c={a.ctx}, {len(windows)} chunks, "
+               f"container)", f"feed {best['feed']:.3f} s ({row_bytes / best['feed'] / 2**30:.2f} GiB/s of rows), "
+               f"bare {best['bare']:.3f} s", f"feed / bare {best['feed'] / best['bare']:.3f} (over 1: the device waits)",
+               where, a.results)
+    if hidden is not None:
+        append_row(f"transformers compare from a hidden-state base vs bare forward ({label} {a.dtype}, {a.device}, "
+                   f"c={a.ctx}, {len(windows)} chunks)",
+                   f"bare {best['bare']:.3f} s, kldtool {best['hidden']:.3f} s, row file {best['kldtool']:.3f} s",
+                   f"ratio {best['hidden'] / best['bare']:.3f} (target <= {target})", where, a.results)
     append_row(f"base phase, kldtool container vs llama.cpp raw ({label} {a.dtype}, {a.device}, c={a.ctx}, "
                f"{len(windows)} chunks)",
-               f"raw {sizes['llamacpp'] / 2**20:.1f} MiB in {base_times['llamacpp']:.2f} s, container "
-               f"{sizes['kldtool'] / 2**20:.1f} MiB in {base_times['kldtool']:.2f} s",
-               f"size ratio {sizes['kldtool'] / sizes['llamacpp']:.3f}", where, a.results)
+               f"raw {sizes['base.kld'] / 2**20:.1f} MiB in {base_times['base.kld']:.2f} s, container "
+               f"{sizes['base.kldt'] / 2**20:.1f} MiB in {base_times['base.kldt']:.2f} s"
+               + (f", hidden {sizes['base-hidden.kldt'] / 2**20:.1f} MiB in {base_times['base-hidden.kldt']:.2f} s"
+                  if a.hidden else ""),
+               f"size ratio {sizes['base.kldt'] / sizes['base.kld']:.3f}", where, a.results)
 
 
 if __name__ == "__main__":

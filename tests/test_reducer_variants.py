@@ -15,8 +15,9 @@ import pytest
 HERE = Path(__file__).resolve().parent
 VARIANTS = {
     "torch": ({"KLDTOOL_REDUCER": "torch"}, ["test_stats_reference.py", "test_extra_metrics.py"], 14),
-    # the kernel computes llama.cpp's records; the extra metrics come from the torch ops
-    "triton": ({"KLDTOOL_REDUCER": "triton", "TRITON_INTERPRET": "1"}, ["test_stats_reference.py"], 8),
+    # the kernel computes every record but the top-5/10 overlaps, which come from topk
+    "triton": ({"KLDTOOL_REDUCER": "triton", "TRITON_INTERPRET": "1"},
+               ["test_stats_reference.py", "test_extra_metrics.py"], 14),
 }
 
 

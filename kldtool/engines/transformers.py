@@ -50,6 +50,22 @@ class TransformersEngine(Engine):
             self.model.to(device).eval()
         except (OSError, ValueError) as e:
             raise EngineError(f"{model}: transformers could not load it: {str(e).splitlines()[0]}") from None
+        self._loaded()
+
+    @classmethod
+    def from_model(cls, model, tokenizer, name: str, device: str = "cpu", batch_tokens: int = 2048):
+        """An engine over a model already in memory on ``device`` (a benchmark's random weights
+        made on the GPU, a notebook's model); ``name`` stands for its path in outputs."""
+        self = cls.__new__(cls)
+        self.model_path, self.dtype, self.device = name, str(model.dtype).removeprefix("torch."), device
+        self.batch_tokens, self.tokenizer, self.model = batch_tokens, tokenizer, model.eval()
+        self._loaded()
+        return self
+
+    def _loaded(self) -> None:
+        import torch
+        import transformers
+
         self.n_vocab = int(self.model.get_output_embeddings().weight.shape[0])
         self.n_ctx_train = getattr(self.model.config, "max_position_embeddings", None)
         self.bos_id = hf_tokenizer.bos_to_substitute(self.tokenizer)

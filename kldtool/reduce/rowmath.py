@@ -60,7 +60,7 @@ def extras_block(logits, big_m, b, floor):
     # rounding of the normalizer M cancels between the two sums.
     rkld = (p * (em * (d - 1) + d)).sum(dim=1, dtype=torch.float64) - (p.sum(dim=1, dtype=torch.float64) - 1)
     jsd = jsd_terms(b, logq, floor, d, em).sum(dim=1, dtype=torch.float64)
-    top_b = order_keys(b).topk(max(TOP_K), dim=1).indices
+    top_b = top_ids(b, max(TOP_K))
     *overlaps, top1_q = top_overlaps(logits, top_b)
     return (rkld, jsd, *overlaps, torch.exp(b.max(dim=1).values), top1_q, top_b[:, 0])
 
@@ -68,8 +68,33 @@ def extras_block(logits, big_m, b, floor):
 def top_overlaps(logits, top_b) -> list:
     """|top-k(q) ∩ top-k(base)| per row for each k of ``TOP_K``, from the base's top ids (most
     probable first, at least max(TOP_K) of them), then the compared model's top-1 id."""
-    top_q = order_keys(logits).topk(max(TOP_K), dim=1).indices
+    top_q = top_ids(logits, max(TOP_K))
     return [(top_q[:, :n, None] == top_b[:, None, :n]).sum(dim=(1, 2)) for n in TOP_K] + [top_q[:, 0]]
+
+
+# Candidates topk keeps beyond k: a tie at the k-th value that runs past them sends the row to
+# the exact (slower) path.
+SPARE = 6
+
+
+def top_ids(x, k: int):
+    """Per row of ``x`` (floats, or integers such as codes), the ids of its k largest entries,
+    largest first, equal values lowest id first (order_keys' rule). topk on the values picks
+    k + SPARE candidates, which are put in that order; only rows where the k-th value's ties may
+    run past the candidates pay for exact keys over the whole row."""
+    import torch
+
+    width = x.shape[1]
+    c = min(k + SPARE, width)
+    vals, idx = x.topk(c, dim=1)
+    keys = order_keys(vals) if x.is_floating_point() else vals.to(torch.int64) * (1 << 32)
+    keys = (keys - keys.remainder(1 << 32)) + (width - 1 - idx)  # the column position becomes the id
+    ids = idx.gather(1, keys.argsort(dim=1, descending=True))[:, :k]
+    unsure = (vals[:, c - 1] == vals[:, k - 1]) if c < width else torch.zeros_like(vals[:, 0], dtype=torch.bool)
+    if bool(unsure.any()):
+        rows = unsure.nonzero()[:, 0]
+        ids[rows] = order_keys(x[rows]).topk(k, dim=1).indices
+    return ids
 
 
 def jsd_terms(b, logq, floor, d=None, em=None):

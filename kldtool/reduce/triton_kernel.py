@@ -12,7 +12,14 @@ and ``x' = x - m``, llama.cpp's term ``p_b (b - x + M)`` with ``M = m + lse'`` s
 ``lse' * Σ p_b``; when ``m`` grows by ``Δ`` the terms already in ``s1`` grow by ``Δ p_b``, so
 ``s1 += Δ Σ p_b``. Sums are float64 like llama.cpp's; terms float32.
 
-Tested on CPU under ``TRITON_INTERPRET=1`` against a float64 numpy reference; the GPU
+A second pass over the row, once ``M`` is known, sums the reverse KLD and the JSD in the
+torch reducer's forms (rowmath.extras_block: terms in ``d = log q - log p``, second order in
+``d``), with ``expm1`` and ``log1p`` written out (a Taylor polynomial near 0, where the
+difference ``exp(d) - 1`` would lose the digits; Triton's libdevice versions do not run under
+its CPU interpreter). The first pass's argmaxes give both top-1 ids and the base's top-1
+probability; only the top-5/10 sets come from torch (rowmath.top_ids, topk on the values).
+
+Tested on CPU under ``TRITON_INTERPRET=1`` against float64 numpy references; the GPU
 benchmark (``benchmarks/gpu_reducer.py``) measures it against the torch reducer.
 """
 
@@ -23,7 +30,7 @@ import triton.language as tl
 
 from kldtool.codec.rows import HEADER_SLOTS
 from kldtool.reduce.records import TokenRecords, to_records
-from kldtool.reduce.rowmath import extras_only, row_blocks
+from kldtool.reduce.rowmath import TOP_K, top_ids, top_overlaps
 
 TILE = 512
 NUM_WARPS = 4
@@ -47,6 +54,35 @@ def _step(x, b, offs, floor, m, i_max, b_max, i_bmax, s, s1, p_sum):
     i_bmax = tl.where(b_grew, offs, i_bmax)
     b_max = tl.maximum(b_max, b)
     return m_new, i_max, b_max, i_bmax, s, s1, p_sum
+
+
+@triton.jit
+def _expm1(d):
+    # |d| < 1/8: the series to d^7 (relative error < 4e-10); beyond, exp(d) - 1 loses < 1e-6.
+    t = d * (1.0 + d * (0.5 + d * (1.0 / 6 + d * (1.0 / 24 + d * (1.0 / 120 + d * (1.0 / 720 + d / 5040))))))
+    return tl.where(tl.abs(d) < 0.125, t, tl.exp(d) - 1.0)
+
+
+@triton.jit
+def _log1p(y):
+    # |y| < 1/16: the series to y^7 (relative error < 4e-10); beyond, log(1 + y) loses < 1e-6.
+    t = y * (1.0 - y * (0.5 - y * (1.0 / 3 - y * (0.25 - y * (0.2 - y * (1.0 / 6 - y / 7))))))
+    return tl.where(tl.abs(y) < 0.0625, t, tl.log(1.0 + y))
+
+
+@triton.jit
+def _extras(x, b, valid, big_m, floor, rk, p_all, js):
+    """Fold one tile into the reverse KLD's and the JSD's lane sums (rowmath.extras_block)."""
+    logq = x - big_m
+    d = logq - b
+    em = _expm1(d)
+    p = tl.exp(b)
+    rk += tl.where(valid, p * (em * (d - 1.0) + d), 0.0).to(tl.float64)
+    p_all += tl.where(valid, p, 0.0).to(tl.float64)
+    s = _log1p(em * 0.5)
+    g = ((1.0 + em) * d - (2.0 + em) * s) * 0.5
+    js += tl.where(valid, tl.where(b > floor, p * g, tl.exp(logq) * 0.34657359027997264), 0.0).to(tl.float64)
+    return rk, p_all, js
 
 
 @triton.jit
@@ -102,18 +138,41 @@ def _reduce_kernel(logits_ptr, logits_stride, codes_ptr, codes_stride, head_ptr,
     nll = big_m - tl.load(lrow + t).to(tl.float32)
     qt = tl.load(crow + t)
     nll_base = -(qt.to(tl.float32) * scale + lowest)
-    # One float64 record table (float32 values are exact in it): one copy to the host.
+    # The second pass, M known: reverse KLD (over every entry, a clamped one at the value its
+    # code decodes to) and JSD.
+    rk = tl.zeros((TILE,), tl.float64)
+    p_all = tl.zeros((TILE,), tl.float64)
+    js = tl.zeros((TILE,), tl.float64)
+    for start in tl.range(0, n_full, TILE, num_stages=STAGES):
+        offs = start + lanes
+        x = tl.load(lrow + offs).to(tl.float32)
+        b = tl.load(crow + offs).to(tl.float32) * scale + lowest
+        rk, p_all, js = _extras(x, b, offs < n_vocab, big_m, floor, rk, p_all, js)
+    for start in range(n_full, n_vocab, TILE):
+        offs = start + lanes
+        valid = offs < n_vocab
+        x = tl.load(lrow + offs, mask=valid, other=0.0).to(tl.float32)
+        b = tl.load(crow + offs, mask=valid, other=0).to(tl.float32) * scale + lowest
+        rk, p_all, js = _extras(x, b, valid, big_m, floor, rk, p_all, js)
+
+    # One float64 record table (float32 values and ids are exact in it): one copy to the host.
     tl.store(out_ptr + r, nll.to(tl.float64))
     tl.store(out_ptr + n_rows + r, nll_base.to(tl.float64))
     tl.store(out_ptr + 2 * n_rows + r, s1_row + lse.to(tl.float64) * p_row)
     tl.store(out_ptr + 3 * n_rows + r, (tl.exp(-nll) - tl.exp(-nll_base)).to(tl.float64))
     tl.store(out_ptr + 4 * n_rows + r, (first == first_b).to(tl.float64))
+    tl.store(out_ptr + 5 * n_rows + r, tl.sum(rk, 0) - (tl.sum(p_all, 0) - 1.0))
+    tl.store(out_ptr + 6 * n_rows + r, tl.sum(js, 0))
+    tl.store(out_ptr + 7 * n_rows + r, tl.exp(tl.max(b_max, 0)).to(tl.float64))
+    tl.store(out_ptr + 8 * n_rows + r, first.to(tl.float64))
+    tl.store(out_ptr + 9 * n_rows + r, first_b.to(tl.float64))
 
 
 def reduce_rows_triton(logits, base_rows, targets, floor: float, tile: int = TILE, num_warps: int = NUM_WARPS,
                        stages: int = STAGES):
     """The kernel alone, the contract of ``reduce.reduce_rows`` for int16 ``base_rows`` on the logits' device;
-    returns the (5, rows) float64 record table (nll, nll_base, kld, dp, same_top) on it."""
+    returns the (10, rows) float64 record table on it: nll, nll_base, kld, dp, same_top, rkld, jsd,
+    ptop_base, top1_q, top1_base."""
     import torch
 
     n_rows, n_vocab = logits.shape
@@ -122,7 +181,7 @@ def reduce_rows_triton(logits, base_rows, targets, floor: float, tile: int = TIL
     head = base_rows[:, :HEADER_SLOTS].contiguous().view(torch.float32)
     codes = base_rows[:, HEADER_SLOTS:].view(torch.uint16)  # same bits; loads convert directly
     targets = torch.as_tensor(targets, dtype=torch.int64, device=logits.device)
-    out = torch.empty((5, n_rows), dtype=torch.float64, device=logits.device)
+    out = torch.empty((len(COLUMNS), n_rows), dtype=torch.float64, device=logits.device)
     tile = min(tile, triton.next_power_of_2(n_vocab))
     if n_rows:
         _reduce_kernel[(n_rows,)](logits, logits.stride(0), codes, codes.stride(0), head, targets, out,
@@ -131,11 +190,23 @@ def reduce_rows_triton(logits, base_rows, targets, floor: float, tile: int = TIL
 
 
 def triton_records(logits, base_rows, targets, floor: float) -> TokenRecords:
-    """llama.cpp's five records from the kernel, the extras from the torch row math."""
+    """The records: the kernel's, and the top-5/10 overlaps from topk on the device."""
     import torch
 
     base_rows = base_rows.to(logits.device)
-    core = reduce_rows_triton(logits, base_rows, targets, floor).cpu().numpy()
-    n_vocab = logits.shape[1]
-    extra = [extras_only(lg, rows, n_vocab, floor) for lg, rows, _ in row_blocks(logits, base_rows, targets)]
-    return to_records(list(core) + [torch.cat([e[k] for e in extra]).cpu().numpy() for k in range(len(extra[0]))])
+    table = reduce_rows_triton(logits, base_rows, targets, floor)
+    overlaps = []
+    for a in range(0, logits.shape[0], TOP_ROWS):
+        rows = base_rows[a:a + TOP_ROWS]
+        codes = rows[:, HEADER_SLOTS:HEADER_SLOTS + logits.shape[1]].to(torch.int32) & 0xFFFF
+        # Codes rank as the values they decode to, unless the row's scale is 0 (all equal).
+        codes *= (rows[:, :HEADER_SLOTS].contiguous().view(torch.float32)[:, :1] > 0)
+        overlaps.append(torch.stack(top_overlaps(logits[a:a + TOP_ROWS], top_ids(codes, max(TOP_K)))[:len(TOP_K)]))
+    core = table.cpu().numpy()
+    top = torch.cat(overlaps, dim=1).cpu().numpy() if overlaps else core[:len(TOP_K)]
+    cols = dict(zip(COLUMNS, core))
+    return to_records([cols[f] for f in COLUMNS[:7]] + list(top) + [cols[f] for f in COLUMNS[7:]])
+
+
+COLUMNS = ("nll", "nll_base", "kld", "dp", "same_top", "rkld", "jsd", "ptop_base", "top1_q", "top1_base")
+TOP_ROWS = 256  # rows whose int32 codes exist at once for topk
