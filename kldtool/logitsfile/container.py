@@ -304,6 +304,13 @@ class ContainerReader(BaseFileReader):
             self._fail(f"corrupt zstd frame for {where} at offset {offset}: {e}", CorruptData)
         if self.transform != MASKED_PLANES and len(raw) != lo:
             self._fail(f"{where} at offset {offset} decodes to {len(raw)} bytes, expected {lo}", RowLayoutError)
+        if self.transform == MASKED_PLANES:
+            # Checked here, on the prefetch thread: a GPU rebuilding the rows then never has to
+            # stop and report how many codes the mask holds.
+            expected = _masked_size(raw, self.frames.span(index)[2], h.row_width)
+            if len(raw) != expected:
+                self._fail(f"corrupt {where} at offset {offset}: masked frame of {len(raw)} bytes, expected "
+                           f"{expected}", CorruptData)
         return Frame(index, offset, raw)
 
     def frame_rows(self, frame: Frame) -> np.ndarray:
@@ -329,9 +336,21 @@ class ContainerReader(BaseFileReader):
         return hidden_states.from_raw(data, self.hidden["dtype"], (self.frames.span(index)[2], self.hidden["dim"]))
 
 
+def _masked_size(raw: bytes, n_rows: int, width: int) -> int:
+    """The bytes a masked-planes frame of ``n_rows`` rows takes, by the codes its mask holds."""
+    head_len = n_rows * HEADER_SLOTS * 2
+    n_codes = n_rows * (width - HEADER_SLOTS)
+    mask_len = (n_codes + 7) // 8
+    if len(raw) < head_len + mask_len:
+        return head_len + mask_len
+    mask = np.frombuffer(raw, dtype=np.uint8, count=mask_len, offset=head_len)
+    return head_len + mask_len + 2 * int(np.bitwise_count(mask).sum(dtype=np.int64))
+
+
 def _frame_to_torch(buf, transform: int, shape: tuple[int, int]):
     """The torch twin of :func:`_from_frame_bytes`: a frame's bytes (a uint8 tensor on any
-    device) rebuilt into int16 rows there."""
+    device, its size already checked against its mask by read_frame) rebuilt into int16 rows
+    there, without waiting for the device."""
     import torch
 
     n_rows, width = shape
@@ -344,9 +363,6 @@ def _frame_to_torch(buf, transform: int, shape: tuple[int, int]):
     nnz = (buf.numel() - head_len - mask_len) // 2
     shifts = torch.arange(7, -1, -1, dtype=torch.uint8, device=device)  # packbits: first code = high bit
     mask = ((buf[head_len:head_len + mask_len, None] >> shifts) & 1).reshape(-1)[:n_codes].bool()
-    counted = int(mask.sum())
-    if buf.numel() != head_len + mask_len + 2 * counted:
-        raise ValueError(f"masked frame of {buf.numel()} bytes, expected {head_len + mask_len + 2 * counted}")
     planes = buf[head_len + mask_len:].view(2, nnz).to(torch.int32)
     values = (planes[0] << 8) | planes[1]
     values = torch.where(values > 32767, values - 65536, values).to(torch.int16)  # same bits, int16
