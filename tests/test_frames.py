@@ -31,12 +31,20 @@ def _compare(base, tmp_path, *args) -> dict:
     return json.loads(out.read_text())
 
 
-def _same_rows(a, b) -> None:
+def _same_rows(a, b, codes: int = 0) -> None:
+    """The same header, tokens and rows, every code within ``codes`` of the other's."""
     ra, rb = open_base_file(a), open_base_file(b)
     try:
         assert ra.header == rb.header and np.array_equal(ra.tokens, rb.tokens)
         for c in range(ra.header.n_chunk):
-            assert np.array_equal(ra.read_chunk(c), rb.read_chunk(c)), f"chunk {c}"
+            x, y = ra.read_chunk(c), rb.read_chunk(c)
+            if not codes:
+                assert np.array_equal(x, y), f"chunk {c}"
+                continue
+            x, y = (r.astype(np.int64) for r in (x, y))
+            head = x[:, :4].astype("<u2").view(np.float32), y[:, :4].astype("<u2").view(np.float32)
+            assert np.allclose(*head, rtol=1e-5, atol=1e-5), f"chunk {c}: row heads"
+            assert np.abs(x[:, 4:] - y[:, 4:]).max() <= codes, f"chunk {c}"
     finally:
         ra.close()
         rb.close()
@@ -63,11 +71,17 @@ def test_files_from_before_frames_read_unchanged(name, tmp_path):
     a, b = _compare(old, tmp_path), _compare(framed, tmp_path)
     assert a["statistics"] == b["statistics"]
     assert a["base_file"]["rows_per_frame"] == "window" and b["base_file"]["largest_frame_rows"] == 7
-    # The same run today (the same batches, so the same logits), in frames: the same rows.
-    fresh = tmp_path / f"fresh-{name}"
-    run_cli("base", *TINY, "-m", BASE, "-f", WIKI, *FIXTURE_RUNS[name], "--frame-rows", 7,
-            "--kl-divergence-base", fresh)
-    _same_rows(old, fresh)
+    # The same run today (the same batches, so the same logits), in frames and in one frame a
+    # window: the same rows, bit for bit. Against the fixture, within one code: torch's kernels
+    # differ in the last bits between CPUs (this fixture came from an AVX2 machine; an AVX-512
+    # one moves ~0.1 % of the codes by one).
+    fresh = {}
+    for rows in (7, 0):
+        fresh[rows] = tmp_path / f"fresh-{rows}-{name}"
+        run_cli("base", *TINY, "-m", BASE, "-f", WIKI, *FIXTURE_RUNS[name], "--frame-rows", rows,
+                "--kl-divergence-base", fresh[rows])
+    _same_rows(fresh[0], fresh[7])
+    _same_rows(old, fresh[7], codes=1)
 
 
 def _rows_of(path) -> list[int]:
