@@ -58,7 +58,7 @@ def base_reader(a: argparse.Namespace):
 def compare_quietly(engine, reader) -> None:
     """kldtool's whole compare pipeline, its printing discarded."""
     from kldtool.pipeline import run_compare
-    from kldtool.pipeline.common import Sinks
+    from kldtool.pipeline.sinks import Sinks
 
     run_compare(engine, reader, sinks=Sinks(out=lambda s: None, info=lambda s: None))
 

@@ -16,7 +16,7 @@ import argparse
 
 from kldtool.engines.llamacpp import LlamaCppEngine
 from kldtool.logitsfile import open_base_file
-from kldtool.pipeline.compare import base_windows
+from kldtool.pipeline.compat import base_windows
 
 
 def main() -> None:

@@ -90,7 +90,7 @@ def main() -> None:
     from kldtool.engines.transformers import TransformersEngine
     from kldtool.logitsfile import open_base_file
     from kldtool.pipeline import run_compare
-    from kldtool.pipeline.common import Sinks
+    from kldtool.pipeline.sinks import Sinks
     from kldtool.pipeline.write_base import run_base
     from kldtool.protocols import Protocol, llamacpp_windows
 

@@ -11,6 +11,10 @@ vLLM quant), so only runs of one engine must agree on the numeric fields; shards
 
 from __future__ import annotations
 
+import datetime
+import platform
+
+from kldtool import __version__
 from kldtool.errors import UsageError
 
 # Fields that change a run's numbers, compared between runs of one engine.
@@ -53,3 +57,14 @@ def check_manifests(items: list[tuple[str, dict | None]], fields: tuple[str, ...
             if m.get(f) != ref.get(f):
                 raise UsageError(f"{where}: manifest field {f} is {m.get(f)!r}, {first}'s is {ref.get(f)!r}: their "
                                  f"numbers are not comparable; {hint} allows it")
+
+
+def run_metadata(command: str) -> dict:
+    """What every result and base file records of the run that made it."""
+    return {
+        "kldtool_version": __version__,
+        "command": command,
+        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "python": platform.python_version(),
+        "host": platform.node(),
+    }

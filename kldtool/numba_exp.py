@@ -1,7 +1,7 @@
 """e^x for float32 x as compiled loops need it: evaluated in float64 and rounded to float32
 (< 1e-8 relative before the rounding, as near to libm's expf as llama.cpp's float64 sums of
 float32 terms need), from a degree-7 series and 2^k made from its bits, so LLVM vectorizes the
-loops that call it; a libm call per entry would cost 5-11 ns. Shared by the CPU reducer and the
+loops that call it (a libm call per entry would not vectorize). Shared by the CPU reducer and the
 compiled encoder of replayed rows."""
 
 from __future__ import annotations

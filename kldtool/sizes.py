@@ -80,8 +80,8 @@ def _gguf_size(path: str) -> ModelSize:
 
 
 # ggml tensor types -> (weights per block, bytes per block) for the float and llama-quantize
-# types; any other comes from the gguf package, whose import costs 0.7 s beside vLLM (it pulls
-# in mistral_common), so the common types do not wait for it.
+# types; any other comes from the gguf package, whose import beside vLLM pulls in
+# mistral_common, so the common types do not wait for it.
 _GGML_BLOCKS = {0: (1, 4), 1: (1, 2), 30: (1, 2), 2: (32, 18), 3: (32, 20), 6: (32, 22), 7: (32, 24),
                 8: (32, 34), 10: (256, 84), 11: (256, 110), 12: (256, 144), 13: (256, 176), 14: (256, 210)}
 
@@ -100,8 +100,8 @@ _GGUF_SCALAR = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12
 
 def _gguf_tensors(path: str) -> list[tuple[str, int, int]]:
     """(name, elements, bytes) of every tensor, from the header alone. The gguf package's
-    reader decodes all metadata into numpy views first (6.6 s for SmolLM2's 49,152-token
-    vocabulary, on every compare); this walks past it: milliseconds."""
+    reader decodes all metadata into numpy views first (seconds for a vocabulary's strings, on
+    every compare); this walks past it."""
     import mmap
 
     try:
@@ -124,7 +124,7 @@ def _walk_gguf(buf) -> list[tuple[str, int, int]]:
 
     def skip_strings(count: int) -> None:
         # A vocabulary's token and merge lists are ~100k strings: one lookup each, no calls
-        # beyond it (a general walk took 0.1 s of every compare's end for SmolLM2).
+        # beyond it (a general walk is slow at every compare's end).
         nonlocal pos
         p = pos
         for _ in range(count):

@@ -8,4 +8,7 @@ bash scripts/setup.sh
 # Two workers, one test file each at a time: the vLLM tests keep one core (vLLM-CPU binds its
 # worker to one and reserves the other), and every file's model loads and CLI start-ups leave
 # gaps the other worker fills. KLDTOOL_TEST_WORKERS=0 runs everything in this process.
+# The tree is formatted and linted (pyproject.toml's [tool.ruff]) before anything runs.
+.venv/bin/ruff format --check --quiet .
+.venv/bin/ruff check --quiet .
 exec .venv/bin/python -m pytest -n "${KLDTOOL_TEST_WORKERS:-2}" --dist loadfile "$@"

@@ -67,10 +67,10 @@ def _hidden_seed(directory: str, header: BaseHeader, tokens: np.ndarray, rng, gg
         blocks = np.zeros((N_VOCAB, 34), np.uint8)
         blocks[:, :2] = rng.uniform(0.001, 0.05, (N_VOCAB, 1)).astype("<f2").view(np.uint8)
         blocks[:, 2:] = rng.integers(-127, 128, (N_VOCAB, 32)).astype(np.int8).view(np.uint8)
-        w.head = OutputHead(blocks.reshape(-1), None, None, None, "q8_0", (N_VOCAB, dim))
+        w.set_head(OutputHead(blocks.reshape(-1), None, None, None, "q8_0", (N_VOCAB, dim)))
     else:
-        w.head = OutputHead(torch.from_numpy(rng.normal(0, 1, (N_VOCAB, dim)).astype(np.float32)),
-                            torch.from_numpy(rng.normal(0, 1, N_VOCAB).astype(np.float32)))
+        w.set_head(OutputHead(torch.from_numpy(rng.normal(0, 1, (N_VOCAB, dim)).astype(np.float32)),
+                              torch.from_numpy(rng.normal(0, 1, N_VOCAB).astype(np.float32))))
     for _ in range(N_CHUNK):
         w.write_chunk(rng.normal(0, 2, (header.rows_per_chunk, dim)).astype(np.float32))
     w.finish()

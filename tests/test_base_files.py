@@ -160,23 +160,22 @@ def test_frames_rebuilt_with_torch_equal_the_rows(small_container, fixture_base)
     for bit the fixture's rows."""
     import torch
 
-    from kldtool.logitsfile.container import _frame_to_torch, _masked_size
-
     def on_device(data):  # what frame_to_torch hands over on a GPU: the frame's bytes, copied as they are
         return torch.frombuffer(bytearray(data), dtype=torch.uint8)
 
     r, ref = open_base_file(small_container), open_base_file(fixture_base)
+    assert type(r.form).__name__ == "MaskedPlanes"
     for k in range(r.frames.n_frames):
         chunk, row0, n = r.frames.span(k)
         frame = r.read_frame(k)
-        shape = (n, r.header.row_width)
-        rows = _frame_to_torch(on_device(frame.data), r.transform, shape)
+        rows = r.form.rows_torch(on_device(frame.data), n)
         assert np.array_equal(rows.numpy().view(np.uint16), ref.read_rows(chunk, row0, row0 + n))
-    head_len = shape[0] * 8
-    assert _masked_size(frame.data, *shape) == len(frame.data)
+    head_len = n * 8
+    assert r.form.problem(frame.data, n) is None
     bad = bytearray(frame.data)
     bad[head_len] = 0 if bad[head_len] else 0xFF  # the mask now counts other codes than the planes hold
-    assert _masked_size(bytes(bad), *shape) != len(bad)  # what read_frame refuses before any device sees it
+    # what read_frame refuses before any device sees it
+    assert r.form.problem(bytes(bad), n).startswith("masked frame of")
     r.close()
     ref.close()
 

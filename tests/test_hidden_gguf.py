@@ -6,7 +6,6 @@ The hidden file is the fixture's run: c=128, 8 chunks of wikitext."""
 
 import json
 import re
-from pathlib import Path
 
 import numpy as np
 import pytest

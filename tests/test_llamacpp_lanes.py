@@ -1,4 +1,4 @@
-"""compare on llama.cpp in several contexts side by side (pipeline/lanes.py): the same printed
+"""compare on llama.cpp in several contexts side by side (engines/llamacpp_lanes.py): the same printed
 lines as llama-perplexity and as one context, whatever batch or piece of a batch falls on which
 context; a lane's error ends the run in one line like any other."""
 
@@ -76,17 +76,16 @@ def test_beside_starts_once_every_lane_is_ready(q4_1_gguf):
     """What compare starts beside the lanes (the reducer's warm-up) waits for every lane's
     context, so an import holding the interpreter cannot hold up their first decodes; the
     lanes' results still arrive in batch order."""
-    from kldtool.pipeline.lanes import in_order, lane_plan
-
     engine = LlamaCppEngine(str(q4_1_gguf), threads=2, batch_tokens=1024, contexts=2)
     seen = []
     try:
         text = WIKI.read_bytes()[:60000]
         windows = llamacpp_windows(engine.tokenize(text), 256, 4, engine.bos_id)
-        lanes, batches = lane_plan(engine, [windows])
-        assert len(lanes) == 2 and len(batches) == 4
-        got = in_order(engine, lanes, batches, lambda lane, batch, _: [w.index for w in batch],
-                       beside=lambda: seen.append([lane.ctx is not None for lane in lanes]))
+        schedule = engine.schedule([windows])
+        lanes = schedule.lanes
+        assert len(lanes) == 2 and len(schedule.calls) == 4 and schedule.reducer_loops() == (True, False)
+        got = schedule.run(lambda lane, batch, _: [w.index for w in batch],
+                           beside=lambda: seen.append([lane.ctx is not None for lane in lanes]))
         order = [r for _, r in got]
     finally:
         engine.close()

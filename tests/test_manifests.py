@@ -11,7 +11,7 @@ import h5py
 import pytest
 
 from conftest import WIKI, run_cli
-from kldtool.pipeline.state import load_state, save_state
+from kldtool.analysis.state_file import load_state, save_state
 
 
 @pytest.fixture(scope="module")

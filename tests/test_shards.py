@@ -55,7 +55,7 @@ def test_merge_notes_a_gap_and_counts_only_present_chunks(shards, tmp_path):
 
 
 def test_merge_refuses_an_unfinished_shard(shards, tmp_path):
-    from kldtool.pipeline.state import load_state, save_state
+    from kldtool.analysis.state_file import load_state, save_state
 
     _, states, _ = shards
     state = load_state(states[0])  # 3:6

@@ -11,8 +11,8 @@ import torch
 from conftest import WIKI, run_cli
 from kldtool.codec import Coding, decode_np, encode_np
 from kldtool.reduce import KLD_FLOOR
-from kldtool.reduce.topk import reduce_topk_rows
-from kldtool.codec.topk import encode_topk_torch, split_records, topk_width
+from kldtool.reduce.topk_rows import reduce_topk_rows
+from kldtool.codec.topk_records import encode_topk_torch, split_records, topk_width
 
 
 def case(seed, n=64, v=500, spread=2.0, noise=0.3):

@@ -24,6 +24,46 @@ def probe(model, base, dtype, *extra):
     return json.loads(next(l for l in p.stdout.splitlines() if l.startswith("PROBE "))[6:])
 
 
+@pytest.fixture(scope="module")
+def fp32_runs(fp32_dir, hf_base, tmp_path_factory):
+    """The module's float32 commands on the fp32 checkpoint, on one vLLM engine
+    (tests/helpers/vllm_jobs.py): name -> (stdout, stderr, exit code, --json result). Their
+    base files come from transformers first."""
+    d = tmp_path_factory.mktemp("fp32-runs")
+    vllm = ("--engine", "vllm", "-m", fp32_dir, "--dtype", "float32")
+    jobs = [("hf", ["compare", *vllm, "--kl-divergence-base", hf_base])]
+    for ctx, chunks in ((64, 1), (32, 100)):  # every scored position exactly once, in batches of many windows
+        base = d / f"pos-{ctx}.kldt"
+        run_cli("base", "--engine", "transformers", "-m", fp32_dir, "-f", WIKI, "-c", ctx, "--chunks", chunks,
+                "--kl-divergence-base", base)
+        jobs.append((f"pos-{ctx}-{chunks}", ["compare", *vllm, "--kl-divergence-base", base]))
+    text = d / "t.txt"  # stride: the first window scores more positions than the rest
+    text.write_bytes(WIKI.read_bytes()[:9000])
+    stride = ("-f", text, "--protocol", "stride", "-c", "256", "--stride", "128")
+    run_cli("base", "--engine", "transformers", "-m", fp32_dir, *stride, "--kl-divergence-base", d / "stride.kldt")
+    jobs += [("stride-ppl", ["ppl", *vllm, *stride]), ("stride", ["compare", *vllm, "--kl-divergence-base",
+                                                                  d / "stride.kldt"])]
+    docs = d / "docs.jsonl"  # rolling: each window's last position is scored too
+    wiki = WIKI.read_text(encoding="utf-8")
+    docs.write_text("".join(json.dumps({"text": wiki[a:a + 1500]}) + "\n" for a in (0, 20000, 40000)))
+    run_cli("base", "--engine", "transformers", "-m", fp32_dir, "-f", docs, "--protocol", "rolling", "-c", 128,
+            "--kl-divergence-base", d / "rolling.kldt", "--json", d / "rolling-base.json")
+    jobs.append(("rolling", ["compare", *vllm, "--kl-divergence-base", d / "rolling.kldt"]))
+    spec = [{"name": n, "argv": [*argv, "--json", d / f"{n}.json"]} for n, argv in jobs]
+    (d / "jobs.json").write_text(json.dumps(spec, default=str))
+    p = subprocess.run([sys.executable, str(ROOT / "tests" / "helpers" / "vllm_jobs.py"), d / "jobs.json", d, "256"],
+                       capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr[-3000:]
+    out = {}
+    for n, _ in jobs:
+        rc = int((d / f"{n}.rc").read_text())
+        assert rc == 0, (d / f"{n}.err").read_text()[-3000:]
+        out[n] = ((d / f"{n}.out").read_text(), (d / f"{n}.err").read_text(), rc,
+                  json.loads((d / f"{n}.json").read_text()))
+    out["rolling-base"] = (None, None, 0, json.loads((d / "rolling-base.json").read_text()))
+    return out
+
+
 def test_vllm_against_itself_and_its_own_prompt_logprobs(fp32_dir, tmp_path):
     base = tmp_path / "vllm-bf16.kldt"
     p = run_cli("base", "--engine", "vllm", "-m", fp32_dir, "--dtype", "bfloat16", "-f", WIKI, "-c", 128,
@@ -48,8 +88,8 @@ def test_logits_blocks_give_the_records_of_one_block(hf_base, fp32_dir):
     assert abs(r["mean_kld"]) < 1e-6
 
 
-def test_transformers_fp32_base_vs_vllm_fp32_in_one_and_three_pipeline_stages(hf_base, fp32_dir, tmp_path):
-    one = compare_json(hf_base, tmp_path, "--engine", "vllm", "-m", fp32_dir, "--dtype", "float32")
+def test_transformers_fp32_base_vs_vllm_fp32_in_one_and_three_pipeline_stages(hf_base, fp32_dir, fp32_runs, tmp_path):
+    one = fp32_runs["hf"][3]
     s = one["statistics"]
     print("vLLM fp32 vs transformers fp32:", s["kld_mean"], s["same_top_p"])
     assert s["count"] == 8 * 63
@@ -102,18 +142,22 @@ def test_w8a8_same_in_process_multiprocess_and_tensor_parallel(hf_base, w8a8_dir
     assert abs(k["tp3"]["value"] - k["mp"]["value"]) < 3 * (k["mp"]["uncertainty"] + k["tp3"]["uncertainty"])
 
 
-@pytest.mark.parametrize("ctx, chunks, extra", [
-    (64, 1, []),
-    (32, 100, []),
-    (256, 3, ["--vllm-arg", "max_num_batched_tokens=96"]),  # each window prefilled over 3 steps
-])
-def test_every_scored_position_exactly_once(fp32_dir, tmp_path, ctx, chunks, extra):
-    base = tmp_path / "b.kldt"
-    run_cli("base", "--engine", "transformers", "-m", fp32_dir, "-f", WIKI, "-c", ctx, "--chunks", chunks,
-            "--kl-divergence-base", base)
-    r = compare_json(base, tmp_path, "--engine", "vllm", "-m", fp32_dir, "--dtype", "float32", *extra)
+@pytest.mark.parametrize("ctx, chunks", [(64, 1), (32, 100)])
+def test_every_scored_position_exactly_once(fp32_runs, ctx, chunks):
+    r = fp32_runs[f"pos-{ctx}-{chunks}"][3]
     assert r["scored_tokens"] == chunks * (ctx - 1 - ctx // 2)
     # Misaligned or missing rows would show as a large divergence against the same weights.
+    assert abs(r["statistics"]["kld_mean"]["value"]) < 1e-3
+
+
+def test_every_scored_position_exactly_once_over_several_prefill_steps(fp32_dir, tmp_path):
+    """Each window prefilled over 3 scheduler steps (an engine of its own: its step size)."""
+    base = tmp_path / "b.kldt"
+    run_cli("base", "--engine", "transformers", "-m", fp32_dir, "-f", WIKI, "-c", 256, "--chunks", 3,
+            "--kl-divergence-base", base)
+    r = compare_json(base, tmp_path, "--engine", "vllm", "-m", fp32_dir, "--dtype", "float32",
+                     "--vllm-arg", "max_num_batched_tokens=96")
+    assert r["scored_tokens"] == 3 * (256 - 1 - 128)
     assert abs(r["statistics"]["kld_mean"]["value"]) < 1e-3
 
 
@@ -132,36 +176,25 @@ def test_vllm_sweep_script(hf_base, fp32_dir, w8a8_dir, tmp_path):
     assert again.stderr.count("skipped") == 2 and "comparing" not in again.stderr
 
 
-def test_vllm_score_mode_and_a_stride_base_file(fp32_dir, tmp_path):
+def test_vllm_score_mode_and_a_stride_base_file(fp32_dir, fp32_runs, tmp_path):
     """`ppl --engine vllm` (NLL computed in the workers) and a compare over windows of two
     shapes (stride's first window scores more than the rest) agree with transformers."""
     text = tmp_path / "t.txt"
     text.write_bytes(WIKI.read_bytes()[:9000])
-    flags = ("-f", text, "--protocol", "stride", "-c", "256", "--stride", "128")
-    got = {}
-    for eng in ("transformers", "vllm"):
-        run_cli("ppl", "--engine", eng, "-m", fp32_dir, "--dtype", "float32", *flags, "--json", tmp_path / f"{eng}.json")
-        got[eng] = json.loads((tmp_path / f"{eng}.json").read_text())
+    run_cli("ppl", "--engine", "transformers", "-m", fp32_dir, "--dtype", "float32", "-f", text, "--protocol", "stride",
+            "-c", "256", "--stride", "128", "--json", tmp_path / "transformers.json")
+    got = {"transformers": json.loads((tmp_path / "transformers.json").read_text()), "vllm": fp32_runs["stride-ppl"][3]}
     assert got["vllm"]["scored_tokens"] == got["transformers"]["scored_tokens"]
     assert got["vllm"]["ppl"] == pytest.approx(got["transformers"]["ppl"], rel=1e-4)
-    base = tmp_path / "stride.kldt"
-    run_cli("base", "--engine", "transformers", "-m", fp32_dir, *flags, "--kl-divergence-base", base)
-    r = compare_json(base, tmp_path, "--engine", "vllm", "-m", fp32_dir, "--dtype", "float32")
+    r = fp32_runs["stride"][3]
     assert r["protocol"]["name"] == "stride" and r["scored_tokens"] == got["vllm"]["scored_tokens"]
     assert r["statistics"]["kld_mean"]["value"] < 1e-3 and r["statistics"]["same_top_p"]["value"] > 0.99
 
 
-def test_vllm_compare_on_a_rolling_base_file(fp32_dir, tmp_path):
+def test_vllm_compare_on_a_rolling_base_file(fp32_runs):
     """lm-eval's rolling windows score each window's last position too: its target lies past
     the prompt vLLM sees, and the workers take it from the request's spec."""
-    docs = tmp_path / "docs.jsonl"
-    text = WIKI.read_text(encoding="utf-8")
-    docs.write_text("".join(json.dumps({"text": text[a:a + 1500]}) + "\n" for a in (0, 20000, 40000)))
-    base = tmp_path / "rolling.kldt"
-    run_cli("base", "--engine", "transformers", "-m", fp32_dir, "-f", docs, "--protocol", "rolling", "-c", 128,
-            "--kl-divergence-base", base, "--json", tmp_path / "base.json")
-    made = json.loads((tmp_path / "base.json").read_text())
-    r = compare_json(base, tmp_path, "--engine", "vllm", "-m", fp32_dir, "--dtype", "float32")
+    made, r = fp32_runs["rolling-base"][3], fp32_runs["rolling"][3]
     s = r["statistics"]
     assert r["protocol"]["name"] == "rolling" and r["scored_tokens"] == made["scored_tokens"]
     assert s["kld_mean"]["value"] < 1e-3 and s["same_top_p"]["value"] > 0.99

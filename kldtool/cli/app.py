@@ -17,6 +17,8 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
     no_args_is_help=True,
+    # click's own layout: docstrings reflowed into paragraphs, flags without a "<bool>" type
+    rich_markup_mode=None,
     help="Measure how far a quantized model's predictions drift from its base model "
          "(llama-perplexity --kl-divergence compatible).",
 )
@@ -70,7 +72,7 @@ def _command(argv: list[str] | None) -> int:
 def _leave(code: int) -> None:
     """Exit with ``code`` once the exit handlers have run and the output is flushed, without
     the interpreter's teardown of every loaded module: with numba, LLVM, numpy and typer
-    loaded that takes 0.15-0.3 s, as long as a short run's reductions. Every file a command
+    loaded that takes as long as a short run's reductions. Every file a command
     writes is closed by then. Where a thread other than daemons still runs, the normal exit
     waits for it."""
     if any(not t.daemon for t in threading.enumerate() if t is not threading.main_thread()):

@@ -12,7 +12,7 @@ from typing import Optional
 import typer
 
 from kldtool.cli.app import app
-from kldtool.cli.options import ENGINE, FRAME_ROWS
+from kldtool.cli.flag_groups import ENGINE, FRAME_ROWS
 from kldtool.errors import UsageError
 
 

@@ -6,13 +6,13 @@ from __future__ import annotations
 import numpy as np
 
 from kldtool.codec.rows import Coding, encode_torch, normalizer_torch, rows_to_numpy
-from kldtool.codec.topk import encode_topk_torch
+from kldtool.codec.topk_records import encode_topk_torch
 
 
 def encode_base_rows(logits, targets, coding: Coding) -> tuple[np.ndarray, np.ndarray]:
     """Base mode for one window on any device: (uint16 host rows, float32 NLL of each target),
     the NLL as llama.cpp's phase 1 computes it, ``(max + lse) - logit[target]``. With
-    ``coding.keep`` the rows are top-K records (codec/topk.py), made on the device."""
+    ``coding.keep`` the rows are top-K records (codec/topk_records.py), made on the device."""
     import torch
 
     logits = torch.as_tensor(logits).to(torch.float32)

@@ -1,7 +1,7 @@
 """encode_np's rows from compiled loops (numba), for the logits a host replays from hidden
 states (logitsfile/hidden.py), where numpy's ten passes over each row cost more than the
 replay's own product: here two passes (max, min and the float64 sum of exponentials; then the
-codes), rows in parallel (or, on a lane's thread, on that thread alone: threadmode.py).
+codes), rows in parallel (or, on a lane's thread, on that thread alone: core_share.py).
 
 The exponential is numba_exp's (within 1e-8 before its rounding to float32, where numpy calls
 libm), so a row's log-sum-exp can differ from encode_np's in its last float32 bit, and its
@@ -18,7 +18,7 @@ from numba import njit, prange
 
 from kldtool.codec.rows import HEADER_SLOTS, _window, row_width
 from kldtool.numba_exp import exp_f64
-from kldtool.threadmode import one_core, spread
+from kldtool.core_share import one_core, spread
 
 
 @njit(cache=True, fastmath={"reassoc"}, error_model="numpy")

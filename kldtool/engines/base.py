@@ -24,6 +24,14 @@ class Engine(ABC):
     device: str = "cpu"
     n_ctx_train: int | None = None  # the longest context the model was trained for, if known
     reduces_here: bool = True  # False where the engine's own workers reduce (vLLM)
+    takes_contexts = False  # --contexts: contexts side by side (llama.cpp)
+    takes_vllm_args = False  # vLLM's own flags
+
+    @classmethod
+    def from_options(cls, opts, n_ctx: int) -> "Engine":
+        """The engine ``opts`` (engines.EngineOptions) describe, for windows of ``n_ctx`` tokens,
+        after this engine's own checks of the flags."""
+        raise NotImplementedError
 
     @abstractmethod
     def tokenize(self, text: bytes) -> np.ndarray:
@@ -44,26 +52,11 @@ class Engine(ABC):
         array: the logits at offsets first .. first+n_scored-1. They may be views of the
         engine's own buffers (no copy of a batch's logits): valid until the next call."""
 
-    def lanes(self, n_groups: int) -> list["Engine"]:
-        """Engines that may score ``n_groups`` batches side by side, each on its own thread
-        (pipeline/lanes.py); the ones other than this engine are closed after the run. Most
-        engines spread one batch over every core themselves: just this one."""
-        return [self]
+    def schedule(self, batches: list[list[Window]]):
+        """How this engine runs ``batches`` (schedule.py): by default one call each, in order."""
+        from kldtool.engines.schedule import Schedule
 
-    def lane_pieces(self, batch: list[Window]) -> list[list[Window]]:
-        """``batch`` (windows_per_call windows of one shape) cut into the pieces a lane may take
-        one call at a time, each window's logits staying exactly those of the whole batch's
-        call; the batch itself where no cut keeps them."""
-        return [batch]
-
-    def prepare(self, windows: list[Window]) -> None:
-        """Make ready what a first call with ``windows`` needs (a llama.cpp context), so that the
-        call itself goes straight to the model (lanes.py does this before starting anything
-        that competes for the interpreter)."""
-
-    def set_threads(self, n: int) -> None:
-        """A lane's share of the CPU threads from its next batch on (lanes.py gives the lanes
-        still running the threads of those that are done)."""
+        return Schedule(self, batches)
 
     def logit_blocks(self, windows: list[Window]) -> Iterator[tuple[int, int, object]]:
         """(window number in ``windows``, first scored row, logits of the following rows), in
@@ -85,22 +78,22 @@ class Engine(ABC):
 
         return PrefetchedChunks(reader, chunks, device=self.device)
 
-    def score(self, windows: list[Window], base) -> list[TokenRecords]:
+    def score(self, windows: list[Window], source) -> list[TokenRecords]:
         """Compare mode: per window, its per-token records against the base rows.
 
-        ``base`` gives ``rows_torch(chunk_index, device, start, stop)`` (int16 rows,
-        prefetched frame by frame, asked for in order; ``parts_numpy(chunk_index, start, stop)``
-        beside numpy logits) and ``path``; an engine whose workers read the base file
-        themselves uses the latter."""
+        ``source`` is what :meth:`rows_source` made: it gives ``rows_torch(chunk_index, device,
+        start, stop)`` (int16 rows, prefetched frame by frame, asked for in order;
+        ``parts_numpy(chunk_index, start, stop)`` beside numpy logits), or for an engine whose
+        workers read the base file themselves, its ``path``."""
         def reduce(w: Window, off: int, lg):
             n = len(lg)  # the base rows of this block only: a long window never lies whole in memory
             if not isinstance(lg, np.ndarray):
-                rows = base.rows_torch(w.index, lg.device, off, off + n)
-                return reduce_base(lg, rows, w.targets[off:off + n], base.header)
+                rows = source.rows_torch(w.index, lg.device, off, off + n)
+                return reduce_base(lg, rows, w.targets[off:off + n], source.header)
             parts, a = [], 0  # on the host, frame by frame: the rows are never copied
-            for rows in base.parts_numpy(w.index, off, off + n):
+            for rows in source.parts_numpy(w.index, off, off + n):
                 b = a + len(rows)
-                parts.append(reduce_base(lg[a:b], rows, w.targets[off + a:off + b], base.header))
+                parts.append(reduce_base(lg[a:b], rows, w.targets[off + a:off + b], source.header))
                 a = b
             return TokenRecords.concat(parts)
 

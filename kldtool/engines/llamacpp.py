@@ -7,10 +7,9 @@ to llama-perplexity's on the same build.
 
 ``contexts`` > 1 (compare's default with two threads or more) splits the threads among that
 many contexts on the one loaded model, each decoding its own batches of chunks on its own
-thread (pipeline/lanes.py). A logit is computed by the same kernels whichever thread count
+thread (llamacpp_lanes.py). A logit is computed by the same kernels whichever thread count
 holds it, so the numbers stay llama-perplexity's; the lanes gain what ggml's threads lose
-waiting for each other at every operation of a decode (on two cores, two 1-thread contexts
-decode 7 % more per second than one 2-thread context: SmolLM2 Q8_0, 4-chunk batches).
+waiting for each other at every operation of a decode (docs/benchmarks.md measures it).
 
 What a batch's composition can change is the kernels a token goes through. llama-perplexity's
 context keeps a KV stream per sequence, so llama.cpp cuts a batch into ubatches of the same
@@ -34,7 +33,7 @@ import numpy as np
 from kldtool.engines import llamacpp_load
 from kldtool.engines.base import Engine
 from kldtool.engines.llamacpp_load import silence_llama_logs
-from kldtool.errors import EngineError
+from kldtool.errors import EngineError, UsageError
 from kldtool.protocols import Window
 
 def cpu_features(lib) -> str:
@@ -65,6 +64,18 @@ def _same_kernels(batch: list[Window], ubatch: int) -> bool:
 
 class LlamaCppEngine(Engine):
     name = "llamacpp"
+    takes_contexts = True
+
+    @classmethod
+    def from_options(cls, opts, n_ctx: int) -> "LlamaCppEngine":
+        from kldtool.engines import defaults
+
+        if opts.dtype not in (None, "gguf"):
+            raise UsageError(f"--dtype {opts.dtype}: the llamacpp engine runs the GGUF's own types; drop --dtype")
+        if opts.device not in (None, "cpu"):
+            raise UsageError(f"--device {opts.device}: this llamacpp engine build runs on the CPU")
+        return cls(opts.model or defaults.default_gguf(), threads=opts.threads, batch_tokens=opts.batch_tokens,
+                   contexts=opts.contexts)
 
     def __init__(self, model: str, threads: int | None = None, batch_tokens: int = 2048, verbose: bool = False,
                  contexts: int | None = None):
@@ -99,6 +110,11 @@ class LlamaCppEngine(Engine):
         self.ctx_shape = None
         self._owns_model = True
         self._lane = False  # a lane's context is sized for the pieces it gets (lane_pieces)
+
+    def schedule(self, batches: list[list[Window]]):
+        from kldtool.engines.llamacpp_lanes import LaneSchedule
+
+        return LaneSchedule(self, batches)
 
     def lanes(self, n_groups: int) -> list["LlamaCppEngine"]:
         """Up to ``contexts`` engines sharing this one's model, each with its own context and

@@ -1,9 +1,9 @@
 """llama-cpp-python's library quieted, and a GGUF model loaded on a thread while the command's
 own start-up runs.
 
-llama.cpp reads (and repacks) the weights in C with the interpreter released: 0.1 s for the
-built-in SmolLM2, seconds for a large model. Before it asks for its engine, a command spends
-0.2-0.3 s importing and checking in Python. ``start`` begins the load there, ``take`` hands the
+llama.cpp reads (and repacks) the weights in C with the interpreter released, while a command,
+before it asks for its engine, is still importing and checking in Python. ``start`` begins the
+load there, ``take`` hands the
 model to the engine built for that file, and ``drop`` lets go of any nobody took (a command that
 failed first, or built its engine for another file).
 """

@@ -63,6 +63,14 @@ def load_factory(spec: str):
 class PythonEngine(Engine):
     name = "python"
 
+    @classmethod
+    def from_options(cls, opts, n_ctx: int) -> "PythonEngine":
+        if opts.model is None:
+            raise UsageError("--engine python needs --model package.module:factory")
+        if opts.dtype is not None or opts.device not in (None, "cpu"):
+            raise UsageError("--dtype/--device: a python engine's factory decides its own")
+        return cls(opts.model, threads=opts.threads, batch_tokens=opts.batch_tokens)
+
     def __init__(self, spec: str, threads: int | None = None, batch_tokens: int = 2048):
         import torch
 

@@ -18,6 +18,13 @@ DTYPES = ("float32", "bfloat16", "float16", "float64")  # float64: reference run
 class TransformersEngine(Engine):
     name = "transformers"
 
+    @classmethod
+    def from_options(cls, opts, n_ctx: int) -> "TransformersEngine":
+        from kldtool.engines import defaults
+
+        return cls(opts.model or defaults.default_transformers_model(), dtype=opts.dtype or "float32",
+                   device=opts.device or "cpu", threads=opts.threads, batch_tokens=opts.batch_tokens)
+
     def __init__(self, model: str, dtype: str = "float32", device: str = "cpu", threads: int | None = None,
                  batch_tokens: int = 2048):
         import torch

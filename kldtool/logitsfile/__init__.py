@@ -1,25 +1,58 @@
-"""Base files: llama.cpp's raw layout and kldtool's compressed container, behind one reader API.
-
-A reader has ``header``, ``tokens`` (int32, n_ctx*n_chunk), ``metadata`` (dict),
-``file_size``, ``format_name``, ``frames`` (frames.py), ``read_rows(i, start, stop)`` and
-``read_chunk(i)`` -> uint16 rows (thread-safe, reading only the frames needed) and ``close()``.
-A writer has ``write_rows(block)`` + ``end_chunk(nll)`` (or ``write_chunk(rows, nll)``),
-``finish(metadata)`` and ``abort()``.
+"""Base files: llama.cpp's raw layout and kldtool's compressed container, behind one reader API
+(``BaseFile``). A writer (``create_writer``) has ``write_rows(block)`` + ``end_chunk(nll)`` (or
+``write_chunk(rows, nll)``), ``finish(metadata)`` and ``abort()``.
 """
 
 from __future__ import annotations
 
 import os
+from typing import Protocol
+
+import numpy as np
 
 from kldtool.codec import DEFAULT_CLAMP
 from kldtool.errors import BaseFileError, TruncatedHeader, UsageError
 from kldtool.logitsfile import container, raw
+from kldtool.logitsfile.frames import FrameLayout
 from kldtool.logitsfile.header import BaseHeader
 from kldtool.logitsfile.prefetch import iter_chunks
+from kldtool.logitsfile.reader_base import Frame
+from kldtool.logitsfile.transforms import Transform
 
 FORMATS = ("kldtool", "llamacpp")
 
-__all__ = ["BaseHeader", "open_base_file", "create_writer", "check_layout", "iter_chunks", "frame_facts", "FORMATS"]
+
+class BaseFile(Protocol):
+    """What every reader of a base file offers (reader_base.py); reads are thread-safe."""
+
+    path: str
+    format_name: str
+    header: BaseHeader
+    tokens: np.ndarray  # int32: n_ctx * n_chunk, or the window table's stream
+    metadata: dict
+    file_size: int
+    frames: FrameLayout  # how the rows are cut for reading
+    form: Transform  # what a frame's bytes are (transforms.py)
+
+    @property
+    def frame_nbytes(self) -> int: ...
+
+    def read_rows(self, chunk: int, start: int = 0, stop: int | None = None) -> np.ndarray:
+        """uint16 rows start .. stop-1 of ``chunk``, reading only the frames that hold them."""
+
+    def read_chunk(self, index: int) -> np.ndarray: ...
+
+    def read_frame(self, index: int) -> Frame: ...
+
+    def frame_rows(self, frame: Frame) -> np.ndarray: ...
+
+    def frame_to_torch(self, frame: Frame, device): ...
+
+    def use_head(self, source: str | None) -> None: ...
+
+    def close(self) -> None: ...
+
+__all__ = ["BaseFile", "BaseHeader", "open_base_file", "create_writer", "check_layout", "iter_chunks", "frame_facts", "FORMATS"]
 
 
 def frame_facts(reader) -> dict:
@@ -30,7 +63,7 @@ def frame_facts(reader) -> dict:
             "largest_frame_rows": f.max_rows, "largest_frame_bytes": reader.frame_nbytes}
 
 
-def open_base_file(path: str | os.PathLike):
+def open_base_file(path: str | os.PathLike) -> BaseFile:
     """Open a base file of either format, validating it before anything is sized from it."""
     p = os.fspath(path)
     try:
@@ -45,7 +78,9 @@ def open_base_file(path: str | os.PathLike):
     if not magic:
         raise TruncatedHeader(f"{p}: empty file (0 bytes)")
     if container.MAGIC.startswith(magic):
-        return container.ContainerReader(p)
+        from kldtool.logitsfile.container_reader import ContainerReader
+
+        return ContainerReader(p)
     return raw.RawReader(p)
 
 
@@ -77,7 +112,9 @@ def create_writer(path, fmt: str, header: BaseHeader, tokens, metadata: dict | N
     name = "llamacpp" if header.windows is None else (metadata or {}).get("protocol", {}).get("name", "a window table")
     check_layout(fmt, name, header.keep, header.clamp, frame_rows)
     if fmt == "kldtool":
-        writer = container.ContainerWriter(path, header, tokens, metadata, frame_rows=frame_rows)
+        from kldtool.logitsfile.container_writer import ContainerWriter
+
+        writer = ContainerWriter(path, header, tokens, metadata, frame_rows=frame_rows)
     else:
         writer = raw.RawWriter(path, header, tokens, metadata)
     if not resume:

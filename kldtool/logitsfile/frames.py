@@ -14,8 +14,8 @@ import numpy as np
 
 FRAME_BYTES = 8 << 20  # raw bytes a default frame holds: big enough that zstd loses nothing
 # A frame of hidden states is replayed as one product, which on the host runs at full speed only
-# from ~128 rows (SmolLM2's 576-wide head: 0.33 ms a row at 85 rows, 0.25 from 128 on). Its rows
-# exist only while they are reduced, one frame at a time, so it may stand for 4x the bytes.
+# from a hundred-odd rows on (docs/benchmarks.md). Its rows exist only while they are reduced, one
+# frame at a time, so it may stand for 4x the bytes.
 REPLAYED_FRAME_BYTES = 4 * FRAME_BYTES
 
 

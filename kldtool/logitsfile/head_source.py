@@ -51,7 +51,6 @@ def load_head(source: str, meta: dict):
 
 def _checkpoint_head(path: Path, dtype: str):
     import torch
-    from safetensors import safe_open
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from kldtool.logitsfile.hidden import OutputHead

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kldtool.codec import DEFAULT_CLAMP, row_width
-from kldtool.codec.topk import topk_width
+from kldtool.codec.topk_records import topk_width
 
 # Refuse headers that could not describe a real run before sizing anything from them.
 MAX_CTX = 1 << 24
@@ -32,7 +32,7 @@ class BaseHeader:
     n_chunk: int
     windows: tuple[WindowRow, ...] | None = None  # None: llama.cpp's uniform chunks
     n_stream: int | None = None
-    keep: int | None = None  # compact rows of the K most probable entries (codec/topk.py); None: full rows
+    keep: int | None = None  # compact rows of the K most probable entries (codec/topk_records.py); None: full rows
     clamp: float = DEFAULT_CLAMP  # nats below each row's top that its codes span (codec/rows.py)
 
     @property

@@ -1,28 +1,23 @@
-"""Base files that store the base model's final hidden states (``base --store hidden``).
+"""Base files that store the base model's final hidden states (``base --store hidden``): the
+stored states' dtypes and bytes, and the output head they are replayed through.
 
 Per scored position the file keeps the output head's input (the last norm's output) in the
 engine's dtype, and once the head itself: its weight, bias, and the transforms the model applies
 to its logits (a multiplier for Cohere's logit scale and Granite's logits scaling, Gemma's final
-soft-capping). A reader turns each frame of hidden states back into the base logits with that
+soft-capping). replay.py turns each frame of hidden states back into the base logits with that
 head and encodes them into the same uint16 rows a row file would hold, with the file's codec and
 clamp window: every engine, reducer and the vLLM worker then read a hidden file as they read a
 row file, and its statistics are comparable to a row file's by construction.
-
-How exactly the replay reproduces the engine's logits is measured while writing (the replay
-probe, ``replay`` in the metadata) and printed by ``info`` and ``compare``.
 """
 
 from __future__ import annotations
 
 import hashlib
-import math
-import threading
 from dataclasses import dataclass
 
 import numpy as np
 
 from kldtool.logitsfile import ggml_head
-from kldtool.threadmode import spread
 
 # Stored hidden-state dtypes: their item size and how their bytes are viewed (bf16 as raw uint16).
 DTYPES = {"float32": ("<f4", 4), "float16": ("<f2", 2), "bfloat16": ("<u2", 2)}
@@ -154,97 +149,3 @@ def expected_head_length(meta: dict) -> int:
 
 def is_head_dtype(dtype: str) -> bool:
     return dtype in DTYPES or ggml_head.is_ggml(dtype)
-
-
-class Replayer:
-    """The head on each device it is asked for, loaded once (prefetch threads share it)."""
-
-    def __init__(self, load_head):
-        self._load = load_head
-        self._lock = threading.Lock()
-        self._head: OutputHead | None = None
-        self._on: dict = {}
-
-    def head(self) -> OutputHead:
-        with self._lock:
-            if self._head is None:
-                head = self._load()
-                head.matrix()  # a GGUF head's dequantization, once
-                self._head = head
-            return self._head
-
-    def warm(self) -> None:
-        """Load the head (a GGUF head: dequantized, and the compiled encoder its host replay uses)
-        on a thread while the engine computes its first batch; the first replay waits for it,
-        and meets any error it had. The encoder's loop is the one the calling thread will run
-        (all cores, or one on a lane's thread)."""
-        threading.Thread(target=self._warm, args=(spread(),), name="kldtool-head-warm-up", daemon=True).start()
-
-    def _warm(self, all_cores: bool) -> None:
-        try:
-            if self.head().ggml:  # the host replays a GGUF head through the compiled encoder
-                from kldtool.codec.rows_compiled import warm
-
-                warm(all_cores)
-        except Exception:  # the first replay loads it again and reports what failed
-            pass
-
-    def logits(self, hidden):
-        """float32 logits of ``hidden``: a numpy array (a GGUF head's replay on the host) or a
-        torch tensor on its device, the head's weight moved there once."""
-        head = self.head()
-        if isinstance(hidden, np.ndarray):
-            return head.apply(hidden, head.matrix(), head.bias)
-        import torch
-
-        key = str(hidden.device)
-        with self._lock:
-            if key not in self._on:
-                self._on[key] = tuple(None if t is None else torch.as_tensor(t).to(hidden.device)
-                                      for t in (head.matrix(), head.bias))
-            w, b = self._on[key]
-        return head.apply(hidden, w, b)
-
-
-class ReplayProbe:
-    """The base phase's check of its own file: the engine's logits against those replayed from
-    the hidden states it stores, as KLD(engine || replay) in float64 and the largest |Δlogit|,
-    over the blocks of the first ``chunks`` windows it is offered."""
-
-    def __init__(self, head: OutputHead, chunks: int):
-        self.head = head
-        self.limit = chunks
-        self.windows: set[int] = set()
-        self.sum = 0.0
-        self.count = 0
-        self.kld_max = 0.0
-        self.dlogit_max = 0.0
-
-    def takes(self, window: int) -> bool:
-        """Whether blocks of ``window`` are checked (the first ``chunks`` windows asked about)."""
-        if window not in self.windows:
-            if len(self.windows) == self.limit:
-                return False
-            self.windows.add(window)
-        return True
-
-    def offer(self, window: int, stored_hidden, logits) -> None:
-        if not self.takes(window):
-            return
-        import torch
-
-        h = self.head
-        stored = stored_hidden.cpu()
-        replay = torch.as_tensor(h.apply(stored.numpy() if h.ggml else stored, h.matrix(), h.bias))
-        ref = torch.as_tensor(logits).detach().cpu().to(torch.float64)
-        lp, lq = torch.log_softmax(ref, dim=1), torch.log_softmax(replay.to(torch.float64), dim=1)
-        kld = (lp.exp() * (lp - lq)).sum(dim=1)
-        self.sum += float(kld.sum())
-        self.count += len(kld)
-        self.kld_max = max(self.kld_max, float(kld.max()))
-        self.dlogit_max = max(self.dlogit_max, float((ref - replay.to(torch.float64)).abs().max()))
-
-    def result(self) -> dict:
-        mean = self.sum / self.count if self.count else math.nan
-        return {"chunks": len(self.windows), "tokens": self.count, "kld_mean": mean, "kld_max": self.kld_max,
-                "max_abs_dlogit": self.dlogit_max}

@@ -96,12 +96,12 @@ class PrefetchedChunks:
         self.frames = reader.frames
         read, self._to_torch = _loader(reader, device)
         plan_ahead, plan_threads = prefetch_plan(reader.frame_nbytes)
-        if getattr(reader, "replayer", None) is not None and (device is None or str(device).startswith("cpu")):
+        if reader.form.replayed and (device is None or str(device).startswith("cpu")):
             # Replaying hidden states is compute, not I/O: beside an engine that keeps every core
             # busy (llama.cpp's threads spin while they wait for each other) it would only slow
             # both down, so on the host each frame is replayed when the engine asks for it.
             plan_threads = 0
-            reader.replayer.warm()
+            reader.form.warm()
         frames = (k for i in indices for k in self.frames.of_chunk(i))
         self._it = submitted(frames, ahead or plan_ahead, threads or plan_threads, read)
         # The first reads start now, beside the engine's first forward rather than after it (a

@@ -7,7 +7,7 @@ There is no version, checksum or completion marker, so completeness is judged fr
 
 The rows are read through a read-only map of the file: a frame is a view of the page cache,
 so the reducer reads the rows where they lie instead of a copy made first (copying a 20-chunk
-SmolLM2 file's 1 GB of rows cost ~0.4 s of CPU beside llama.cpp's decode).
+a copy of every row first would cost CPU time beside the engine's own work).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from kldtool.errors import NotABaseFile, RowLayoutError, TruncatedHeader, Trunca
 from kldtool.logitsfile.frames import default_frame_rows
 from kldtool.logitsfile.header import BaseHeader
 from kldtool.logitsfile.reader_base import BaseFileReader, Frame
+from kldtool.logitsfile.transforms import PlainRows
 from kldtool.logitsfile.writer_base import ResumableWriter
 
 MAGIC = b"_logits_"
@@ -59,6 +60,7 @@ class RawReader(BaseFileReader):
         self.metadata = {"protocol": {"name": "llamacpp", "n_ctx": h.n_ctx}}
         # Stored whole, read in frames: any rows can be read where they lie.
         self.frames = self._layout(default_frame_rows(h.row_width))
+        self.form = PlainRows(h)
         self._map = mmap.mmap(self.fd, expected, prot=mmap.PROT_READ) if h.n_chunk else None
 
     def read_frame(self, index: int) -> Frame:
@@ -72,9 +74,6 @@ class RawReader(BaseFileReader):
         if size < end:
             self._fail(f"chunk {chunk} cut short at offset {size}", TruncatedRows)
         return Frame(index, offset, memoryview(self._map)[offset:end])
-
-    def frame_rows(self, frame: Frame) -> np.ndarray:
-        return np.frombuffer(frame.data, dtype="<u2").reshape(-1, self.header.row_width)
 
     def close(self) -> None:
         if getattr(self, "_map", None) is not None:

@@ -12,6 +12,7 @@ from kldtool.codec import rows_to_torch
 from kldtool.errors import BaseFileError, CorruptData, UsageError
 from kldtool.logitsfile.frames import FrameLayout
 from kldtool.logitsfile.header import BaseHeader
+from kldtool.logitsfile.transforms import Transform
 
 
 class Frame(NamedTuple):
@@ -44,6 +45,7 @@ class BaseFileReader:
     header: BaseHeader
     metadata: dict
     frames: FrameLayout  # how the rows are cut for reading, set by _parse
+    form: Transform  # what a frame's bytes are (transforms.py), set by _parse
 
     def __init__(self, path: str | os.PathLike):
         self.path = os.fspath(path)
@@ -98,7 +100,10 @@ class BaseFileReader:
 
     def frame_rows(self, frame: Frame) -> np.ndarray:
         """uint16 rows of a frame, on the host."""
-        raise NotImplementedError
+        try:
+            return self.form.rows(frame.data, self.frames.span(frame.index)[2])
+        except ValueError as e:
+            self._fail(f"corrupt {self._where(frame.index)} at offset {frame.offset}: {e}", CorruptData)
 
     def read_frame_rows(self, index: int) -> np.ndarray:
         return self.frame_rows(self.read_frame(index))
@@ -126,10 +131,8 @@ class BaseFileReader:
             self._fail(f"corrupt {self._where(frame.index)} at offset {frame.offset}: {e}", CorruptData)
 
     def _rebuild_torch(self, buf, index: int):
-        """Rows from a frame's bytes already on the device; the raw layout is the rows."""
-        import torch
-
-        return buf.view(torch.int16).reshape(self.frames.span(index)[2], self.header.row_width)
+        """Rows from a frame's bytes already on the device."""
+        return self.form.rows_torch(buf, self.frames.span(index)[2])
 
     def close(self) -> None:
         if self.fd >= 0:

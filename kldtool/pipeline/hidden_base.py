@@ -8,7 +8,8 @@ from dataclasses import replace
 
 from kldtool.codec import target_nll
 from kldtool.errors import ReplayMismatch, UsageError
-from kldtool.logitsfile.hidden import DTYPES, ReplayProbe, raw_array, torch_dtype
+from kldtool.logitsfile.hidden import DTYPES, raw_array, torch_dtype
+from kldtool.logitsfile.replay import ReplayProbe
 
 STORES = ("logprobs", "hidden")
 HEADS = ("inline", "external")
@@ -80,5 +81,5 @@ class HiddenStore:
                                  f"{self.tolerance:g}: no file written")
 
     def finish(self, writer) -> dict:
-        writer.head, writer.head_source = self.head, self.source
+        writer.set_head(self.head, self.source)
         return {"replay": self.probe.result() | {"tolerance": self.tolerance}}

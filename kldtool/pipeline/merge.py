@@ -10,13 +10,14 @@ from __future__ import annotations
 from kldtool.errors import StateError
 from kldtool.identity import model_identity
 from kldtool.manifest import ONE_RUN, check_manifests
-from kldtool.pipeline.common import Sinks, run_metadata
-from kldtool.pipeline.compare import final_report, replay
-from kldtool.pipeline.state import load_state
+from kldtool.pipeline.sinks import Sinks
+from kldtool.manifest import run_metadata
+from kldtool.pipeline.final_report import final_report, replay
+from kldtool.analysis.state_file import load_state
 from kldtool.report.console import TABLE_HEADER
 from kldtool.stats import KldAccumulator
 from kldtool.stats.bootstrap import Bootstrap
-from kldtool.textio import write_json
+from kldtool.small_files import write_json
 
 
 def run_merge(paths: list[str], json_path: str | None = None, sinks: Sinks | None = None,

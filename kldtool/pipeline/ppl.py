@@ -14,8 +14,9 @@ from contextlib import closing
 
 from kldtool.corpus import Corpus
 from kldtool.engines.base import Engine
-from kldtool.pipeline.common import Sinks, groups, run_metadata
-from kldtool.pipeline.lanes import in_order, lane_plan, lanes_note
+from kldtool.pipeline.sinks import Sinks
+from kldtool.pipeline.batching import groups
+from kldtool.manifest import run_metadata
 from kldtool.pipeline.plan import make_plan
 from kldtool.protocols import Protocol
 from kldtool.report.console import final_estimate, ppl_progress
@@ -41,12 +42,12 @@ def run_ppl(engine: Engine, corpus: Corpus, protocol: Protocol, chunks: int | No
     sinks = sinks or Sinks()
     t0 = time.time()
     plan = make_plan(engine, corpus, protocol, chunks, force)
-    lanes, batches = lane_plan(engine, list(groups(plan.windows, engine.windows_per_call(plan.n_ctx))))
+    schedule = engine.schedule(list(groups(plan.windows, engine.windows_per_call(plan.n_ctx))))
     sinks.info(f"ppl: protocol {protocol.name}, {len(plan.windows)} windows of up to {plan.n_ctx} tokens "
-               f"({plan.n_source_tokens} tokens in {corpus.name}), engine {engine.name}{lanes_note(lanes, batches)}")
+               f"({plan.n_source_tokens} tokens in {corpus.name}), engine {engine.name}{schedule.note}")
     total = PplAccumulator()
     per_length = {n: PplAccumulator() for n in protocol.lengths}
-    with closing(in_order(engine, lanes, batches, lambda lane, group, _: lane.nll(group))) as scored:
+    with closing(schedule.run(lambda eng, group, _: eng.nll(group))) as scored:
         for group, nlls in scored:
             for w, nll in zip(group, nlls):
                 total.add(nll)

@@ -19,7 +19,9 @@ from kldtool.engines.base import Engine
 from kldtool.errors import ReplayMismatch, UsageError
 from kldtool.identity import model_identity
 from kldtool.logitsfile import BaseHeader, create_writer
-from kldtool.pipeline.common import Sinks, groups, run_metadata, whole_batches
+from kldtool.pipeline.sinks import Sinks
+from kldtool.pipeline.batching import groups, whole_batches
+from kldtool.manifest import run_metadata
 from kldtool.pipeline.hidden_base import DEFAULT_TOLERANCE, HiddenStore, check_store
 from kldtool.pipeline.plan import Plan, make_plan
 from kldtool.manifest import run_manifest

@@ -33,7 +33,7 @@ def reduce_base(logits, base_rows, targets, header) -> TokenRecords:
     (a host engine's logits, uint16 rows)."""
     if header.keep:
         from kldtool.codec.rows import rows_to_torch
-        from kldtool.reduce.topk import reduce_topk_rows
+        from kldtool.reduce.topk_rows import reduce_topk_rows
 
         if isinstance(logits, np.ndarray):
             logits, base_rows = _torch(logits), rows_to_torch(base_rows)
@@ -46,7 +46,7 @@ def reduce_rows(logits, base_rows, targets, floor: float = KLD_FLOOR) -> TokenRe
     beside numpy logits) for target ids (R,); base entries at or below ``floor`` (the file's -clamp, -16 in llama.cpp's layout) count as clamped."""
     # Backends load on first use: numba compiles and Triton needs CUDA, and neither is needed
     # by a process that only writes base files. Host engines hand numpy arrays, which reach
-    # the numba loop without torch (whose import alone costs a llama.cpp compare ~2 s).
+    # the numba loop without torch (whose import alone is a large part of a short llama.cpp compare).
     host = isinstance(logits, np.ndarray)
     kind = reducer_for(None if host else logits.device)
     if kind == "numba":
@@ -84,19 +84,20 @@ def reducer_for(device) -> str:
     return "numba" if _installed("numba") else "torch"
 
 
-def warm_up(device, lanes: int = 1, tail: bool = False) -> None:
-    """Load the CPU reducer's compiled loops for a run in ``lanes`` lanes, ``tail`` if a last
-    call runs alone on every core (numba's import and its disk cache: ~1 s) on a thread while
-    the engine computes its first batch, instead of after it; a no-op elsewhere."""
+def warm_up(device, one_core: bool = False, all_cores: bool = True) -> None:
+    """Load the CPU reducer's compiled loops a run's calls use (on one core each, on every
+    core: an engine's schedule says which) on a thread while the engine computes its first
+    batch, instead of after it (numba's import and its disk cache); a no-op elsewhere."""
     if reducer_for(device) == "numba":
-        threading.Thread(target=_load_numba, args=(lanes, tail), name="kldtool-reducer-warm-up", daemon=True).start()
+        threading.Thread(target=_load_numba, args=(one_core, all_cores), name="kldtool-reducer-warm-up",
+                         daemon=True).start()
 
 
-def _load_numba(lanes: int, tail: bool) -> None:
+def _load_numba(one_core: bool, all_cores: bool) -> None:
     try:
         from kldtool.reduce.numba_cpu import warm
 
-        warm(lanes, tail)
+        warm(one_core, all_cores)
     except Exception:  # the first real reduction meets the same error and reports it
         pass
 

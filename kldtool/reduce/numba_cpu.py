@@ -4,8 +4,8 @@ A row is read three times while it sits in cache: a scan for both top-10 lists (
 gives both argmaxes and the max), skipping the blocks whose maximum cannot enter them; the
 exp-sum; then every record at once. The last two are branch-free loops with no libm calls,
 which LLVM turns into SIMD code (8 float32 or 4 float64 lanes); rows run in parallel on
-numba's threads. Scalar libm calls, as an earlier version made, cost 5-11 ns each and a row
-needs three per entry: 0.16-0.23 s per 255-row chunk of SmolLM2's 49,152 entries, 4-5x this.
+numba's threads. Scalar libm calls, as an earlier version made, cost several times these loops
+(a row needs three per entry; docs/benchmarks.md has the measurements).
 
 Our own exponentials therefore: the normalizer's and the base probabilities' (whose sums are
 PPL and llama.cpp's KLD) in float64 arithmetic rounded to float32 (``numba_exp.exp_f64``, < 1e-8 before
@@ -27,7 +27,7 @@ from numba import njit, prange
 
 from kldtool.codec.rows import HEADER_SLOTS
 from kldtool.numba_exp import exp_f64 as _exp_f64
-from kldtool.threadmode import one_core, spread
+from kldtool.core_share import one_core, spread
 
 TOP_N = 10  # rowmath.TOP_K is (5, TOP_N): _reduce's overlaps
 SPAN = 64  # entries per block of the top-list scan
@@ -228,14 +228,13 @@ def reduce_rows_cpu(logits: np.ndarray, rows: np.ndarray, targets: np.ndarray, f
             out64[:, 1], out64[:, 2], outi[:, 1], outi[:, 2], out32[:, 3], outi[:, 3], outi[:, 4]]
 
 
-def warm(lanes: int = 1, tail: bool = False) -> None:
-    """Compile, or load from numba's cache, the loops a run in ``lanes`` lanes uses for the
-    argument types reduce_rows_cpu passes: one core on each of several lanes, all cores for one
-    lane or a ``tail`` call run alone (numba's parallel loop also starts its thread pool, which
-    a run that never calls it should not pay for). Each load is CPU time beside the engine's
-    first batch."""
+def warm(on_one_core: bool = False, on_all_cores: bool = True) -> None:
+    """Compile, or load from numba's cache, the loops a run uses for the argument types
+    reduce_rows_cpu passes: on one core (calls side by side on threads of their own), on all
+    cores (numba's parallel loop also starts its thread pool, which a run that never calls it
+    should not pay for). Each load is CPU time beside the engine's first batch."""
     rows = np.zeros((1, HEADER_SLOTS + 8), np.uint16)
-    modes = ([one_core] if lanes > 1 else []) + ([nullcontext] if lanes == 1 or tail else [])
+    modes = ([one_core] if on_one_core else []) + ([nullcontext] if on_all_cores else [])
     for mode in modes:
         with mode():
             reduce_rows_cpu(np.zeros((1, 8), np.float32), rows, np.zeros(1, np.int64), -16.0)

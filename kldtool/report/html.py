@@ -11,10 +11,8 @@ import html
 import os
 import tempfile
 
-import numpy as np
-
 from kldtool.report import table
-from kldtool.report.results import ResultRow
+from kldtool.analysis.results import ResultRow
 
 WINDOWS = 2  # worst windows shown per model
 FULL_SHADE_KLD = 1.0  # a token at or above this KLD gets the darkest shade
@@ -70,32 +68,22 @@ def _token(text: str, kld: float, tip: str) -> str:
             f'{html.escape(text)}<span class="tip">{html.escape(tip)}</span></span>')
 
 
-def _windows(row: ResultRow) -> str:
-    """The model's worst windows by mean KLD, token by token."""
-    from kldtool.report.per_token import read_per_token
-    from kldtool.report.worst import Decoder, base_tokens, rank_windows, tokenizer_source
-
-    run, cols = read_per_token(row.sources[0])
-    try:
-        tokens, meta = base_tokens(run, None, row.sources[0])
-        decode = Decoder(tokenizer_source(None, meta, run))
-    except Exception as e:  # a moved base file or model: the page still has everything else
-        return f"<p>token view unavailable: {html.escape(str(e))}</p>"
-    ids, at, _, mean, order = rank_windows(cols)
+def _windows(views) -> str:
+    """A model's worst windows by mean KLD, token by token (analysis.worst.window_views), or why
+    there are none (a moved base file or model: the page still has everything else)."""
+    if isinstance(views, str):
+        return f"<p>token view unavailable: {html.escape(views)}</p>"
     parts = []
-    for j in order[:WINDOWS]:
-        sel = np.flatnonzero(at == j)
-        spans = []
-        for i in sel:
-            t = lambda k: decode.text([int(cols[k][i])]) if cols[k][i] >= 0 else "?"  # noqa: E731
-            tip = (f"target {t('target')!r}\np_base {np.exp(-cols['nll_base'][i]):.4f}  p_q {np.exp(-cols['nll_q'][i]):.4f}"
-                   f"\nKLD {cols['kld'][i]:.5f}\ntop-1 base {t('top1_base')!r}  top-1 q {t('top1_q')!r}")
-            spans.append(_token(decode.text([int(tokens[cols["position"][i]])]), float(cols["kld"][i]), tip))
-        parts.append(f'<h4>chunk {int(ids[j]) + 1}: mean KLD {mean[j]:.6f}</h4><div class="tokens">{"".join(spans)}</div>')
+    for chunk, mean, toks in views:
+        spans = [_token(t.text, t.kld, f"target {t.target!r}\np_base {t.p_base:.4f}  p_q {t.p_q:.4f}\nKLD {t.kld:.5f}"
+                                        f"\ntop-1 base {t.top1_base!r}  top-1 q {t.top1_q!r}") for t in toks]
+        parts.append(f'<h4>chunk {chunk + 1}: mean KLD {mean:.6f}</h4><div class="tokens">{"".join(spans)}</div>')
     return "".join(parts)
 
 
-def render(rows: list[ResultRow], pairs: list[str], title: str | None) -> str:
+def render(rows: list[ResultRow], pairs: list[str], title: str | None, views: list[tuple[ResultRow, object]]) -> str:
+    """The page; ``views``: per model given as a per-token file, its worst windows
+    (analysis.worst.window_views) or why they are unavailable."""
     name = html.escape(title or "kldtool report")
     body = [f"<h1>{name}</h1>", _table(rows)]
     if pairs:
@@ -103,10 +91,9 @@ def render(rows: list[ResultRow], pairs: list[str], title: str | None) -> str:
                     + "".join(f"<li>{html.escape(p.strip())}</li>" for p in pairs[1:]) + "</ul>")
     body.append(f"<h2>Plots</h2>{_plots(rows)}")
     body.append(f"<h2>How each run was computed</h2>{_manifests(rows)}")
-    views = [(r, _windows(r)) for r in rows if r.sources[0].endswith((".h5", ".hdf5"))]
     if views:
         body.append("<h2>Worst windows</h2><p>Each token shaded by its KLD (darkest at "
                     f"{FULL_SHADE_KLD:g} nats and above); hover a token for its values.</p>")
-        body += [f'<section class="model"><h3>{html.escape(r.label)}</h3>{v}</section>' for r, v in views]
+        body += [f'<section class="model"><h3>{html.escape(r.label)}</h3>{_windows(v)}</section>' for r, v in views]
     return (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>{name}</title>'
             f"<style>{STYLE}</style></head><body>{''.join(body)}</body></html>")

@@ -15,7 +15,7 @@ import numpy as np
 
 from kldtool.errors import OutputError, UsageError
 from kldtool.logitsfile.atomic import AtomicFile
-from kldtool.report.results import ResultRow
+from kldtool.analysis.results import ResultRow
 
 DPI = 120
 

@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass
 from typing import Callable
 
-from kldtool.report.results import ResultRow
+from kldtool.analysis.results import ResultRow
 
 
 @dataclass(frozen=True)

@@ -90,7 +90,8 @@ def main() -> None:
 
     from kldtool.engines.vllm import seam, wire
     from kldtool.engines.vllm.policy import Policy
-    from kldtool.engines.vllm.worker import WorkerState, unpack
+    from kldtool.engines.vllm.delivery import unpack
+    from kldtool.engines.vllm.worker import WorkerState
 
     init_groups()
     g = torch.Generator().manual_seed(0)

@@ -23,17 +23,16 @@ def main() -> None:
 
     from kldtool.engines.vllm.offline import VllmEngine
     from kldtool.logitsfile import open_base_file
-    from kldtool.logitsfile.prefetch import PrefetchedChunks
     from kldtool.protocols import llamacpp_windows
 
     reader = open_base_file(base)
     h = reader.header
     engine = VllmEngine(model, dtype=dtype, max_model_len=max(h.n_ctx, long_n) + 1)
     windows = llamacpp_windows(reader.tokens, h.n_ctx, h.n_chunk, engine.bos_id)
-    records = engine.score(windows, PrefetchedChunks(reader, range(h.n_chunk)))
+    records = engine.score(windows, engine.rows_source(reader, list(range(h.n_chunk))))
     default_block = engine.logits_block
     engine.logits_block = 16
-    blocked = engine.score(windows, PrefetchedChunks(reader, range(h.n_chunk)))
+    blocked = engine.score(windows, engine.rows_source(reader, list(range(h.n_chunk))))
     block_diff = {f: float(max(np.abs(getattr(a, f).astype(np.float64) - getattr(b, f)).max()
                                for a, b in zip(records, blocked))) for f in ("nll", "kld")}
     prompts = [TokensPrompt(prompt_token_ids=[int(t) for t in w.tokens]) for w in windows]

@@ -2,7 +2,7 @@
 
 Left to itself, vLLM-CPU takes a fraction of the host's memory (``gpu_memory_utilization``),
 profiles a dummy forward of ``max_num_batched_tokens`` tokens and fills that fraction with KV
-blocks: 5-7 GiB and 10-15 s of start-up on a 24 GiB machine, for a scoring run whose windows
+blocks: gigabytes and seconds of start-up on a small machine, for a scoring run whose windows
 need a few hundred MB. kldtool knows the run's shape (windows per ``generate`` call, the window
 length), so it asks for a KV cache of that size; vLLM then skips the profile and allocates
 only that. With ``max_tokens=1`` a window holds its blocks for one prefill and one step, so

@@ -63,8 +63,8 @@ class HookedEngine(Engine):
     def logits(self, windows: list[Window]) -> list:
         raise EngineError(f"the {self.name} engine keeps logits on its device; it scores and encodes there")
 
-    def score(self, windows: list[Window], base) -> list[TokenRecords]:
-        path = os.path.abspath(base.path)
+    def score(self, windows: list[Window], source) -> list[TokenRecords]:
+        path = source.path  # the workers read the rows themselves
         results = self._run(windows, lambda w: {"mode": "compare", "base": path})
         return [TokenRecords.from_columns(r) for r in results]
 

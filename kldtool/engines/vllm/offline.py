@@ -18,8 +18,8 @@ from kldtool.engines.vllm import cpu_sizing, seam
 from kldtool.engines.vllm.hooked_engine import HookedEngine, window_specs
 from kldtool.engines.vllm.policy import HOOK
 from kldtool.engines.vllm.wire import logits_block_rows
-from kldtool.engines.vllm.worker import unpack
-from kldtool.errors import EngineError
+from kldtool.engines.vllm.delivery import unpack
+from kldtool.errors import EngineError, UsageError
 from kldtool.protocols import Window
 
 WORKER_EXTENSION = "kldtool.engines.vllm.worker.KldtoolWorker"
@@ -29,6 +29,19 @@ CPU_MEMORY_UTILIZATION = 0.3
 
 class VllmEngine(HookedEngine):
     name = "vllm"
+    takes_vllm_args = True
+
+    @classmethod
+    def from_options(cls, opts, n_ctx: int) -> "VllmEngine":
+        from kldtool.engines import defaults
+
+        if opts.device not in (None, "cuda", "cpu"):
+            raise UsageError(f"--device {opts.device}: vLLM picks its devices itself (see --tensor-parallel-size)")
+        args = dict(opts.vllm)
+        return cls(opts.model or defaults.default_transformers_model(), dtype=opts.dtype,
+                   max_model_len=args.pop("max_model_len", None) or (n_ctx + 1 if n_ctx else None),
+                   windows_per_call=max(4, 65536 // (n_ctx or 2048)), logits_block=args.pop("logits_block", None),
+                   vllm_args=args)
 
     def __init__(self, model: str, dtype: str | None = None, max_model_len: int | None = None,
                  windows_per_call: int = 64, vllm_args: dict | None = None, logits_block: int | None = None):

@@ -42,6 +42,21 @@ MAX_IN_FLIGHT = 128
 
 class VllmServerEngine(HookedEngine):
     name = "vllm-server"
+    takes_vllm_args = True  # --logits-block only: the others are the server's own settings
+
+    @classmethod
+    def from_options(cls, opts, n_ctx: int) -> "VllmServerEngine":
+        if not opts.server:
+            raise UsageError("--exchange-dir: only with --server URL")
+        if opts.engine not in (None, "vllm"):
+            raise UsageError(f"--server: a vLLM server; --engine {opts.engine} does not apply")
+        server_side = [k for k in opts.vllm if k != "logits_block"]
+        if server_side or opts.dtype or opts.device:
+            named = [*server_side, *(k for k in ("dtype", "device") if getattr(opts, k))]
+            raise UsageError(f"{', '.join('--' + k.replace('_', '-') for k in named)}: the server's own settings "
+                             f"(give them to `vllm serve`), not kldtool's with --server")
+        return cls(opts.server, tokenizer=opts.model, exchange_dir=opts.exchange_dir, n_ctx=n_ctx,
+                   windows_per_call=max(4, 65536 // (n_ctx or 2048)), logits_block=opts.vllm.get("logits_block"))
 
     def __init__(self, url: str, tokenizer: str | None = None, exchange_dir: str | None = None,
                  n_ctx: int = 0, windows_per_call: int = 64, logits_block: int | None = None,

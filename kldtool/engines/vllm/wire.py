@@ -26,7 +26,7 @@ import uuid
 from dataclasses import dataclass
 
 from kldtool.codec.rows import CODECS, DEFAULT_CLAMP, MAX_CLAMP
-from kldtool.codec.topk import MIN_KEEP
+from kldtool.codec.topk_records import MIN_KEEP
 from kldtool.logitsfile.header import rows_width
 from kldtool.logitsfile.hidden import DTYPES
 

@@ -18,7 +18,6 @@ and allocations happen on the one rank that keeps results and can only fail that
 
 from __future__ import annotations
 
-import io
 import json
 import os
 from collections import OrderedDict
@@ -27,25 +26,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from kldtool.engines.vllm import seam, wire
+from kldtool.engines.vllm.delivery import npz, pack, publish
 from kldtool.engines.vllm.policy import Policy, Refused
 
 log = seam.log
 MAX_OPEN_BASES = 4  # base files a worker keeps open for requests that come back to them
-
-
-def pack(arrays: dict[str, np.ndarray]) -> dict:
-    # vLLM's RPC turns bare ndarrays in untyped results into lists: send (dtype, shape, bytes).
-    return {k: (a.dtype.str, list(a.shape), a.tobytes()) for k, a in arrays.items()}
-
-
-def unpack(packed: dict) -> dict[str, np.ndarray]:
-    return {k: np.frombuffer(b, dtype=np.dtype(dt)).reshape(shape) for k, (dt, shape, b) in packed.items()}
-
-
-def _npz(arrays: dict[str, np.ndarray]) -> bytes:
-    buf = io.BytesIO()
-    np.savez(buf, **arrays)
-    return buf.getvalue()
 
 
 def _reason(e: BaseException) -> str:
@@ -286,12 +271,12 @@ class WorkerState:
         if req.where is None or req.key is None:
             return  # logged: at admission (where) or just above (error)
         if "arrays" in result:
-            kind, payload = "npz", _npz(result["arrays"])
+            kind, payload = "npz", npz(result["arrays"])
         elif "info" in result:
             kind, payload = "json", json.dumps(result["info"]).encode()
         else:
             kind, payload = "err", result["error"].encode()
-        _publish(req.where, req.key, kind, payload)
+        publish(req.where, req.key, kind, payload)
 
     def pop(self, keys: list[str]) -> dict:
         """Offline: the results of ``keys`` (and nothing older stays behind)."""
@@ -301,22 +286,6 @@ class WorkerState:
                for k in keys}
         self.finished.clear()
         return out
-
-
-def _publish(directory: str, key: str, kind: str, payload: bytes) -> None:
-    """Renamed into place only once whole: the client may look at any moment. Failing to write
-    must not stop vLLM's step: the client then finds no result; the server's log says why."""
-    from kldtool.logitsfile.atomic import AtomicFile
-
-    try:
-        f = AtomicFile(wire.exchange_path(directory, key, kind))
-        try:
-            f.write(payload)
-            f.commit()
-        finally:
-            f.abort()
-    except Exception as e:
-        log.error("kldtool: cannot write %s's result to %s: %s", key, directory, _reason(e))
 
 
 def install(worker, policy: Policy) -> str:
@@ -364,4 +333,4 @@ class KldtoolWorker:
         return head_shard(self)
 
 
-__all__ = ["KldtoolWorker", "WorkerState", "install", "pack", "unpack"]
+__all__ = ["KldtoolWorker", "WorkerState", "install"]

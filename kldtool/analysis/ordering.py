@@ -7,27 +7,9 @@ from __future__ import annotations
 
 from itertools import combinations
 
-from kldtool.errors import UsageError
-from kldtool.report.results import ResultRow
+from kldtool.analysis.results import ResultRow
 from kldtool.stats.bootstrap import Bootstrap
 from kldtool.stats.paired import compare_runs
-from kldtool.textio import read_json
-
-FLOOR_KIND = "noise-floor"
-
-
-def read_floor(path: str, base: dict | None, base_name: str) -> dict:
-    """The floor of a ``noise-floor --json`` result, checked to belong to the base file whose
-    identity is ``base`` (named ``base_name`` in errors)."""
-    floor = read_json(path, f"--noise-floor {path}")
-    if not isinstance(floor, dict) or floor.get("command") != FLOOR_KIND or "noise_floor" not in floor:
-        raise UsageError(f"--noise-floor {path}: not a `kldtool noise-floor --json` result")
-    if floor.get("base") != base:
-        raise UsageError(f"--noise-floor {path}: measured on another base file than {base_name} "
-                         f"(header or tokens differ)")
-    return {"kld_mean": floor["noise_floor"]["kld_mean"]["value"], "source": path,
-            "path": floor["noise_floor"]["this_path"]}
-
 
 def _line(a: ResultRow, b: ResultRow, spec: Bootstrap, floor: float | None) -> str:
     head = f"{a.label} vs {b.label}: "

@@ -10,7 +10,8 @@ from typing import Optional
 import typer
 
 from kldtool.cli.app import app
-from kldtool.cli.options import BOOTSTRAP, bootstrap_of, flags
+from kldtool.cli.flag_groups import BOOTSTRAP
+from kldtool.cli.options import bootstrap_of, flags
 
 
 @app.command()
@@ -52,9 +53,10 @@ def report(
 ):
     """One table (and plots) for many quants compared against one base file, sorted by size."""
     from kldtool.report import table
-    from kldtool.report.ordering import ordering, read_floor
-    from kldtool.report.results import load_results
-    from kldtool.textio import write_text
+    from kldtool.analysis.ordering import ordering
+    from kldtool.pipeline.noise_floor import read_floor
+    from kldtool.analysis.results import load_results
+    from kldtool.small_files import write_text
 
     rows = load_results(results, mix=mix)
     floor = read_floor(noise_floor, rows[0].base, rows[0].sources[0])["kld_mean"] if noise_floor else None
@@ -73,9 +75,16 @@ def report(
         for path in write_plots(rows, plots):
             print(f"report: wrote {path}", file=sys.stderr)
     if html_out:
-        from kldtool.report.html import render
+        from kldtool.analysis.worst import window_views
+        from kldtool.report.html import WINDOWS, render
 
-        write_text(html_out, render(rows, pairs, title))
+        views = []
+        for r in (r for r in rows if r.sources[0].endswith((".h5", ".hdf5"))):
+            try:
+                views.append((r, window_views(r.sources[0], WINDOWS)))
+            except Exception as e:  # a moved base file or model: the page still has everything else
+                views.append((r, str(e)))
+        write_text(html_out, render(rows, pairs, title, views))
         print(f"report: wrote {html_out}", file=sys.stderr)
 
 
@@ -92,9 +101,14 @@ def diff(
 ):
     """Two quants against one base file, paired chunk by chunk: A − B with a paired block
     bootstrap interval and chunk wins for mean KLD, ln PPL ratio, same top p and RMS Δp."""
-    from kldtool.pipeline.diff import run_diff
+    from kldtool.analysis.diff import run_diff
+    from kldtool.report.diff import print_diff
+    from kldtool.small_files import write_json
 
-    run_diff(a, b, bootstrap_of(boot), json_path=json_out, mix=mix)
+    result = run_diff(a, b, bootstrap_of(boot), mix=mix)
+    print_diff(result)
+    if json_out:
+        write_json(json_out, result)
 
 
 @app.command()
@@ -112,6 +126,14 @@ def worst(
 ):
     """Where a quant goes wrong: the positions (or windows) with the largest divergence, with
     their text, the target, both models' top-1 tokens and probabilities."""
-    from kldtool.report.worst import run_worst
+    from kldtool.analysis.worst import rank_worst
+    from kldtool.report.worst import print_tokens, print_windows
+    from kldtool.small_files import write_json
 
-    run_worst(result, n, by, context, base, model, json_out)
+    rows = rank_worst(result, n, by, context, base, model)
+    if by == "window":
+        print_windows(rows)
+    else:
+        print_tokens(rows, by)
+    if json_out:
+        write_json(json_out, {"kind": "kldtool-worst", "result": result, "by": by, "rows": rows})

@@ -1,4 +1,4 @@
-"""``kldtool diff A B``: is one quant really better than another on this text, or is the
+"""``kldtool diff A B`` (report/diff.py prints it): is one quant really better than another on this text, or is the
 difference noise? A and B are two compare runs (``--per-token`` HDF5 files or ``--state``
 files) against one base file over the same chunks, compared by a paired block bootstrap
 (``stats/paired.py``).
@@ -15,7 +15,6 @@ from kldtool.manifest import check_manifests
 from kldtool.stats.accumulator import KldAccumulator
 from kldtool.stats.bootstrap import Bootstrap
 from kldtool.stats.paired import MEASURES, compare_runs, sentence
-from kldtool.textio import write_json
 
 
 def load_run(path: str) -> tuple[dict, KldAccumulator]:
@@ -25,12 +24,12 @@ def load_run(path: str) -> tuple[dict, KldAccumulator]:
     with open(path, "rb") as f:
         magic = f.read(8)
     if magic == b"\x89HDF\r\n\x1a\n":
-        from kldtool.report.per_token import accumulate, read_per_token
+        from kldtool.analysis.per_token import accumulate, read_per_token
 
         run, cols = read_per_token(path)
         return run, accumulate([cols], path)
     if magic[:4] == b"PK\x03\x04":
-        from kldtool.pipeline.state import load_state
+        from kldtool.analysis.state_file import load_state
 
         state = load_state(path)
         if not state.complete:
@@ -48,7 +47,8 @@ def _labels(paths: list[str], metas: list[dict]) -> list[str]:
     return names if names[0] != names[1] else ["A", "B"]
 
 
-def run_diff(path_a: str, path_b: str, bootstrap: Bootstrap, json_path: str | None = None, mix: bool = False) -> dict:
+def run_diff(path_a: str, path_b: str, bootstrap: Bootstrap, mix: bool = False) -> dict:
+    """Both runs' paired measures (report/diff.py prints them), as ``diff --json`` writes them."""
     (meta_a, acc_a), (meta_b, acc_b) = load_run(path_a), load_run(path_b)
     if not mix:
         check_manifests([(path_a, meta_a.get("manifest")), (path_b, meta_b.get("manifest"))])
@@ -67,7 +67,6 @@ def run_diff(path_a: str, path_b: str, bootstrap: Bootstrap, json_path: str | No
     labels = _labels([path_a, path_b], [meta_a, meta_b])
     rows = compare_runs(np.asarray(acc_a.chunk_vectors), np.asarray(acc_b.chunk_vectors), bootstrap)
     lines = [sentence(m, labels, rows[m.key]) for m in MEASURES]
-    _print(labels, rows, lines)
     result = {"kind": "kldtool-diff", "a": {"path": path_a, "label": labels[0], "model": meta_a.get("model"),
                                             "manifest": meta_a.get("manifest")},
               "b": {"path": path_b, "label": labels[1], "model": meta_b.get("model"),
@@ -76,20 +75,4 @@ def run_diff(path_a: str, path_b: str, bootstrap: Bootstrap, json_path: str | No
               "bootstrap": {"method": "paired chunk block bootstrap", "resamples": bootstrap.resamples,
                             "seed": bootstrap.seed},
               "measures": rows, "summary": lines}
-    if json_path:
-        write_json(json_path, result)
     return result
-
-
-def _print(labels: list[str], rows: dict, lines: list[str]) -> None:
-    a, b = labels
-    width = max(12, len(a), len(b))
-    print(f"{'':14} {a:>{width}} {b:>{width}} {'A − B':>12}  {'95 % interval':>27}  sig  A wins")
-    for m in MEASURES:
-        r = rows[m.key]
-        lo, hi = r["interval_95"]
-        print(f"{m.label:14} {r['a']:>{width}.6g} {r['b']:>{width}.6g} {r['difference']:>+12.6g}  "
-              f"[{lo:>+12.6g}, {hi:>+12.6g}]  {'yes' if r['significant'] else ' no'}  {r['a_wins']}/{r['chunks']}")
-    print()
-    for line in lines:
-        print(line)

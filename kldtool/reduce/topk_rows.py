@@ -12,7 +12,7 @@ ranks whose log-probs are known. docs/metrics.md has the measured accuracy.
 from __future__ import annotations
 
 from kldtool.codec.rows import normalizer_torch
-from kldtool.codec.topk import split_records
+from kldtool.codec.topk_records import split_records
 from kldtool.reduce.records import TokenRecords, to_records
 from kldtool.reduce.rowmath import jsd_terms, row_blocks, top_overlaps
 

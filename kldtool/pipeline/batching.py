@@ -1,0 +1,27 @@
+"""Windows in batches: what one engine call takes, and where a batch ends (resume points)."""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+def groups(windows: list, size: int) -> Iterator[list]:
+    """Consecutive windows of one shape, at most ``size`` at a time: what one engine call takes."""
+    group: list = []
+    for w in windows:
+        if group and (len(group) == size or w.shape != group[0].shape):
+            yield group
+            group = []
+        group.append(w)
+    if group:
+        yield group
+
+
+def whole_batches(windows: list, size: int, k: int) -> int:
+    """The largest batch boundary at or below ``k`` windows: where a resumed run may continue
+    and still evaluate the same batches (so it prints the same digits)."""
+    done = 0
+    for g in groups(windows, size):
+        if done + len(g) > k:
+            break
+        done += len(g)
+    return done

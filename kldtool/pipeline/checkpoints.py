@@ -1,0 +1,39 @@
+"""Where a compare run checkpoints its accumulators, and a resumed run's start from its
+checkpoint: checkpoints fall where one of the engine's batches ends, so a resumed run evaluates
+the same batches and prints the same numbers."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from kldtool.identity import model_identity
+from kldtool.pipeline.sinks import Sinks
+from kldtool.analysis.state_file import RunState, check_fits, load_state
+from kldtool.stats import KldAccumulator
+
+
+@dataclass
+class Checkpoints:
+    """Where and how often the accumulators are saved: every ``chunks`` chunks or ``seconds``."""
+
+    path: str | None = None
+    chunks: int | None = None
+    seconds: float = 60.0
+    resume: bool = False
+
+
+def start_state(ck: Checkpoints, meta: dict, sinks: Sinks) -> RunState:
+    fresh = RunState(meta, KldAccumulator())
+    if not ck.resume:
+        return fresh
+    if not os.path.exists(ck.path):
+        sinks.info(f"compare: no checkpoint at {ck.path} yet; starting from chunk {meta['chunk_range'][0] + 1}")
+        return fresh
+    state = load_state(ck.path)
+    check_fits(state, ck.path, meta["base"], model_identity(meta["model"]), tuple(meta["chunk_range"]))
+    if state.meta.get("n_seq") != meta["n_seq"]:
+        sinks.info(f"compare: note: the checkpoint was made with {state.meta.get('n_seq')} chunks per pass, "
+                   f"this run uses {meta['n_seq']}; batching can change the last digits")
+    sinks.info(f"compare: resuming {ck.path} at chunk {state.next_chunk + 1}")
+    return RunState(meta | {"resumed": state.meta.get("resumed", []) + [state.next_chunk]}, state.acc)

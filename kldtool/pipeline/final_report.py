@@ -1,0 +1,40 @@
+"""What a compare run prints after its chunk lines, and its chunk lines again: llama.cpp's three
+statistic blocks and kldtool's extra block (compare, merge), and a checkpoint's chunks replayed
+line by line as the run printed them (resume, merge)."""
+
+from __future__ import annotations
+
+from kldtool.pipeline.sinks import Sinks
+from kldtool.report.console import chunk_line, extra_block, final_blocks
+from kldtool.stats import KldAccumulator, summarize
+from kldtool.stats.bootstrap import Bootstrap
+from kldtool.stats.run_stats import statistics
+from kldtool.stats.summary import MIN_TOKENS_FOR_STATS
+
+
+def replay(source: KldAccumulator, sinks: Sinks) -> KldAccumulator:
+    """Add ``source``'s chunks again one by one, printing each running line as the run did."""
+    acc = KldAccumulator()
+    for chunk, vector, values in source.iter_chunks():
+        acc.add_chunk(chunk, vector, values)
+        sinks.line(chunk_line(chunk + 1, summarize(acc, with_quantiles=False)))
+    return acc
+
+
+def final_report(acc: KldAccumulator, sinks: Sinks, warnings: list[str], bootstrap: Bootstrap = Bootstrap(),
+                 keep: int | None = None, floor: dict | None = None) -> dict:
+    """llama.cpp's three statistic blocks, kldtool's extra block (and any --force warning
+    again), returning the statistics."""
+    sinks.line()
+    summary, stats = statistics(acc, bootstrap, keep)
+    if floor and acc.count:
+        stats["noise_floor"] = floor | {"multiple": (summary.kld_mean[0] / floor["kld_mean"]
+                                                     if floor["kld_mean"] > 0 else float("inf"))}
+    if acc.count >= MIN_TOKENS_FOR_STATS:
+        for line in final_blocks(summary) + extra_block(stats):
+            sinks.line(line)
+    else:
+        sinks.info(f"compare: only {acc.count} tokens scored (< {MIN_TOKENS_FOR_STATS}); no final statistics, as llama.cpp")
+    for w in warnings:
+        sinks.line("warning: " + w)
+    return stats

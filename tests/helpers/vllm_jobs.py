@@ -1,0 +1,52 @@
+"""Several kldtool commands run in one process on one vLLM engine per configuration, so a test
+module pays for vLLM's start once instead of once per command (vLLM spawns workers: keep the
+__main__ guard).
+
+    python tests/helpers/vllm_jobs.py JOBS.json OUT_DIR MAX_CTX
+
+JOBS.json is a list of {"name": ..., "argv": [kldtool's arguments]}; each job's stdout, stderr
+and exit code go to OUT_DIR/NAME.out, .err and .rc. Every ``--engine vllm`` command of the same
+model, dtype and vLLM arguments gets the same engine, built for windows of up to MAX_CTX tokens
+(what the command would have built for its own window is the same engine with a shorter
+``max_model_len``: the scored numbers do not depend on it); the windows per call are still the
+command's own. The commands are kldtool's real CLI, run through its entry point.
+"""
+
+import contextlib
+import json
+import os
+import sys
+
+
+def main() -> None:
+    jobs, out, max_ctx = json.load(open(sys.argv[1])), sys.argv[2], int(sys.argv[3])
+    from kldtool.cli.app import _run
+    from kldtool.engines.vllm.offline import VllmEngine
+
+    engines = {}
+    build = VllmEngine.from_options.__func__
+
+    def shared(cls, opts, n_ctx):
+        key = (opts.model, opts.dtype, json.dumps(opts.vllm, sort_keys=True))
+        if key not in engines:
+            engine = build(cls, opts, max_ctx)
+            engine.close, engine.close_at_the_end = (lambda: None), engine.close
+            engines[key] = engine
+        engine = engines[key]
+        engine._windows_per_call = max(4, 65536 // (n_ctx or 2048))  # as the command's own engine
+        return engine
+
+    VllmEngine.from_options = classmethod(shared)
+    for job in jobs:
+        path = os.path.join(out, job["name"])
+        with open(path + ".out", "w") as o, open(path + ".err", "w") as e:
+            with contextlib.redirect_stdout(o), contextlib.redirect_stderr(e):
+                rc = _run([str(a) for a in job["argv"]])
+        with open(path + ".rc", "w") as f:
+            f.write(str(rc))
+    for engine in engines.values():
+        engine.close_at_the_end()
+
+
+if __name__ == "__main__":
+    main()
