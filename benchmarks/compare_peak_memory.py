@@ -53,14 +53,20 @@ def main() -> None:
         for n in counts:
             base = os.path.join(tmp, f"base-{n}.kldt")
             batch = ["-b", str(a.batch)]
-            run_measured(["base", *text_args, *batch, "-c", str(a.ctx), "--chunks", str(n), "--kl-divergence-base", base])
+            run_measured(
+                ["base", *text_args, *batch, "-c", str(a.ctx), "--chunks", str(n), "--kl-divergence-base", base]
+            )
             rss, wall = run_measured(["compare", *batch, "--kl-divergence-base", base])
             rows.append((n, rss, wall))
             print(f"chunks {n:4d}: compare peak RSS {rss:8.1f} MiB, {wall:6.1f} s", flush=True)
     ratio = max(r[1] for r in rows) / min(r[1] for r in rows)
     print(f"peak RSS ratio, {counts[-1]} vs {counts[0]} chunks: {ratio:.3f} (target: flat, <= 1.10)")
-    append_row(f"compare peak RSS (llamacpp, SmolLM2 Q4_1, c={a.ctx}, b={a.batch})",
-               ", ".join(f"{n} chunks {rss:.0f} MiB" for n, rss, _ in rows), f"ratio {ratio:.3f}")
+    append_row(
+        f"compare peak RSS (llamacpp, SmolLM2 Q4_1, c={a.ctx}, b={a.batch})",
+        ", ".join(f"{n} chunks {rss:.0f} MiB" for n, rss, _ in rows),
+        f"ratio {ratio:.3f}",
+    )
+
 
 if __name__ == "__main__":
     main()

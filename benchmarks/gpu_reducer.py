@@ -40,13 +40,36 @@ from kldtool.codec import encode_torch, row_width  # noqa: E402
 from kldtool.reduce import KLD_FLOOR, reduce_rows  # noqa: E402
 
 # Data-sheet HBM bandwidth, bytes/s; the first name contained in the device name wins.
-PEAK = [("H100 80GB HBM3", 3.35e12), ("H100 NVL", 3.9e12), ("H100 PCIe", 2.0e12), ("H200", 4.8e12),
-        ("A100-SXM4-80GB", 2.039e12), ("A100-SXM4-40GB", 1.555e12), ("A100 80GB PCIe", 1.935e12), ("L40S", 0.864e12)]
-LLAMA_8B = dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
-                num_key_value_heads=8, vocab_size=128256, max_position_embeddings=8192, rope_theta=500000.0)
+PEAK = [
+    ("H100 80GB HBM3", 3.35e12),
+    ("H100 NVL", 3.9e12),
+    ("H100 PCIe", 2.0e12),
+    ("H200", 4.8e12),
+    ("A100-SXM4-80GB", 2.039e12),
+    ("A100-SXM4-40GB", 1.555e12),
+    ("A100 80GB PCIe", 1.935e12),
+    ("L40S", 0.864e12),
+]
+LLAMA_8B = dict(
+    hidden_size=4096,
+    intermediate_size=14336,
+    num_hidden_layers=32,
+    num_attention_heads=32,
+    num_key_value_heads=8,
+    vocab_size=128256,
+    max_position_embeddings=8192,
+    rope_theta=500000.0,
+)
 # The same architecture at a size a CPU runs in seconds (gpu_check.sh --dry-run).
-LLAMA_TINY = dict(LLAMA_8B, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                  num_key_value_heads=2, vocab_size=4096)
+LLAMA_TINY = dict(
+    LLAMA_8B,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    vocab_size=4096,
+)
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
@@ -97,7 +120,7 @@ def reference_kld(logits, rows, n: int = 64):
     """Float64 KLD of the first ``n`` rows, straight from the definitions."""
     v = logits.shape[1]
     head = rows[:n, :4].contiguous().view(torch.float32).double()
-    b = (rows[:n, 4:4 + v].int() & 0xFFFF).double() * head[:, :1] + head[:, 1:2]
+    b = (rows[:n, 4 : 4 + v].int() & 0xFFFF).double() * head[:, :1] + head[:, 1:2]
     logq = torch.log_softmax(logits[:n].double(), dim=1)
     return torch.where(b > KLD_FLOOR, b.exp() * (b - logq), torch.zeros_like(b)).sum(1).cpu().numpy()
 
@@ -106,7 +129,7 @@ def reference_extras(logits, rows, n: int = 64) -> dict:
     """Float64 reverse KLD and JSD of the first ``n`` rows, straight from the definitions."""
     v = logits.shape[1]
     head = rows[:n, :4].contiguous().view(torch.float32).double()
-    b = (rows[:n, 4:4 + v].int() & 0xFFFF).double() * head[:, :1] + head[:, 1:2]
+    b = (rows[:n, 4 : 4 + v].int() & 0xFFFF).double() * head[:, :1] + head[:, 1:2]
     logq = torch.log_softmax(logits[:n].double(), dim=1)
     q = logq.exp()
     p = torch.where(b > KLD_FLOOR, b.exp(), torch.zeros_like(b))
@@ -121,9 +144,13 @@ def agreement(logits, rows, targets) -> str:
     ref = reference_extras(logits, rows)
     tri, tor = run_reducer("triton", logits, rows, targets), run_reducer("torch", logits, rows, targets)
     n = len(ref["rkld"])
-    same = [f for f in ("same_top", "top5", "top10", "top1_q", "top1_base") if (getattr(tri, f) == getattr(tor, f)).all()]
-    return (f"max |rkld - float64| {abs(tri.rkld[:n] - ref['rkld']).max():.1e}, max |jsd - float64| "
-            f"{abs(tri.jsd[:n] - ref['jsd']).max():.1e}, equal to the torch reducer's: {', '.join(same)}")
+    same = [
+        f for f in ("same_top", "top5", "top10", "top1_q", "top1_base") if (getattr(tri, f) == getattr(tor, f)).all()
+    ]
+    return (
+        f"max |rkld - float64| {abs(tri.rkld[:n] - ref['rkld']).max():.1e}, max |jsd - float64| "
+        f"{abs(tri.jsd[:n] - ref['jsd']).max():.1e}, equal to the torch reducer's: {', '.join(same)}"
+    )
 
 
 def run_reducer(kind: str, logits, rows, targets):
@@ -138,11 +165,20 @@ def sweep(n_rows: int, vocab: int, iters: int, peak: float) -> None:
     for dtype in (torch.bfloat16, torch.float32):
         logits, rows, targets = inputs(n_rows, vocab, dtype)
         moved = n_rows * (2 * row_width(vocab) + vocab * logits.element_size())
-        for tile, warps, stages in ((512, 2, 3), (512, 4, 3), (1024, 4, 1), (1024, 4, 3), (1024, 4, 4),
-                                    (2048, 8, 3), (4096, 16, 3)):
+        for tile, warps, stages in (
+            (512, 2, 3),
+            (512, 4, 3),
+            (1024, 4, 1),
+            (1024, 4, 3),
+            (1024, 4, 4),
+            (2048, 8, 3),
+            (4096, 16, 3),
+        ):
             ms = timed_ms(lambda: reduce_rows_triton(logits, rows, targets, KLD_FLOOR, tile, warps, stages), iters)
-            print(f"  kernel {str(dtype):>14} tile {tile:5d} warps {warps:2d} stages {stages}: {ms:6.3f} ms, "
-                  f"{100 * moved / (ms / 1e3) / peak:5.1f} % of peak")
+            print(
+                f"  kernel {str(dtype):>14} tile {tile:5d} warps {warps:2d} stages {stages}: {ms:6.3f} ms, "
+                f"{100 * moved / (ms / 1e3) / peak:5.1f} % of peak"
+            )
 
 
 def main() -> None:
@@ -167,8 +203,10 @@ def main() -> None:
     name = torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu (dry run)"
     peak = next((bw for key, bw in PEAK if key in name), None)
     copy_bw = copy_bandwidth()
-    print(f"{name}: data-sheet peak {peak / 1e12 if peak else float('nan'):.2f} TB/s, "
-          f"measured copy {copy_bw / 1e12:.2f} TB/s")
+    print(
+        f"{name}: data-sheet peak {peak / 1e12 if peak else float('nan'):.2f} TB/s, "
+        f"measured copy {copy_bw / 1e12:.2f} TB/s"
+    )
     peak = peak or copy_bw
     where = f"{name}, torch {torch.__version__}"
     figures, best_fraction = [], 0.0
@@ -177,23 +215,30 @@ def main() -> None:
         moved = a.rows * (2 * row_width(a.vocab) + a.vocab * logits.element_size())
         ref = reference_kld(logits, rows)
         for kind in ("torch", "triton"):
-            err = abs(run_reducer(kind, logits, rows, targets).kld[:len(ref)] - ref).max()
+            err = abs(run_reducer(kind, logits, rows, targets).kld[: len(ref)] - ref).max()
             ms = timed_ms(lambda: run_reducer(kind, logits, rows, targets), a.iters)
             bw = moved / (ms / 1e3)
             frac = bw / peak
             if kind == "triton":
                 best_fraction = max(best_fraction, frac)
             dt = str(dtype).split(".")[1]
-            print(f"{dt:>8} logits, {kind:>6}: {ms:7.3f} ms for {a.rows} rows = {a.rows / ms * 1e3:9.0f} rows/s, "
-                  f"{bw / 1e12:.2f} TB/s = {100 * frac:5.1f} % of peak, {100 * bw / copy_bw:5.1f} % of copy; "
-                  f"max |KLD - float64| {err:.1e}")
+            print(
+                f"{dt:>8} logits, {kind:>6}: {ms:7.3f} ms for {a.rows} rows = {a.rows / ms * 1e3:9.0f} rows/s, "
+                f"{bw / 1e12:.2f} TB/s = {100 * frac:5.1f} % of peak, {100 * bw / copy_bw:5.1f} % of copy; "
+                f"max |KLD - float64| {err:.1e}"
+            )
             figures.append(f"{dt} {kind} {a.rows / ms * 1e3:,.0f} rows/s {100 * frac:.0f} % of peak")
         print(f"{dt:>8} logits: {agreement(logits, rows, targets)}")
         del logits, rows, targets
     if a.sweep:
         sweep(a.rows, a.vocab, a.iters, peak)
-    append_row(f"GPU reducer, {a.rows} rows x {a.vocab} vocab (base rows + logits read once)",
-               "; ".join(figures), f"Triton {best_fraction:.2f} of peak HBM (target >= 0.50)", where, a.results)
+    append_row(
+        f"GPU reducer, {a.rows} rows x {a.vocab} vocab (base rows + logits read once)",
+        "; ".join(figures),
+        f"Triton {best_fraction:.2f} of peak HBM (target >= 0.50)",
+        where,
+        a.results,
+    )
 
     if a.no_forward:
         return
@@ -216,9 +261,11 @@ def main() -> None:
         for kind in ("torch", "triton"):
             ms = timed_ms(lambda: run_reducer(kind, logits, rows, targets), a.iters)
             shares.append((kind, ms))
-            print(f"Llama-3-shaped forward ({n_params / 1e9:.2f} B params, {dtypes[0]}, {ctx} tokens): {fwd_ms:.1f} ms; "
-                  f"{kind} reducer on its {len(logits)} scored rows: {ms:.3f} ms = {100 * ms / fwd_ms:.2f} % of the "
-                  f"forward")
+            print(
+                f"Llama-3-shaped forward ({n_params / 1e9:.2f} B params, {dtypes[0]}, {ctx} tokens): {fwd_ms:.1f} ms; "
+                f"{kind} reducer on its {len(logits)} scored rows: {ms:.3f} ms = {100 * ms / fwd_ms:.2f} % of the "
+                f"forward"
+            )
         states = model.model(ids).last_hidden_state[0, scored]
         head = OutputHead(model.lm_head.weight)
         replay_err = (head.apply(states, head.weight, None) - logits.float()).abs().max().item()
@@ -228,15 +275,22 @@ def main() -> None:
             return run_reducer("triton", logits, base, targets)
 
         replay_ms = timed_ms(replay_and_reduce, a.iters)
-        print(f"hidden-state base: head replay + encoding + triton reducer on the {len(logits)} rows: {replay_ms:.3f} ms = "
-              f"{100 * replay_ms / fwd_ms:.2f} % of the forward (replayed logits vs the model's: max |diff| "
-              f"{replay_err:.1e})")
-    append_row(f"GPU reducer vs Llama-{'tiny' if a.tiny else '8B'}-shaped forward (random {dtypes[0]} weights, "
-               f"{ctx}-token window, {len(logits)} scored rows)",
-               f"forward {fwd_ms:.1f} ms; " + "; ".join(f"{k} reducer {ms:.2f} ms" for k, ms in shares)
-               + f"; hidden-state base: replay + encoding + triton reducer {replay_ms:.2f} ms",
-               f"Triton KLD = {shares[1][1] / fwd_ms:.4f} of the forward (target < 0.05); with the replay "
-               f"{replay_ms / fwd_ms:.4f} (target < 0.05)", where, a.results)
+        print(
+            f"hidden-state base: head replay + encoding + triton reducer on the {len(logits)} rows: {replay_ms:.3f} ms = "
+            f"{100 * replay_ms / fwd_ms:.2f} % of the forward (replayed logits vs the model's: max |diff| "
+            f"{replay_err:.1e})"
+        )
+    append_row(
+        f"GPU reducer vs Llama-{'tiny' if a.tiny else '8B'}-shaped forward (random {dtypes[0]} weights, "
+        f"{ctx}-token window, {len(logits)} scored rows)",
+        f"forward {fwd_ms:.1f} ms; "
+        + "; ".join(f"{k} reducer {ms:.2f} ms" for k, ms in shares)
+        + f"; hidden-state base: replay + encoding + triton reducer {replay_ms:.2f} ms",
+        f"Triton KLD = {shares[1][1] / fwd_ms:.4f} of the forward (target < 0.05); with the replay "
+        f"{replay_ms / fwd_ms:.4f} (target < 0.05)",
+        where,
+        a.results,
+    )
 
 
 if __name__ == "__main__":

@@ -32,7 +32,7 @@ def main() -> None:
     per = engine.windows_per_call(reader.header.n_ctx)
     rows = 0
     for i in range(0, len(windows), per):
-        rows += sum(len(b) for b in engine.logits(windows[i:i + per]))
+        rows += sum(len(b) for b in engine.logits(windows[i : i + per]))
     engine.close()
     reader.close()
     print(f"decoded {len(windows)} chunks of {reader.header.n_ctx}, {rows} scored rows")

@@ -60,18 +60,48 @@ def build_peer() -> Path:
     PEER_DIR.mkdir(parents=True, exist_ok=True)
     sdist = PEER_DIR / f"llama_cpp_python-{ver}.tar.gz"
     if not sdist.exists():
-        subprocess.run([sys.executable, "-m", "pip", "download", "--no-binary", ":all:", "--no-deps",
-                        f"llama-cpp-python=={ver}", "-d", str(PEER_DIR)], check=True)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "--no-binary",
+                ":all:",
+                "--no-deps",
+                f"llama-cpp-python=={ver}",
+                "-d",
+                str(PEER_DIR),
+            ],
+            check=True,
+        )
     if not src.exists():
         with tarfile.open(sdist) as t:
             t.extractall(PEER_DIR, filter="data")
     llama = src / "vendor" / "llama.cpp"
     print(f"building llama-perplexity from {llama} (a few minutes)...", flush=True)
-    subprocess.run(["cmake", "-S", str(llama), "-B", str(build), "-DCMAKE_BUILD_TYPE=Release",
-                    "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_SERVER=OFF",
-                    "-DLLAMA_OPENSSL=OFF", *(flags or ["-DGGML_NATIVE=ON"])], check=True, stdout=subprocess.DEVNULL)
-    subprocess.run(["cmake", "--build", str(build), "--target", "llama-perplexity", "-j", str(os.cpu_count() or 2)],
-                   check=True, stdout=subprocess.DEVNULL)
+    subprocess.run(
+        [
+            "cmake",
+            "-S",
+            str(llama),
+            "-B",
+            str(build),
+            "-DCMAKE_BUILD_TYPE=Release",
+            "-DLLAMA_BUILD_TESTS=OFF",
+            "-DLLAMA_BUILD_EXAMPLES=OFF",
+            "-DLLAMA_BUILD_SERVER=OFF",
+            "-DLLAMA_OPENSSL=OFF",
+            *(flags or ["-DGGML_NATIVE=ON"]),
+        ],
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
+    subprocess.run(
+        ["cmake", "--build", str(build), "--target", "llama-perplexity", "-j", str(os.cpu_count() or 2)],
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
     return binary
 
 
@@ -107,9 +137,28 @@ def main() -> None:
     model = default_gguf()
     base = work / f"base-c{a.ctx}-{a.chunks}.kld"
     if not base.exists():
-        subprocess.run([sys.executable, "-m", "kldtool", "base", "-m", model, "-f", str(WIKI), "-c", str(a.ctx),
-                        "--chunks", str(a.chunks), "--format", "llamacpp", "--kl-divergence-base", str(base)],
-                       check=True, capture_output=True)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "kldtool",
+                "base",
+                "-m",
+                model,
+                "-f",
+                str(WIKI),
+                "-c",
+                str(a.ctx),
+                "--chunks",
+                str(a.chunks),
+                "--format",
+                "llamacpp",
+                "--kl-divergence-base",
+                str(base),
+            ],
+            check=True,
+            capture_output=True,
+        )
     common = ["--kl-divergence-base", base, "-t", a.threads, "-b", a.batch]
     rows = []
     for type_name in a.types.split(","):
@@ -118,8 +167,16 @@ def main() -> None:
             quantize(model, str(quant), type_name)
         cmd_theirs = [peer, "-m", quant, "--kl-divergence", "-c", a.ctx, *common]
         cmd_ours = [sys.executable, "-m", "kldtool", "compare", "--engine", "llamacpp", "-m", quant, *common]
-        cmd_decode = [sys.executable, ROOT / "benchmarks" / "llamacpp_decode.py", quant, base, "-t", a.threads,
-                      "-b", a.batch]
+        cmd_decode = [
+            sys.executable,
+            ROOT / "benchmarks" / "llamacpp_decode.py",
+            quant,
+            base,
+            "-t",
+            a.threads,
+            "-b",
+            a.batch,
+        ]
         # An untimed chunk first: numba's compiled reducer reaches its disk cache (the first
         # run on a machine compiles it). llama-perplexity has no such cost to hide.
         timed(cmd_ours + ["--chunks", 1])
@@ -128,26 +185,41 @@ def main() -> None:
         def run(name, cmd):
             return lambda: outputs.__setitem__(name, timed(cmd)[1])
 
-        times = alternating({"llama-perplexity": run("theirs", cmd_theirs), "kldtool": run("ours", cmd_ours),
-                             "decode alone": run("decode", cmd_decode)}, a.rounds)
+        times = alternating(
+            {
+                "llama-perplexity": run("theirs", cmd_theirs),
+                "kldtool": run("ours", cmd_ours),
+                "decode alone": run("decode", cmd_decode),
+            },
+            a.rounds,
+        )
         theirs, ours, decode = (min(times[k]) for k in ("llama-perplexity", "kldtool", "decode alone"))
         paired = median_ratio(times, "kldtool", "llama-perplexity")
         out_theirs, out_ours = outputs["theirs"], outputs["ours"]
         rows.append((type_name, ours, theirs, decode, paired))
-        print(f"{type_name:>6}: kldtool {ours:6.2f} s, llama-perplexity {theirs:6.2f} s, ratio {ours / theirs:.3f} "
-              f"(median of the rounds' ratios {paired:.3f}); decode alone {decode:6.2f} s (floor "
-              f"{decode / theirs:.3f}); mean KLD {kld_mean(out_ours)} vs {kld_mean(out_theirs)}", flush=True)
+        print(
+            f"{type_name:>6}: kldtool {ours:6.2f} s, llama-perplexity {theirs:6.2f} s, ratio {ours / theirs:.3f} "
+            f"(median of the rounds' ratios {paired:.3f}); decode alone {decode:6.2f} s (floor "
+            f"{decode / theirs:.3f}); mean KLD {kld_mean(out_ours)} vs {kld_mean(out_theirs)}",
+            flush=True,
+        )
     worst = max(o / t for _, o, t, _, _ in rows)
     worst_paired = max(p for *_, p in rows)
     floor = max(d / t for _, _, t, d, _ in rows)  # one context's decode alone: what a zero-cost reduction would give
-    print(f"worst ratio kldtool / llama-perplexity: {worst:.3f} of the best times, {worst_paired:.3f} as the median "
-          f"of each round's (target <= 0.95); the shared decode alone, worst type: {floor:.3f}")
-    append_row(f"compare --engine llamacpp vs llama-perplexity --kl-divergence, and the shared llama.cpp decode "
-               f"alone (SmolLM2 Q4_1 base, c={a.ctx}, {a.chunks} chunks, -t {a.threads}, -b {a.batch}, "
-               f"best of {a.rounds})",
-               "; ".join(f"{t} {o:.2f} s vs {th:.2f} s (rounds' median ratio {p:.3f}), decode alone {d:.2f} s"
-                         for t, o, th, d, p in rows),
-               f"worst ratio {worst:.3f} (rounds' median {worst_paired:.3f}); decode floor {floor:.3f}")
+    print(
+        f"worst ratio kldtool / llama-perplexity: {worst:.3f} of the best times, {worst_paired:.3f} as the median "
+        f"of each round's (target <= 0.95); the shared decode alone, worst type: {floor:.3f}"
+    )
+    append_row(
+        f"compare --engine llamacpp vs llama-perplexity --kl-divergence, and the shared llama.cpp decode "
+        f"alone (SmolLM2 Q4_1 base, c={a.ctx}, {a.chunks} chunks, -t {a.threads}, -b {a.batch}, "
+        f"best of {a.rounds})",
+        "; ".join(
+            f"{t} {o:.2f} s vs {th:.2f} s (rounds' median ratio {p:.3f}), decode alone {d:.2f} s"
+            for t, o, th, d, p in rows
+        ),
+        f"worst ratio {worst:.3f} (rounds' median {worst_paired:.3f}); decode floor {floor:.3f}",
+    )
 
 
 if __name__ == "__main__":

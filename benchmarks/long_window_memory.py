@@ -40,8 +40,12 @@ def main() -> None:
     ap.add_argument("--whole", default="2048", help="lengths also run as one whole window (-b = L)")
     ap.add_argument("--text", default=str(WIKI))
     ap.add_argument("--phase", choices=("ppl", "compare", "step"), default="ppl")
-    ap.add_argument("--check-length", type=int, default=8192,
-                    help="compare: the length also compared against a one-frame copy of its base")
+    ap.add_argument(
+        "--check-length",
+        type=int,
+        default=8192,
+        help="compare: the length also compared against a one-frame copy of its base",
+    )
     ap.add_argument("--doc-lengths", default="1024,5120,10240,16384", help="step: document lengths")
     a = ap.parse_args()
     lengths = [int(x) for x in a.lengths.split(",")]
@@ -54,21 +58,49 @@ def main() -> None:
     for mode, ls in (("block", lengths), ("whole", whole)):
         for n in ls:
             b = a.block if mode == "block" else n
-            rss, wall = run_measured(["ppl", "--engine", "transformers", "-f", a.text, "--protocol", "exl3", "-c", str(n),
-                                      "--stride", str(n), "--chunks", "1", "-b", str(b), "--force"])
+            rss, wall = run_measured(
+                [
+                    "ppl",
+                    "--engine",
+                    "transformers",
+                    "-f",
+                    a.text,
+                    "--protocol",
+                    "exl3",
+                    "-c",
+                    str(n),
+                    "--stride",
+                    str(n),
+                    "--chunks",
+                    "1",
+                    "-b",
+                    str(b),
+                    "--force",
+                ]
+            )
             rows[mode, n] = rss
-            print(f"{mode:5s} L={n:6d} (-b {b:6d}): peak RSS {rss:8.1f} MiB, {wall:6.1f} s; "
-                  f"window x vocab float32 logits alone: {n * VOCAB * 4 / 2**20:8.1f} MiB", flush=True)
+            print(
+                f"{mode:5s} L={n:6d} (-b {b:6d}): peak RSS {rss:8.1f} MiB, {wall:6.1f} s; "
+                f"window x vocab float32 logits alone: {n * VOCAB * 4 / 2**20:8.1f} MiB",
+                flush=True,
+            )
     lo, hi = lengths[0], lengths[-1]
     ratio = rows["block", hi] / rows["block", lo]
-    print(f"block-wise peak RSS ratio, {hi} vs {lo} tokens: {ratio:.2f} (window grows {hi / lo:.0f}x; "
-          f"the logits alone would grow by {(hi - lo) * VOCAB * 4 / 2**20:.0f} MiB)")
+    print(
+        f"block-wise peak RSS ratio, {hi} vs {lo} tokens: {ratio:.2f} (window grows {hi / lo:.0f}x; "
+        f"the logits alone would grow by {(hi - lo) * VOCAB * 4 / 2**20:.0f} MiB)"
+    )
     if ("whole", whole[-1]) in rows if whole else False:
-        print(f"whole-window peak RSS at {whole[-1]}: {rows['whole', whole[-1]]:.0f} MiB vs block-wise "
-              f"{rows['block', whole[-1]]:.0f} MiB")
+        print(
+            f"whole-window peak RSS at {whole[-1]}: {rows['whole', whole[-1]]:.0f} MiB vs block-wise "
+            f"{rows['block', whole[-1]]:.0f} MiB"
+        )
     figures = ", ".join(f"{m} {n // 1024}k {rss:.0f} MiB" for (m, n), rss in rows.items())
-    append_row(f"ppl peak RSS, one long window (transformers fp32 SmolLM2, block {a.block})", figures,
-               f"block-wise {hi // 1024}k/{lo // 1024}k {ratio:.2f}")
+    append_row(
+        f"ppl peak RSS, one long window (transformers fp32 SmolLM2, block {a.block})",
+        figures,
+        f"block-wise {hi // 1024}k/{lo // 1024}k {ratio:.2f}",
+    )
 
 
 def kv_bytes_per_token() -> int:
@@ -95,28 +127,67 @@ def compare_phase(a, lengths: list[int]) -> None:
     """Base and compare of one window per length, the container in frames (the default); at
     --check-length the base is also converted to one frame per window and compared again:
     the statistics must be equal."""
-    window = ["--engine", "transformers", "-f", a.text, "--protocol", "exl3", "--chunks", "1", "-b", str(a.block),
-              "--force"]
+    window = [
+        "--engine",
+        "transformers",
+        "-f",
+        a.text,
+        "--protocol",
+        "exl3",
+        "--chunks",
+        "1",
+        "-b",
+        str(a.block),
+        "--force",
+    ]
     kv = kv_bytes_per_token()
     rows = {}
     with tempfile.TemporaryDirectory() as tmp:
         for n in lengths:
             base = os.path.join(tmp, f"base-{n}.kldt")
-            rss_b, wall_b = run_measured(["base", *window, "-c", str(n), "--stride", str(n),
-                                          "--kl-divergence-base", base])
+            rss_b, wall_b = run_measured(
+                ["base", *window, "-c", str(n), "--stride", str(n), "--kl-divergence-base", base]
+            )
             out = os.path.join(tmp, f"c-{n}.json")
-            rss_c, wall_c = run_measured(["compare", "--engine", "transformers", "-b", str(a.block), "--force",
-                                          "--kl-divergence-base", base, "--json", out])
+            rss_c, wall_c = run_measured(
+                [
+                    "compare",
+                    "--engine",
+                    "transformers",
+                    "-b",
+                    str(a.block),
+                    "--force",
+                    "--kl-divergence-base",
+                    base,
+                    "--json",
+                    out,
+                ]
+            )
             rows[n] = (rss_b, rss_c, kv * n / 2**20)
-            print(f"L={n:6d} (-b {a.block}): base peak RSS {rss_b:8.1f} MiB ({wall_b:6.1f} s), compare "
-                  f"{rss_c:8.1f} MiB ({wall_c:6.1f} s); KV cache {kv * n / 2**20:7.1f} MiB; the window's uint16 "
-                  f"base rows: {n * (VOCAB + 4) * 2 / 2**20:7.1f} MiB", flush=True)
+            print(
+                f"L={n:6d} (-b {a.block}): base peak RSS {rss_b:8.1f} MiB ({wall_b:6.1f} s), compare "
+                f"{rss_c:8.1f} MiB ({wall_c:6.1f} s); KV cache {kv * n / 2**20:7.1f} MiB; the window's uint16 "
+                f"base rows: {n * (VOCAB + 4) * 2 / 2**20:7.1f} MiB",
+                flush=True,
+            )
             if n == a.check_length:
                 one = os.path.join(tmp, f"one-{n}.kldt")
                 run_measured(["convert", base, one, "--to", "kldtool", "--frame-rows", "0"])
                 out1 = os.path.join(tmp, f"c1-{n}.json")
-                run_measured(["compare", "--engine", "transformers", "-b", str(a.block), "--force",
-                              "--kl-divergence-base", one, "--json", out1])
+                run_measured(
+                    [
+                        "compare",
+                        "--engine",
+                        "transformers",
+                        "-b",
+                        str(a.block),
+                        "--force",
+                        "--kl-divergence-base",
+                        one,
+                        "--json",
+                        out1,
+                    ]
+                )
                 (k, p), (k1, p1) = _stats(out), _stats(out1)
                 same = "equal" if (k, p) == (k1, p1) else "DIFFER"
                 print(f"L={n}: mean KLD {k:.9g} / {k1:.9g}, PPL(Q) {p:.9g} / {p1:.9g} (frames / one frame): {same}")
@@ -124,14 +195,17 @@ def compare_phase(a, lengths: list[int]) -> None:
     grow = {m: rows[hi][m] / rows[lo][m] for m in (0, 1)}
     # What the run holds beyond the KV cache, which any attention model needs for the window.
     net = {m: (rows[hi][m] - rows[hi][2]) / (rows[lo][m] - rows[lo][2]) for m in (0, 1)}
-    print(f"peak RSS {hi // 1024}k/{lo // 1024}k: base {grow[0]:.2f}, compare {grow[1]:.2f}; without the KV "
-          f"cache: base {net[0]:.2f}, compare {net[1]:.2f}")
-    append_row(f"base + compare peak RSS, one long window, container in frames (transformers fp32 SmolLM2, "
-               f"block {a.block}; KV cache {kv // 1024} KiB/token)",
-               ", ".join(f"{n // 1024}k base {b:.0f} / compare {c:.0f} MiB (KV {k:.0f})"
-                         for n, (b, c, k) in rows.items()),
-               f"{hi // 1024}k/{lo // 1024}k base {grow[0]:.2f}, compare {grow[1]:.2f}; "
-               f"less the KV cache {net[0]:.2f}, {net[1]:.2f}")
+    print(
+        f"peak RSS {hi // 1024}k/{lo // 1024}k: base {grow[0]:.2f}, compare {grow[1]:.2f}; without the KV "
+        f"cache: base {net[0]:.2f}, compare {net[1]:.2f}"
+    )
+    append_row(
+        f"base + compare peak RSS, one long window, container in frames (transformers fp32 SmolLM2, "
+        f"block {a.block}; KV cache {kv // 1024} KiB/token)",
+        ", ".join(f"{n // 1024}k base {b:.0f} / compare {c:.0f} MiB (KV {k:.0f})" for n, (b, c, k) in rows.items()),
+        f"{hi // 1024}k/{lo // 1024}k base {grow[0]:.2f}, compare {grow[1]:.2f}; "
+        f"less the KV cache {net[0]:.2f}, {net[1]:.2f}",
+    )
 
 
 def step_phase(a) -> None:
@@ -147,25 +221,45 @@ def step_phase(a) -> None:
         docs = os.path.join(tmp, "docs.jsonl")
         with open(docs, "w") as f:
             for i in range(3):
-                f.write(json.dumps({"text": text[i * (max(lengths) + 1000):(i + 1) * (max(lengths) + 1000)]}) + "\n")
+                f.write(json.dumps({"text": text[i * (max(lengths) + 1000) : (i + 1) * (max(lengths) + 1000)]}) + "\n")
         for n in lengths:
             for mode, b in (("step", a.block), ("whole", max(lengths) + 1)):
                 out = os.path.join(tmp, f"{mode}-{n}.json")
-                rss, wall = run_measured(["ppl", "--engine", "python", "-m", f"{tiny}:make_base", "-f", docs,
-                                          "--protocol", "documents", "--lengths", str(n), "-b", str(b),
-                                          "--json", out])
+                rss, wall = run_measured(
+                    [
+                        "ppl",
+                        "--engine",
+                        "python",
+                        "-m",
+                        f"{tiny}:make_base",
+                        "-f",
+                        docs,
+                        "--protocol",
+                        "documents",
+                        "--lengths",
+                        str(n),
+                        "-b",
+                        str(b),
+                        "--json",
+                        out,
+                    ]
+                )
                 with open(out) as f:
                     rows[mode, n] = (rss, json.load(f)["ppl"])
             (rs, ps), (rw, pw) = rows["step", n], rows["whole", n]
-            print(f"N={n:6d}: step (-b {a.block}) {rs:7.1f} MiB PPL {ps:.9g}; whole window {rw:7.1f} MiB "
-                  f"PPL {pw:.9g}; relative difference {abs(ps - pw) / pw:.1e}", flush=True)
+            print(
+                f"N={n:6d}: step (-b {a.block}) {rs:7.1f} MiB PPL {ps:.9g}; whole window {rw:7.1f} MiB "
+                f"PPL {pw:.9g}; relative difference {abs(ps - pw) / pw:.1e}",
+                flush=True,
+            )
     lo, hi = lengths[0], lengths[-1]
     ratio = rows["step", hi][0] / rows["step", lo][0]
     worst = max(abs(rows["step", n][1] - rows["whole", n][1]) / rows["whole", n][1] for n in lengths)
-    append_row(f"python engine step API, recurrent tiny_lm, documents (block {a.block})",
-               ", ".join(f"{n} tokens step {rows['step', n][0]:.0f} / whole {rows['whole', n][0]:.0f} MiB"
-                         for n in lengths),
-               f"step {hi}/{lo} peak RSS {ratio:.2f}; PPL step vs whole within {worst:.1e}")
+    append_row(
+        f"python engine step API, recurrent tiny_lm, documents (block {a.block})",
+        ", ".join(f"{n} tokens step {rows['step', n][0]:.0f} / whole {rows['whole', n][0]:.0f} MiB" for n in lengths),
+        f"step {hi}/{lo} peak RSS {ratio:.2f}; PPL step vs whole within {worst:.1e}",
+    )
 
 
 if __name__ == "__main__":

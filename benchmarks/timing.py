@@ -7,8 +7,9 @@ import time
 from typing import Callable
 
 
-def best_alternating(runs: dict[str, Callable[[], None]], rounds: int,
-                     sync: Callable[[], None] = lambda: None) -> dict[str, float]:
+def best_alternating(
+    runs: dict[str, Callable[[], None]], rounds: int, sync: Callable[[], None] = lambda: None
+) -> dict[str, float]:
     """Run each callable in ``runs`` once per round, the order rotated by one every round (two
     callables swap); returns each one's best wall time in seconds. ``sync`` waits for queued
     device work."""
@@ -25,8 +26,9 @@ def median_ratio(times: dict[str, list[float]], num: str, den: str) -> float:
     return ratios[mid] if len(ratios) % 2 else (ratios[mid - 1] + ratios[mid]) / 2
 
 
-def alternating(runs: dict[str, Callable[[], None]], rounds: int,
-                sync: Callable[[], None] = lambda: None) -> dict[str, list[float]]:
+def alternating(
+    runs: dict[str, Callable[[], None]], rounds: int, sync: Callable[[], None] = lambda: None
+) -> dict[str, list[float]]:
     """As best_alternating, every round's wall time of each callable."""
     items = list(runs.items())
     times: dict[str, list[float]] = {name: [] for name, _ in items}

@@ -40,13 +40,22 @@ from timing import best_alternating  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 WIKI = ROOT.parent / "shared" / "data" / "wikitext-2" / "wiki.test.txt"
-LLAMA_8B = dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
-                num_key_value_heads=8, vocab_size=128256, max_position_embeddings=8192, rope_theta=500000.0)
+LLAMA_8B = dict(
+    hidden_size=4096,
+    intermediate_size=14336,
+    num_hidden_layers=32,
+    num_attention_heads=32,
+    num_key_value_heads=8,
+    vocab_size=128256,
+    max_position_embeddings=8192,
+    rope_theta=500000.0,
+)
 
 
 # The same architecture at a size a CPU runs in seconds, with the 8B's vocabulary.
-LLAMA_TINY = dict(LLAMA_8B, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                  num_key_value_heads=2)
+LLAMA_TINY = dict(
+    LLAMA_8B, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2
+)
 
 
 def random_llama(shape: dict, tokenizer_dir: str, device: str, dtype: str, batch: int):
@@ -60,8 +69,9 @@ def random_llama(shape: dict, tokenizer_dir: str, device: str, dtype: str, batch
     with torch.device(device):
         model = LlamaForCausalLM(LlamaConfig(**shape))
     torch.set_default_dtype(torch.float32)
-    return TransformersEngine.from_model(model, AutoTokenizer.from_pretrained(tokenizer_dir), "random-llama-3",
-                                         device=device, batch_tokens=batch)
+    return TransformersEngine.from_model(
+        model, AutoTokenizer.from_pretrained(tokenizer_dir), "random-llama-3", device=device, batch_tokens=batch
+    )
 
 
 def main() -> None:
@@ -97,10 +107,14 @@ def main() -> None:
     model = a.model
     if a.random_llama_8b or a.tiny:
         t0 = time.perf_counter()
-        engine = random_llama(LLAMA_TINY if a.tiny else LLAMA_8B, a.tokenizer or default_transformers_model(),
-                              a.device, a.dtype, a.batch)
-        print(f"made a random Llama-3-{'tiny' if a.tiny else '8B'}-shaped model on {a.device} in "
-              f"{time.perf_counter() - t0:.1f} s", flush=True)
+        engine = random_llama(
+            LLAMA_TINY if a.tiny else LLAMA_8B, a.tokenizer or default_transformers_model(), a.device, a.dtype, a.batch
+        )
+        print(
+            f"made a random Llama-3-{'tiny' if a.tiny else '8B'}-shaped model on {a.device} in "
+            f"{time.perf_counter() - t0:.1f} s",
+            flush=True,
+        )
         model = "random-llama-3"
     else:
         model = model or default_transformers_model()
@@ -115,8 +129,16 @@ def main() -> None:
             stores.append(("kldtool", "base-hidden.kldt", "hidden"))
         for fmt, fname, store in stores:
             t0 = time.perf_counter()
-            run_base(engine, corpus, Protocol("llamacpp", a.ctx), a.chunks, os.path.join(tmp, fname), fmt, sinks=quiet,
-                     store=store)
+            run_base(
+                engine,
+                corpus,
+                Protocol("llamacpp", a.ctx),
+                a.chunks,
+                os.path.join(tmp, fname),
+                fmt,
+                sinks=quiet,
+                store=store,
+            )
             base_times[fname] = time.perf_counter() - t0
             sizes[fname] = os.path.getsize(os.path.join(tmp, fname))
             print(f"base ({fmt}, {store}): {base_times[fname]:.2f} s, {sizes[fname] / 2**20:.1f} MiB", flush=True)
@@ -127,7 +149,7 @@ def main() -> None:
 
         def bare() -> None:
             for i in range(0, len(windows), per_call):
-                batch = windows[i:i + per_call]
+                batch = windows[i : i + per_call]
                 ids = torch.from_numpy(np.stack([w.tokens for w in batch]).astype("int64"))
                 ids = ids.to(a.device)
                 first, n = batch[0].first, batch[0].n_scored
@@ -168,8 +190,11 @@ def main() -> None:
             runs = [run_compare(engine, r, sinks=quiet)["statistics"] for r in (raw, raw, converted)]
             for label, other in (("the raw base twice", runs[1]), ("the raw base and its container copy", runs[2])):
                 # compared as JSON text: a NaN uncertainty equals itself there
-                diff = {k: (runs[0][k], other[k]) for k in runs[0]
-                        if json.dumps(runs[0][k], sort_keys=True) != json.dumps(other[k], sort_keys=True)}
+                diff = {
+                    k: (runs[0][k], other[k])
+                    for k in runs[0]
+                    if json.dumps(runs[0][k], sort_keys=True) != json.dumps(other[k], sort_keys=True)
+                }
                 print(f"{label}: identical statistics: {not diff}; differing: {str(diff)[:300]}")
             converted.close()
             for label, r in (("raw", raw), ("container", reader)):
@@ -200,36 +225,59 @@ def main() -> None:
     print(f"bare transformers scoring: {best['bare']:.3f} s ({tokens / best['bare']:.0f} tok/s)")
     print(f"kldtool compare:           {best['kldtool']:.3f} s ({tokens / best['kldtool']:.0f} tok/s)")
     print(f"ratio kldtool / bare: {ratio:.3f} (target <= {target})")
-    print(f"base-row feed alone: {best['feed']:.3f} s for {row_bytes / 2**30:.2f} GiB of rows "
-          f"({row_bytes / best['feed'] / 2**30:.2f} GiB/s): {best['feed'] / best['bare']:.2f} of the bare forward's "
-          f"time ({'the device waits for the host' if best['feed'] > best['bare'] else 'the host keeps up'})")
+    print(
+        f"base-row feed alone: {best['feed']:.3f} s for {row_bytes / 2**30:.2f} GiB of rows "
+        f"({row_bytes / best['feed'] / 2**30:.2f} GiB/s): {best['feed'] / best['bare']:.2f} of the bare forward's "
+        f"time ({'the device waits for the host' if best['feed'] > best['bare'] else 'the host keeps up'})"
+    )
     if hidden is not None:
-        print(f"compare from the hidden-state file: {best['hidden']:.3f} s, ratio {best['hidden'] / best['bare']:.3f} "
-              f"of the bare forward")
-    label = "random Llama-3-8B shape" if a.random_llama_8b else "random Llama-3-tiny shape" if a.tiny \
-        else Path(model).name
-    where = (f"{torch.cuda.get_device_name()}, torch {torch.__version__}" if a.device.startswith("cuda")
-             else machine())
-    append_row(f"transformers compare vs bare forward+log_softmax ({label} {a.dtype}, {a.device}, c={a.ctx}, "
-               f"{len(windows)} chunks, b={a.batch})",
-               f"bare {best['bare']:.3f} s, kldtool {best['kldtool']:.3f} s ({tokens / best['kldtool']:.0f} tok/s)",
-               f"ratio {ratio:.3f} (target <= {target})", where, a.results)
-    append_row(f"base-row feed alone vs bare forward ({label} {a.dtype}, {a.device}, c={a.ctx}, {len(windows)} chunks, "
-               f"container)", f"feed {best['feed']:.3f} s ({row_bytes / best['feed'] / 2**30:.2f} GiB/s of rows), "
-               f"bare {best['bare']:.3f} s", f"feed / bare {best['feed'] / best['bare']:.3f} (over 1: the device waits)",
-               where, a.results)
+        print(
+            f"compare from the hidden-state file: {best['hidden']:.3f} s, ratio {best['hidden'] / best['bare']:.3f} "
+            f"of the bare forward"
+        )
+    label = (
+        "random Llama-3-8B shape" if a.random_llama_8b else "random Llama-3-tiny shape" if a.tiny else Path(model).name
+    )
+    where = f"{torch.cuda.get_device_name()}, torch {torch.__version__}" if a.device.startswith("cuda") else machine()
+    append_row(
+        f"transformers compare vs bare forward+log_softmax ({label} {a.dtype}, {a.device}, c={a.ctx}, "
+        f"{len(windows)} chunks, b={a.batch})",
+        f"bare {best['bare']:.3f} s, kldtool {best['kldtool']:.3f} s ({tokens / best['kldtool']:.0f} tok/s)",
+        f"ratio {ratio:.3f} (target <= {target})",
+        where,
+        a.results,
+    )
+    append_row(
+        f"base-row feed alone vs bare forward ({label} {a.dtype}, {a.device}, c={a.ctx}, {len(windows)} chunks, "
+        f"container)",
+        f"feed {best['feed']:.3f} s ({row_bytes / best['feed'] / 2**30:.2f} GiB/s of rows), bare {best['bare']:.3f} s",
+        f"feed / bare {best['feed'] / best['bare']:.3f} (over 1: the device waits)",
+        where,
+        a.results,
+    )
     if hidden is not None:
-        append_row(f"transformers compare from a hidden-state base vs bare forward ({label} {a.dtype}, {a.device}, "
-                   f"c={a.ctx}, {len(windows)} chunks)",
-                   f"bare {best['bare']:.3f} s, kldtool {best['hidden']:.3f} s, row file {best['kldtool']:.3f} s",
-                   f"ratio {best['hidden'] / best['bare']:.3f} (target <= {target})", where, a.results)
-    append_row(f"base phase, kldtool container vs llama.cpp raw ({label} {a.dtype}, {a.device}, c={a.ctx}, "
-               f"{len(windows)} chunks)",
-               f"raw {sizes['base.kld'] / 2**20:.1f} MiB in {base_times['base.kld']:.2f} s, container "
-               f"{sizes['base.kldt'] / 2**20:.1f} MiB in {base_times['base.kldt']:.2f} s"
-               + (f", hidden {sizes['base-hidden.kldt'] / 2**20:.1f} MiB in {base_times['base-hidden.kldt']:.2f} s"
-                  if a.hidden else ""),
-               f"size ratio {sizes['base.kldt'] / sizes['base.kld']:.3f}", where, a.results)
+        append_row(
+            f"transformers compare from a hidden-state base vs bare forward ({label} {a.dtype}, {a.device}, "
+            f"c={a.ctx}, {len(windows)} chunks)",
+            f"bare {best['bare']:.3f} s, kldtool {best['hidden']:.3f} s, row file {best['kldtool']:.3f} s",
+            f"ratio {best['hidden'] / best['bare']:.3f} (target <= {target})",
+            where,
+            a.results,
+        )
+    append_row(
+        f"base phase, kldtool container vs llama.cpp raw ({label} {a.dtype}, {a.device}, c={a.ctx}, "
+        f"{len(windows)} chunks)",
+        f"raw {sizes['base.kld'] / 2**20:.1f} MiB in {base_times['base.kld']:.2f} s, container "
+        f"{sizes['base.kldt'] / 2**20:.1f} MiB in {base_times['base.kldt']:.2f} s"
+        + (
+            f", hidden {sizes['base-hidden.kldt'] / 2**20:.1f} MiB in {base_times['base-hidden.kldt']:.2f} s"
+            if a.hidden
+            else ""
+        ),
+        f"size ratio {sizes['base.kldt'] / sizes['base.kld']:.3f}",
+        where,
+        a.results,
+    )
 
 
 if __name__ == "__main__":

@@ -37,8 +37,13 @@ def main() -> None:
 
         best = time_both(plain, engine, reader, a.rounds)
         engine.close()
-    report(a, best, "vLLM plain prompt_logprobs=0", "kldtool compare (vLLM hook)",
-           "vLLM compare vs plain prompt_logprobs=0")
+    report(
+        a,
+        best,
+        "vLLM plain prompt_logprobs=0",
+        "kldtool compare (vLLM hook)",
+        "vLLM compare vs plain prompt_logprobs=0",
+    )
 
 
 if __name__ == "__main__":

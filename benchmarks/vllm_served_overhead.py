@@ -39,13 +39,21 @@ def main() -> None:
         exchange.mkdir()
         operator = operator_env([Path(reader.path).parent], exchange)
         with served(model, tmp, h.n_ctx + 1, dtype=a.dtype, operator=operator) as url:
-            engine = VllmServerEngine(url, n_ctx=h.n_ctx, windows_per_call=max(4, 65536 // h.n_ctx),
-                                      exchange_dir=str(exchange))
+            engine = VllmServerEngine(
+                url, n_ctx=h.n_ctx, windows_per_call=max(4, 65536 // h.n_ctx), exchange_dir=str(exchange)
+            )
             windows = llamacpp_windows(reader.tokens, h.n_ctx, h.n_chunk, engine.bos_id)
 
             def one(w) -> None:
-                r = engine._request("/v1/completions", {"model": engine.model_id, "prompt": [int(t) for t in w.tokens],
-                                                        "max_tokens": 1, "prompt_logprobs": 0})
+                r = engine._request(
+                    "/v1/completions",
+                    {
+                        "model": engine.model_id,
+                        "prompt": [int(t) for t in w.tokens],
+                        "max_tokens": 1,
+                        "prompt_logprobs": 0,
+                    },
+                )
                 assert len(r["choices"][0]["prompt_logprobs"]) == len(w.tokens)
 
             def plain() -> None:
@@ -54,8 +62,13 @@ def main() -> None:
 
             best = time_both(plain, engine, reader, a.rounds)
             engine.close()
-    report(a, best, "served prompt_logprobs=0", "kldtool compare --server",
-           "vLLM served compare vs the server's prompt_logprobs=0")
+    report(
+        a,
+        best,
+        "served prompt_logprobs=0",
+        "kldtool compare --server",
+        "vLLM served compare vs the server's prompt_logprobs=0",
+    )
 
 
 if __name__ == "__main__":

@@ -57,8 +57,9 @@ class Corpus:
         for line, d in enumerate(docs, 1):
             bad = np.nonzero((d < 0) | (d >= engine.n_vocab))[0]
             if bad.size:
-                raise CorpusError(f"{self.name}: document {line}: id {int(d[bad[0]])} is outside the "
-                                  f"vocabulary of {engine.n_vocab}")
+                raise CorpusError(
+                    f"{self.name}: document {line}: id {int(d[bad[0]])} is outside the vocabulary of {engine.n_vocab}"
+                )
         return [np.asarray(d, dtype=np.int32) for d in docs]
 
     def size(self, whole_stream: bool) -> dict | None:
@@ -68,8 +69,10 @@ class Corpus:
             return None
         parts = self.counted or self.documents
         parts = [JOIN.join(parts)] if whole_stream else parts
-        return {"bytes": sum(len(p) for p in parts),
-                "words": sum(len(re.split(r"\s+", p.decode("utf-8"))) for p in parts)}
+        return {
+            "bytes": sum(len(p) for p in parts),
+            "words": sum(len(re.split(r"\s+", p.decode("utf-8"))) for p in parts),
+        }
 
 
 def _map_tokens(strings: list[str], vocab: dict, where: str, line: int) -> np.ndarray:
@@ -107,7 +110,7 @@ def check_utf8(data: bytes, where: str) -> str:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
         raise UndecodableText(
-            f"{where}: bytes at offset {e.start} are not valid UTF-8 ({data[e.start:e.start + 4]!r}); "
+            f"{where}: bytes at offset {e.start} are not valid UTF-8 ({data[e.start : e.start + 4]!r}); "
             "convert the file to UTF-8"
         ) from None
 
@@ -209,5 +212,6 @@ def _wikitext(path: str) -> Corpus:
     found = wikitext.pages(check_utf8(data, path))
     if not found:
         raise EmptyText(f"{path}: no WikiText articles (--corpus-format wikitext)")
-    return Corpus(path, "wikitext", [wikitext.detokenize(p).encode("utf-8") for p in found],
-                  [p.encode("utf-8") for p in found])
+    return Corpus(
+        path, "wikitext", [wikitext.detokenize(p).encode("utf-8") for p in found], [p.encode("utf-8") for p in found]
+    )

@@ -52,6 +52,7 @@ class StateError(KldError):
 # Finer classes: a sweep script can tell a file to rebuild from a model to replace from a text
 # to fix. Each keeps its family's base class, so callers can still catch the family.
 
+
 class NotABaseFile(BaseFileError):
     """Wrong magic, an unsupported container version, header numbers no run could produce."""
 

@@ -16,8 +16,12 @@ def base_identity(reader) -> dict:
     """What makes two base files interchangeable: the header and the tokens (not the path or
     the format: a converted copy holds the same codes)."""
     h = reader.header
-    out = {"n_ctx": h.n_ctx, "n_vocab": h.n_vocab, "n_chunk": h.n_chunk,
-           "tokens_sha256": hashlib.sha256(np.ascontiguousarray(reader.tokens, "<i4").tobytes()).hexdigest()}
+    out = {
+        "n_ctx": h.n_ctx,
+        "n_vocab": h.n_vocab,
+        "n_chunk": h.n_chunk,
+        "tokens_sha256": hashlib.sha256(np.ascontiguousarray(reader.tokens, "<i4").tobytes()).hexdigest(),
+    }
     if h.keep:  # a top-K file of the same run gives other (lower-bound) KLDs
         out["keep"] = h.keep
     if h.clamp != DEFAULT_CLAMP:  # a wider window counts more entries
@@ -31,5 +35,8 @@ def model_identity(described: dict, full_path: bool = True) -> dict:
     """The parts of an engine's description that change the numbers. Shards may come from
     machines with other paths, so merging compares only the model's file or directory name."""
     model = str(described.get("model"))
-    return {"engine": described.get("engine"), "dtype": described.get("dtype"),
-            "model": model if full_path else os.path.basename(model.rstrip("/"))}
+    return {
+        "engine": described.get("engine"),
+        "dtype": described.get("dtype"),
+        "model": model if full_path else os.path.basename(model.rstrip("/")),
+    }

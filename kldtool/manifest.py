@@ -29,7 +29,9 @@ def run_manifest(described: dict, tokenizer_identity: str | None) -> dict:
     args = described.get("vllm_args") or {}
     runners = sorted({h.rsplit(":", 1)[-1] for h in described.get("hooks") or []})
     return {
-        "engine": engine, "versions": described.get("versions"), "dtype": described.get("dtype"),
+        "engine": engine,
+        "versions": described.get("versions"),
+        "dtype": described.get("dtype"),
         "device_kind": str(described.get("device") or "cpu").split(":")[0],
         "tensor_parallel": int(args.get("tensor_parallel_size") or 1),
         "runner": ",".join(runners) if runners else None,
@@ -40,8 +42,12 @@ def run_manifest(described: dict, tokenizer_identity: str | None) -> dict:
     }
 
 
-def check_manifests(items: list[tuple[str, dict | None]], fields: tuple[str, ...] = NUMERIC,
-                    per_engine: bool = True, hint: str = "--mix") -> None:
+def check_manifests(
+    items: list[tuple[str, dict | None]],
+    fields: tuple[str, ...] = NUMERIC,
+    per_engine: bool = True,
+    hint: str = "--mix",
+) -> None:
     """Refuse, naming the first field, two manifests that disagree on ``fields`` (between runs
     of one engine when ``per_engine``). Runs without a manifest (older kldtool) are not checked."""
     seen: dict = {}
@@ -55,8 +61,10 @@ def check_manifests(items: list[tuple[str, dict | None]], fields: tuple[str, ...
         first, ref = seen[key]
         for f in fields:
             if m.get(f) != ref.get(f):
-                raise UsageError(f"{where}: manifest field {f} is {m.get(f)!r}, {first}'s is {ref.get(f)!r}: their "
-                                 f"numbers are not comparable; {hint} allows it")
+                raise UsageError(
+                    f"{where}: manifest field {f} is {m.get(f)!r}, {first}'s is {ref.get(f)!r}: their "
+                    f"numbers are not comparable; {hint} allows it"
+                )
 
 
 def run_metadata(command: str) -> dict:

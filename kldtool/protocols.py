@@ -71,8 +71,9 @@ class Protocol:
     prefix: int | None = None
 
     @classmethod
-    def from_flags(cls, name: str, ctx_size: int | None, stride: int | None, lengths: str | None,
-                   prefix: int | None = None) -> "Protocol":
+    def from_flags(
+        cls, name: str, ctx_size: int | None, stride: int | None, lengths: str | None, prefix: int | None = None
+    ) -> "Protocol":
         if name not in PROTOCOLS:
             raise UsageError(f"--protocol {name!r}: expected one of {', '.join(PROTOCOLS)}")
         if name != "documents" and lengths is not None:
@@ -105,8 +106,13 @@ class Protocol:
 
     @classmethod
     def from_metadata(cls, meta: dict) -> "Protocol":
-        return cls(meta["name"], int(meta.get("n_ctx") or 0), meta.get("stride"),
-                   tuple(int(n) for n in meta.get("lengths", ())), meta.get("prefix_id"))
+        return cls(
+            meta["name"],
+            int(meta.get("n_ctx") or 0),
+            meta.get("stride"),
+            tuple(int(n) for n in meta.get("lengths", ())),
+            meta.get("prefix_id"),
+        )
 
     def describe(self) -> dict:
         if self.name == "llamacpp":
@@ -114,8 +120,12 @@ class Protocol:
         if self.name == "documents":
             return {"name": "documents", "lengths": list(self.lengths)}
         if self.name == "rolling":
-            return {"name": "rolling", "n_ctx": self.n_ctx, "prefix_id": self.prefix,
-                    "mirrors": "lm_eval loglikelihood_rolling (context_len 1, disjoint windows)"}
+            return {
+                "name": "rolling",
+                "n_ctx": self.n_ctx,
+                "prefix_id": self.prefix,
+                "mirrors": "lm_eval loglikelihood_rolling (context_len 1, disjoint windows)",
+            }
         return {"name": self.name, "n_ctx": self.n_ctx, "stride": self.stride}
 
     @property
@@ -165,8 +175,8 @@ def llamacpp_windows(tokens: np.ndarray, n_ctx: int, n_chunk: int, bos_id: int |
     first = n_ctx // 2
     out = []
     for c in range(n_chunk):
-        chunk = np.array(tokens[c * n_ctx:(c + 1) * n_ctx], dtype=np.int32)
-        targets = chunk[first + 1:].astype(np.int64)
+        chunk = np.array(tokens[c * n_ctx : (c + 1) * n_ctx], dtype=np.int32)
+        targets = chunk[first + 1 :].astype(np.int64)
         if bos_id is not None:
             chunk[0] = bos_id
         out.append(Window(c, chunk, first, targets, c * n_ctx))
@@ -179,13 +189,15 @@ def _span(tokens: np.ndarray, index: int, start: int, end: int, first: int, n_sc
     w = np.array(tokens[start:end], dtype=np.int32)
     n = len(w) - first - 1 if n_scored is None else n_scored
     at = start + first + 1
-    return Window(index, w, first, np.asarray(tokens[at:at + n], dtype=np.int64), start)
+    return Window(index, w, first, np.asarray(tokens[at : at + n], dtype=np.int64), start)
 
 
 def exl3_windows(tokens: np.ndarray, length: int, stride: int) -> list[Window]:
     n = len(tokens)
     if n < length:
-        raise TextTooShort(f"the text tokenizes to {n} tokens; a window of --ctx-size {length} needs at least that many")
+        raise TextTooShort(
+            f"the text tokenizes to {n} tokens; a window of --ctx-size {length} needs at least that many"
+        )
     return [_span(tokens, i, a, a + length, 0) for i, a in enumerate(range(0, n - length + 1, stride))]
 
 
@@ -228,8 +240,10 @@ def document_windows(docs: list[np.ndarray], lengths: tuple[int, ...]) -> Docume
         at += keep
     if not windows:
         need = lengths[0] if lengths else 2
-        raise TextTooShort(f"no document has {need} tokens or more ({len(docs)} documents, "
-                           f"longest {int(sizes.max()) if len(sizes) else 0} tokens)")
+        raise TextTooShort(
+            f"no document has {need} tokens or more ({len(docs)} documents, "
+            f"longest {int(sizes.max()) if len(sizes) else 0} tokens)"
+        )
     stream = np.concatenate(parts) if parts else np.zeros(0, np.int32)
     return Documents(stream, windows, len(docs), sizes)
 

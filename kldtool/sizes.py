@@ -21,8 +21,10 @@ from kldtool.errors import UsageError
 _GGUF_LINEAR = re.compile(r"^blk\.\d+\.(attn_(q|k|v|qkv|output)|ffn_(up|gate|down|gate_up))(_exps)?\.weight$")
 _GGUF_EMBED_HEAD = {"token_embd.weight", "output.weight"}
 # safetensors: the tensors of one linear module, quantized or not (compressed-tensors names).
-_ST_PART = re.compile(r"^(?P<module>.+)\.(?P<part>weight|weight_packed|weight_scale|weight_zero_point|"
-                      r"weight_g_idx|weight_shape|weight_global_scale)$")
+_ST_PART = re.compile(
+    r"^(?P<module>.+)\.(?P<part>weight|weight_packed|weight_scale|weight_zero_point|"
+    r"weight_g_idx|weight_shape|weight_global_scale)$"
+)
 _ST_LAYER = re.compile(r"(^|\.)layers\.\d+\.")
 _ST_EMBED_HEAD = re.compile(r"(^|\.)(embed_tokens|lm_head|wte|embed_out)$")
 
@@ -82,8 +84,21 @@ def _gguf_size(path: str) -> ModelSize:
 # ggml tensor types -> (weights per block, bytes per block) for the float and llama-quantize
 # types; any other comes from the gguf package, whose import beside vLLM pulls in
 # mistral_common, so the common types do not wait for it.
-_GGML_BLOCKS = {0: (1, 4), 1: (1, 2), 30: (1, 2), 2: (32, 18), 3: (32, 20), 6: (32, 22), 7: (32, 24),
-                8: (32, 34), 10: (256, 84), 11: (256, 110), 12: (256, 144), 13: (256, 176), 14: (256, 210)}
+_GGML_BLOCKS = {
+    0: (1, 4),
+    1: (1, 2),
+    30: (1, 2),
+    2: (32, 18),
+    3: (32, 20),
+    6: (32, 22),
+    7: (32, 24),
+    8: (32, 34),
+    10: (256, 84),
+    11: (256, 110),
+    12: (256, 144),
+    13: (256, 176),
+    14: (256, 210),
+}
 
 
 def _ggml_block(ggml_type: int) -> tuple[int, int]:
@@ -158,7 +173,7 @@ def _walk_gguf(buf) -> list[tuple[str, int, int]]:
     tensors = []
     for _ in range(n_tensors):
         n = take("<Q")[0]
-        name = bytes(buf[pos:pos + n]).decode("utf-8")
+        name = bytes(buf[pos : pos + n]).decode("utf-8")
         pos += n
         dims = take(f"<{take('<I')[0]}Q")
         ggml_type = take("<IQ")[0]

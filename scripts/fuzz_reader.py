@@ -26,8 +26,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as d:
         seeds = seed_files(d)
 
-        @settings(max_examples=args.examples, deadline=None, database=None,
-                  suppress_health_check=list(HealthCheck))
+        @settings(max_examples=args.examples, deadline=None, database=None, suppress_health_check=list(HealthCheck))
         @given(mutated(seeds))
         def survives(data):
             outcomes[check_reader_survives(data, d)] += 1

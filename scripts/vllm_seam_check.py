@@ -28,8 +28,14 @@ class Source:
         self.where = where
         if where.endswith(".whl"):
             self.zip = zipfile.ZipFile(where)
-            version = next((n.split("/")[0].removesuffix(".dist-info").split("-")[1] for n in self.zip.namelist()
-                            if n.endswith(".dist-info/METADATA")), "?")
+            version = next(
+                (
+                    n.split("/")[0].removesuffix(".dist-info").split("-")[1]
+                    for n in self.zip.namelist()
+                    if n.endswith(".dist-info/METADATA")
+                ),
+                "?",
+            )
         else:
             self.zip, self.root = None, Path(where).resolve().parent
             version = ast.literal_eval(_assignment(self.read("vllm/_version.py"), "__version__") or "'?'")
@@ -60,7 +66,7 @@ def _members(cls: ast.ClassDef) -> dict[str, ast.AST]:
         elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
             out.setdefault(node.target.id, node)
         elif isinstance(node, (ast.Assign, ast.AnnAssign)):
-            for t in (node.targets if isinstance(node, ast.Assign) else [node.target]):
+            for t in node.targets if isinstance(node, ast.Assign) else [node.target]:
                 if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self":
                     out.setdefault(t.attr, node)
     return out
@@ -72,8 +78,10 @@ def _module_member(body: list[ast.stmt], name: str) -> ast.AST | None:
         if isinstance(node, ast.FunctionDef) and node.name == name:
             return node
         if isinstance(node, (ast.Assign, ast.AnnAssign)):
-            if any(isinstance(t, ast.Name) and t.id == name for t in (node.targets if isinstance(node, ast.Assign)
-                                                                       else [node.target])):
+            if any(
+                isinstance(t, ast.Name) and t.id == name
+                for t in (node.targets if isinstance(node, ast.Assign) else [node.target])
+            ):
                 return node
         if isinstance(node, (ast.If, ast.Try)):
             inner = [*node.body, *node.orelse, *getattr(node, "finalbody", [])]
@@ -106,9 +114,13 @@ def check(src: Source) -> list[tuple[bool, str]]:
         if found is None:
             lines.append((False, f"{what}: missing"))
         elif params is not None:
-            got = tuple(a.arg for a in found.args.args)[:len(params)]
-            lines.append((got == params, f"{what}({', '.join(got)})" + ("" if got == params else
-                                                                          f": expected ({', '.join(params)})")))
+            got = tuple(a.arg for a in found.args.args)[: len(params)]
+            lines.append(
+                (
+                    got == params,
+                    f"{what}({', '.join(got)})" + ("" if got == params else f": expected ({', '.join(params)})"),
+                )
+            )
         else:
             lines.append((True, what))
     return lines
@@ -118,8 +130,10 @@ def download(version: str) -> str:
     dest = cache_dir() / "wheels" / "vllm-source"
     found = sorted(dest.glob(f"vllm-{version}-*.whl"))
     if not found:
-        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", str(dest),
-                        f"vllm=={version}"], check=True)
+        subprocess.run(
+            [sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", str(dest), f"vllm=={version}"],
+            check=True,
+        )
         found = sorted(dest.glob(f"vllm-{version}-*.whl"))
     return str(found[0])
 
@@ -127,8 +141,13 @@ def download(version: str) -> str:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("sources", nargs="*", help="vllm package directories or wheels (default: the installed one)")
-    ap.add_argument("--download", action="append", default=[], metavar="VERSION",
-                    help="fetch that release's wheel (pip download --no-deps, cached) and check it")
+    ap.add_argument(
+        "--download",
+        action="append",
+        default=[],
+        metavar="VERSION",
+        help="fetch that release's wheel (pip download --no-deps, cached) and check it",
+    )
     a = ap.parse_args()
     sources = a.sources + [download(v) for v in a.download]
     if not sources:

@@ -51,7 +51,9 @@ def run_cli(*args, check_rc: int | None = 0, env_extra: dict | None = None) -> s
     env.update(env_extra or {})
     p = subprocess.run([sys.executable, "-m", "kldtool", *map(str, args)], capture_output=True, text=True, env=env)
     if check_rc is not None and p.returncode != check_rc:
-        raise AssertionError(f"kldtool {' '.join(map(str, args))} -> rc {p.returncode}\nstdout:\n{p.stdout}\nstderr:\n{p.stderr}")
+        raise AssertionError(
+            f"kldtool {' '.join(map(str, args))} -> rc {p.returncode}\nstdout:\n{p.stdout}\nstderr:\n{p.stderr}"
+        )
     return p
 
 
@@ -139,8 +141,23 @@ def hf_base(artefacts) -> Path:
     """Base file of the fp32 SmolLM2 through transformers: 8 chunks of 128 wikitext tokens."""
     out = artefacts / "hf-f32-c128.kldt"
     if not out.exists():
-        p = run_cli("base", "--engine", "transformers", "--dtype", "float32", "-f", WIKI, "-c", 128, "--chunks", 8,
-                    "--kl-divergence-base", out, "--json", artefacts / "hf-f32-c128.json")
+        p = run_cli(
+            "base",
+            "--engine",
+            "transformers",
+            "--dtype",
+            "float32",
+            "-f",
+            WIKI,
+            "-c",
+            128,
+            "--chunks",
+            8,
+            "--kl-divergence-base",
+            out,
+            "--json",
+            artefacts / "hf-f32-c128.json",
+        )
         assert "Final estimate: PPL = " in p.stderr
     return out
 
@@ -150,14 +167,14 @@ def final_block_lines(text: str) -> list[str]:
     lines = text.splitlines()
     start = next(i for i, l in enumerate(lines) if l.startswith("====== Perplexity statistics"))
     end = next(i for i, l in enumerate(lines) if l.startswith("Same top p"))
-    return lines[start:end + 1]
+    return lines[start : end + 1]
 
 
 def chunk_table_lines(text: str) -> list[str]:
     lines = text.splitlines()
     start = next(i for i, l in enumerate(lines) if l.startswith("chunk             PPL"))
     out = []
-    for l in lines[start + 1:]:
+    for l in lines[start + 1 :]:
         if not l.strip():
             break
         out.append(l)
@@ -177,7 +194,7 @@ def assert_lines_match(ours: list[str], theirs: list[str], ulps: int = 2):
                 assert x == y, f"{a}\n{b}"
                 continue
             decimals = len(y.split(".")[1]) if "." in y else 0
-            assert abs(float(x) - float(y)) <= ulps * 10 ** -decimals + 1e-12, f"\nours:   {a}\ntheirs: {b}"
+            assert abs(float(x) - float(y)) <= ulps * 10**-decimals + 1e-12, f"\nours:   {a}\ntheirs: {b}"
 
 
 @pytest.fixture(scope="session")
@@ -198,8 +215,11 @@ def w8a8_dir(fp32_dir) -> str:
             py = ROOT / ".venv-quant" / "bin" / "python"
             if not py.exists():
                 subprocess.run(["bash", str(ROOT / "scripts" / "quant" / "setup.sh")], check=True)
-            subprocess.run([str(py), str(ROOT / "scripts" / "quant" / "make_w8a8.py"), fp32_dir, str(dst)],
-                           check=True, capture_output=True)
+            subprocess.run(
+                [str(py), str(ROOT / "scripts" / "quant" / "make_w8a8.py"), fp32_dir, str(dst)],
+                check=True,
+                capture_output=True,
+            )
     cfg = json.loads((dst / "config.json").read_text())
     assert cfg["quantization_config"]["quant_method"] == "compressed-tensors"
     return str(dst)
@@ -207,8 +227,12 @@ def w8a8_dir(fp32_dir) -> str:
 
 def run_script(name: str, *args) -> subprocess.CompletedProcess:
     """Run ``scripts/NAME ARGS`` with this environment's kldtool; it must succeed."""
-    p = subprocess.run(["bash", str(ROOT / "scripts" / name), *map(str, args)], capture_output=True, text=True,
-                       env=dict(os.environ, KLDTOOL=str(Path(sys.executable).parent / "kldtool")))
+    p = subprocess.run(
+        ["bash", str(ROOT / "scripts" / name), *map(str, args)],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, KLDTOOL=str(Path(sys.executable).parent / "kldtool")),
+    )
     assert p.returncode == 0, p.stderr[-4000:]
     return p
 
@@ -221,14 +245,21 @@ def printed(txt: str) -> dict[str, str]:
         line = next(l for l in lines if l.startswith(prefix))
         return [x for x in line.split(":", 1)[1].replace("%", "").split() if x != "±"]
 
-    return {"PPL(Q)": " ± ".join(nums("Mean PPL(Q) ")), "ln(PPL(Q)/PPL(base))": " ± ".join(nums("Mean ln(PPL(Q)")),
-            "mean KLD": " ± ".join(nums("Mean    KLD")), "median KLD": nums("Median  KLD")[0],
-            "99% KLD": nums("99.0%   KLD")[0], "99.9% KLD": nums("99.9%   KLD")[0],
-            "same top %": " ± ".join(nums("Same top p")), "RMS Δp %": " ± ".join(nums("RMS Δp"))}
+    return {
+        "PPL(Q)": " ± ".join(nums("Mean PPL(Q) ")),
+        "ln(PPL(Q)/PPL(base))": " ± ".join(nums("Mean ln(PPL(Q)")),
+        "mean KLD": " ± ".join(nums("Mean    KLD")),
+        "median KLD": nums("Median  KLD")[0],
+        "99% KLD": nums("99.0%   KLD")[0],
+        "99.9% KLD": nums("99.9%   KLD")[0],
+        "same top %": " ± ".join(nums("Same top p")),
+        "RMS Δp %": " ± ".join(nums("RMS Δp")),
+    }
 
 
 def markdown_rows(path) -> dict[str, dict[str, str]]:
     lines = [l for l in path.read_text().splitlines() if l.startswith("|")]
     head = [c.strip() for c in lines[0].strip("|").split("|")]
-    return {cells[0]: dict(zip(head, cells)) for cells in
-            ([c.strip() for c in l.strip("|").split("|")] for l in lines[2:])}
+    return {
+        cells[0]: dict(zip(head, cells)) for cells in ([c.strip() for c in l.strip("|").split("|")] for l in lines[2:])
+    }

@@ -35,8 +35,11 @@ def seed_files(directory: str) -> dict[str, bytes]:
     out = {}
     # kldtool: one frame per chunk (the layout before frames), and frames of 2 rows (3 per chunk
     # of 3 rows: 2 + 1), so the trailer's rows-per-frame and the per-frame index are fuzzed too.
-    for name, fmt, frame_rows in (("llamacpp", "llamacpp", None), ("kldtool", "kldtool", 0),
-                                  ("kldtool-framed", "kldtool", 2)):
+    for name, fmt, frame_rows in (
+        ("llamacpp", "llamacpp", None),
+        ("kldtool", "kldtool", 0),
+        ("kldtool-framed", "kldtool", 2),
+    ):
         path = os.path.join(directory, f"seed-{name}")
         w = create_writer(path, fmt, header, tokens, {"seed": True}, frame_rows=frame_rows)
         for _ in range(N_CHUNK):
@@ -61,16 +64,26 @@ def _hidden_seed(directory: str, header: BaseHeader, tokens: np.ndarray, rng, gg
 
     dim = 32 if gguf else 6
     path = os.path.join(directory, "seed-kldtool-hidden" + ("-gguf" if gguf else ""))
-    w = create_writer(path, "kldtool", header, tokens, {"seed": True, "store": "hidden",
-                                                        "hidden": {"dim": dim, "dtype": "float32"}}, frame_rows=2)
+    w = create_writer(
+        path,
+        "kldtool",
+        header,
+        tokens,
+        {"seed": True, "store": "hidden", "hidden": {"dim": dim, "dtype": "float32"}},
+        frame_rows=2,
+    )
     if gguf:
         blocks = np.zeros((N_VOCAB, 34), np.uint8)
         blocks[:, :2] = rng.uniform(0.001, 0.05, (N_VOCAB, 1)).astype("<f2").view(np.uint8)
         blocks[:, 2:] = rng.integers(-127, 128, (N_VOCAB, 32)).astype(np.int8).view(np.uint8)
         w.set_head(OutputHead(blocks.reshape(-1), None, None, None, "q8_0", (N_VOCAB, dim)))
     else:
-        w.set_head(OutputHead(torch.from_numpy(rng.normal(0, 1, (N_VOCAB, dim)).astype(np.float32)),
-                              torch.from_numpy(rng.normal(0, 1, N_VOCAB).astype(np.float32))))
+        w.set_head(
+            OutputHead(
+                torch.from_numpy(rng.normal(0, 1, (N_VOCAB, dim)).astype(np.float32)),
+                torch.from_numpy(rng.normal(0, 1, N_VOCAB).astype(np.float32)),
+            )
+        )
     for _ in range(N_CHUNK):
         w.write_chunk(rng.normal(0, 2, (header.rows_per_chunk, dim)).astype(np.float32))
     w.finish()
@@ -84,7 +97,7 @@ WIDTH = {4: "<u4", 8: "<u8"}
 
 def _put(data: bytearray, offset: int, value: int, width: int) -> None:
     if 0 <= offset <= len(data) - width:
-        data[offset:offset + width] = np.array([value % (1 << (8 * width))], WIDTH[width]).tobytes()
+        data[offset : offset + width] = np.array([value % (1 << (8 * width))], WIDTH[width]).tobytes()
 
 
 @st.composite
@@ -104,10 +117,10 @@ def mutated(draw, seeds: dict[str, bytes]) -> bytes:
             i = draw(st.integers(0, len(data)))
             data[i:i] = draw(st.binary(min_size=1, max_size=16))
         elif op == "truncate":
-            del data[draw(st.integers(0, len(data))):]
+            del data[draw(st.integers(0, len(data))) :]
         elif op == "zero run" and data:
             i = draw(st.integers(0, len(data) - 1))
-            data[i:i + draw(st.integers(1, 64))] = bytes(min(len(data) - i, 64))
+            data[i : i + draw(st.integers(1, 64))] = bytes(min(len(data) - i, 64))
     return bytes(data)
 
 
@@ -131,7 +144,7 @@ def check_reader_survives(data: bytes, directory: str) -> str:
         outcome = "ok"
     except BaseFileError as e:
         assert str(e).startswith(path), str(e)
-        outcome = " ".join(re.sub(r"\d+", "N", str(e)[len(path) + 2:].split("(")[0]).split()[:6])
+        outcome = " ".join(re.sub(r"\d+", "N", str(e)[len(path) + 2 :].split("(")[0]).split()[:6])
     finally:
         _, peak = tracemalloc.get_traced_memory()
         tracemalloc.stop()

@@ -35,7 +35,7 @@ def test_mean_ppl_base_from_the_file_alone(fixture_base):
     nll = []
     for c in range(h.n_chunk):
         rows = r.read_chunk(c)
-        targets = r.tokens[c * h.n_ctx + h.first + 1:(c + 1) * h.n_ctx]
+        targets = r.tokens[c * h.n_ctx + h.first + 1 : (c + 1) * h.n_ctx]
         lp = decode_np(rows, h.n_vocab)
         nll.append(-lp[np.arange(len(targets)), targets])
     nll = np.concatenate(nll).astype(np.float32)
@@ -80,17 +80,20 @@ def _bad(tmp_path, name, data: bytes):
     return p
 
 
-@pytest.mark.parametrize("mutate, message", [
-    (lambda b: b"", "empty file"),
-    (lambda b: b[:5], "truncated header"),
-    (lambda b: b"_logits_" + b[8:12], "truncated header"),
-    (lambda b: b"NOTLOGIT" + b[8:], "not a base file"),
-    (lambda b: b[:20 + 4 * 100], "truncated token table"),
-    (lambda b: b[:-1000], "truncated rows: header promises 8 chunks"),
-    (lambda b: b + b"xx", "unexpected bytes after the last chunk"),
-    (lambda b: b[:16] + np.int32(2**31 - 1).tobytes() + b[20:], "truncated"),
-    (lambda b: b[:8] + np.int32(-5).tobytes() + b[12:], "invalid header"),
-])
+@pytest.mark.parametrize(
+    "mutate, message",
+    [
+        (lambda b: b"", "empty file"),
+        (lambda b: b[:5], "truncated header"),
+        (lambda b: b"_logits_" + b[8:12], "truncated header"),
+        (lambda b: b"NOTLOGIT" + b[8:], "not a base file"),
+        (lambda b: b[: 20 + 4 * 100], "truncated token table"),
+        (lambda b: b[:-1000], "truncated rows: header promises 8 chunks"),
+        (lambda b: b + b"xx", "unexpected bytes after the last chunk"),
+        (lambda b: b[:16] + np.int32(2**31 - 1).tobytes() + b[20:], "truncated"),
+        (lambda b: b[:8] + np.int32(-5).tobytes() + b[12:], "invalid header"),
+    ],
+)
 def test_raw_reader_rejects_bad_files(fixture_base, tmp_path, mutate, message):
     data = fixture_base.read_bytes()
     p = _bad(tmp_path, "bad.kld", mutate(data))
@@ -114,24 +117,27 @@ def small_container(fixture_base, tmp_path_factory):
     h = BaseHeader(r.header.n_ctx, r.header.n_vocab, 2)
     # Frames of 20 rows: each chunk's 63 rows are 4 frames, the last of 3 rows; the rows
     # come in blocks of 25 that cut across frames, as an engine's blocks do.
-    w = create_writer(p, "kldtool", h, r.tokens[:h.n_tokens], {"note": "two chunks"}, frame_rows=20)
+    w = create_writer(p, "kldtool", h, r.tokens[: h.n_tokens], {"note": "two chunks"}, frame_rows=20)
     for c in range(2):
         rows = r.read_chunk(c)
         for a in range(0, len(rows), 25):
-            w.write_rows(rows[a:a + 25])
+            w.write_rows(rows[a : a + 25])
         w.end_chunk()
     w.finish()
     r.close()
     return p
 
 
-@pytest.mark.parametrize("mutate, message", [
-    (lambda b: b[:-1], "incomplete container"),
-    (lambda b: b[:len(b) // 2], "incomplete container"),
-    (lambda b: b[:20], "truncated header"),
-    (lambda b: b[:8] + np.uint32(9).tobytes() + b[12:], "container version 9"),
-    (lambda b: b[:-40] + bytes([b[-40] ^ 0xFF]) + b[-39:], "checksum mismatch"),
-])
+@pytest.mark.parametrize(
+    "mutate, message",
+    [
+        (lambda b: b[:-1], "incomplete container"),
+        (lambda b: b[: len(b) // 2], "incomplete container"),
+        (lambda b: b[:20], "truncated header"),
+        (lambda b: b[:8] + np.uint32(9).tobytes() + b[12:], "container version 9"),
+        (lambda b: b[:-40] + bytes([b[-40] ^ 0xFF]) + b[-39:], "checksum mismatch"),
+    ],
+)
 def test_container_reader_rejects_bad_files(small_container, tmp_path, mutate, message):
     p = _bad(tmp_path, "bad.kldt", mutate(small_container.read_bytes()))
     with pytest.raises(BaseFileError, match=message):

@@ -48,7 +48,7 @@ def test_wider_window_codes_and_kld_match_float64(codec, clamp):
     b = decode_np(rows, base.shape[1]).astype(np.float64)
     scale = rows[:, :2].copy().view(np.float32)[:, 0].astype(np.float64)
     if codec == "grid":
-        assert (scale == 2.0 ** -11).all()  # 65535 steps of 2^-12 would span only 16 nats
+        assert (scale == 2.0**-11).all()  # 65535 steps of 2^-12 would span only 16 nats
     else:
         assert np.allclose(scale * CODE_MAX, clamp, rtol=1e-6)
     inside = lp > lp.max(1, keepdims=True) - clamp + scale[:, None]
@@ -61,8 +61,10 @@ def test_wider_window_codes_and_kld_match_float64(codec, clamp):
     # p (scale / 2) (1 + |log p - log q|) to first order (base rows are not renormalised)
     lq = log_softmax64(quant)
     rounding = scale / 2 * np.where(lp > -clamp, np.exp(lp) * (1 + np.abs(lp - lq)), 0).sum(1)
-    print(f"max |error| {np.abs(got - want).max():.2e}, rounding bound {rounding.min():.2e}..{rounding.max():.2e}, "
-          f"16..{clamp:g} nats add {(want - narrow).min():.2e}..{(want - narrow).max():.2e}")
+    print(
+        f"max |error| {np.abs(got - want).max():.2e}, rounding bound {rounding.min():.2e}..{rounding.max():.2e}, "
+        f"16..{clamp:g} nats add {(want - narrow).min():.2e}..{(want - narrow).max():.2e}"
+    )
     assert (np.abs(got - want) <= 1.01 * rounding + 1e-7).all()
     # the window matters here: what the 16-nat floor drops is far above the rounding
     assert (want - narrow > 5 * rounding).all()
@@ -71,7 +73,7 @@ def test_wider_window_codes_and_kld_match_float64(codec, clamp):
 def test_container_records_the_window_and_refuses_bad_ones(fixture_base, tmp_path):
     r = open_base_file(fixture_base)
     h = BaseHeader(r.header.n_ctx, r.header.n_vocab, 1)
-    tokens, rows = r.tokens[:h.n_tokens], r.read_chunk(0)
+    tokens, rows = r.tokens[: h.n_tokens], r.read_chunk(0)
     r.close()
 
     def container(name, header, metadata=None):
@@ -93,8 +95,9 @@ def test_container_records_the_window_and_refuses_bad_ones(fixture_base, tmp_pat
 
 
 def test_cli_refuses_windows_it_cannot_store(tmp_path):
-    p = run_cli("base", "--clamp", "24", "--format", "llamacpp", "--kl-divergence-base", tmp_path / "x.kld",
-                check_rc=None)
+    p = run_cli(
+        "base", "--clamp", "24", "--format", "llamacpp", "--kl-divergence-base", tmp_path / "x.kld", check_rc=None
+    )
     assert p.returncode == 2 and "16-nat clamp window only" in p.stderr and not (tmp_path / "x.kld").exists()
     p = run_cli("base", "--clamp", "8", "--kl-divergence-base", tmp_path / "y.kldt", check_rc=None)
     assert p.returncode == 2 and "outside 16..64" in p.stderr and not (tmp_path / "y.kldt").exists()
@@ -113,8 +116,11 @@ def test_smollm2_through_a_24_nat_file(tmp_path, q4_1_gguf, requant):
     info = json.loads(run_cli("info", wide, "--json").stdout)
     assert info["clamp_nats"] == 24.0 and info["metadata"]["clamp"] == 24.0
     stats = {}
-    for name, base, model in (("self", wide, q4_1_gguf), ("wide", wide, requant("Q4_K_M")),
-                              ("narrow", narrow, requant("Q4_K_M"))):
+    for name, base, model in (
+        ("self", wide, q4_1_gguf),
+        ("wide", wide, requant("Q4_K_M")),
+        ("narrow", narrow, requant("Q4_K_M")),
+    ):
         run_cli("compare", "--kl-divergence-base", base, "-m", model, "--json", tmp_path / f"{name}.json")
         stats[name] = json.loads((tmp_path / f"{name}.json").read_text())["statistics"]
     print({k: (v["ppl_base"]["value"], v["kld_mean"]["value"]) for k, v in stats.items()}, exact_ppl)

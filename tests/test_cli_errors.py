@@ -31,6 +31,7 @@ def fail(*args):
 
 # ---- small real base files, and ways to break them -------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def small_raw(fixture_base, tmp_path_factory):
     """The fixture's first two chunks as a llama.cpp raw file (a valid base file)."""
@@ -41,7 +42,7 @@ def small_raw(fixture_base, tmp_path_factory):
     out = tmp_path_factory.mktemp("small") / "small.kld"
     with open(out, "wb") as f:
         f.write(b"_logits_" + np.array([h.n_ctx, h.n_vocab, 2], "<i4").tobytes())
-        f.write(src.tokens[:2 * h.n_ctx].astype("<i4").tobytes())
+        f.write(src.tokens[: 2 * h.n_ctx].astype("<i4").tobytes())
         for c in range(2):
             f.write(src.read_chunk(c).tobytes())
     src.close()
@@ -57,9 +58,9 @@ def small_container(small_raw):
 
 def container_tail(data: bytes):
     """(index_offset, index bytes, metadata bytes) of a complete container."""
-    index_offset, meta_len = (int(x) for x in np.frombuffer(data[-container.TRAILER:], "<u8", 2))
+    index_offset, meta_len = (int(x) for x in np.frombuffer(data[-container.TRAILER :], "<u8", 2))
     meta_start = len(data) - container.TRAILER - meta_len
-    return index_offset, data[index_offset:meta_start], data[meta_start:-container.TRAILER]
+    return index_offset, data[index_offset:meta_start], data[meta_start : -container.TRAILER]
 
 
 def with_metadata(data: bytes, meta: bytes) -> bytes:
@@ -72,7 +73,7 @@ def with_metadata(data: bytes, meta: bytes) -> bytes:
 
 
 def flip(data: bytes, offset: int) -> bytes:
-    return data[:offset] + bytes([data[offset] ^ 0xFF]) + data[offset + 1:]
+    return data[:offset] + bytes([data[offset] ^ 0xFF]) + data[offset + 1 :]
 
 
 def first_frame(data: bytes) -> tuple[int, int]:
@@ -85,33 +86,55 @@ RAW_CASES = {  # name: (how to break the bytes, error class, words the message m
     "wrong magic": (lambda d: b"_LOGITS_" + d[8:], errors.NotABaseFile, ["not a base file", "bytes 0-7"]),
     "empty": (lambda d: b"", errors.TruncatedHeader, ["empty file"]),
     "truncated header": (lambda d: d[:14], errors.TruncatedHeader, ["truncated header", "14 bytes"]),
-    "truncated tokens": (lambda d: d[:20 + 4 * 100], errors.TruncatedHeader, ["truncated token table", "offset 1044"]),
+    "truncated tokens": (lambda d: d[: 20 + 4 * 100], errors.TruncatedHeader, ["truncated token table", "offset 1044"]),
     "truncated rows": (lambda d: d[:-1000], errors.TruncatedRows, ["truncated rows", "1 complete chunks", "chunk 1"]),
     "extra bytes": (lambda d: d + b"\0" * 6, errors.RowLayoutError, ["6 unexpected bytes", "n_ctx=128"]),
-    "n_ctx too small": (lambda d: d[:8] + np.int32(2).tobytes() + d[12:], errors.NotABaseFile,
-                        ["invalid header at offset 8", "n_ctx 2"]),
-    "token outside vocab": (lambda d: d[:20 + 4 * 130] + np.int32(60000).tobytes() + d[20 + 4 * 131:],
-                            errors.CorruptData, ["token 60000", f"offset {20 + 4 * 130}", "chunk 1"]),
-    "lying n_chunk": (lambda d: d[:16] + np.int32(2**31 - 1).tobytes() + d[20:], errors.TruncatedHeader,
-                      ["truncated token table"]),
+    "n_ctx too small": (
+        lambda d: d[:8] + np.int32(2).tobytes() + d[12:],
+        errors.NotABaseFile,
+        ["invalid header at offset 8", "n_ctx 2"],
+    ),
+    "token outside vocab": (
+        lambda d: d[: 20 + 4 * 130] + np.int32(60000).tobytes() + d[20 + 4 * 131 :],
+        errors.CorruptData,
+        ["token 60000", f"offset {20 + 4 * 130}", "chunk 1"],
+    ),
+    "lying n_chunk": (
+        lambda d: d[:16] + np.int32(2**31 - 1).tobytes() + d[20:],
+        errors.TruncatedHeader,
+        ["truncated token table"],
+    ),
 }
 
 CONTAINER_CASES = {
-    "unsupported version": (lambda d: d[:8] + np.uint32(99).tobytes() + d[12:], errors.NotABaseFile,
-                            ["container version 99", "offset 8"]),
-    "no completion marker": (lambda d: d[:-container.TRAILER], errors.IncompleteFile,
-                             ["incomplete container", "did not finish"]),
-    "cut in the frames": (lambda d: d[:first_frame(d)[0] + 100], errors.IncompleteFile, ["incomplete container"]),
-    "corrupt index": (lambda d: flip(d, container_tail(d)[0] + 3), errors.CorruptData,
-                      ["corrupt index or metadata", "checksum"]),
-    "metadata not JSON": (lambda d: with_metadata(d, b"{not json"), errors.MetadataError,
-                          ["metadata at offset", "does not parse"]),
+    "unsupported version": (
+        lambda d: d[:8] + np.uint32(99).tobytes() + d[12:],
+        errors.NotABaseFile,
+        ["container version 99", "offset 8"],
+    ),
+    "no completion marker": (
+        lambda d: d[: -container.TRAILER],
+        errors.IncompleteFile,
+        ["incomplete container", "did not finish"],
+    ),
+    "cut in the frames": (lambda d: d[: first_frame(d)[0] + 100], errors.IncompleteFile, ["incomplete container"]),
+    "corrupt index": (
+        lambda d: flip(d, container_tail(d)[0] + 3),
+        errors.CorruptData,
+        ["corrupt index or metadata", "checksum"],
+    ),
+    "metadata not JSON": (
+        lambda d: with_metadata(d, b"{not json"),
+        errors.MetadataError,
+        ["metadata at offset", "does not parse"],
+    ),
     "metadata not an object": (lambda d: with_metadata(d, b"[1, 2]"), errors.MetadataError, ["not a JSON object"]),
 }
 
 
-@pytest.mark.parametrize("fmt, case", [("llamacpp", c) for c in sorted(RAW_CASES)]
-                         + [("kldtool", c) for c in sorted(CONTAINER_CASES)])
+@pytest.mark.parametrize(
+    "fmt, case", [("llamacpp", c) for c in sorted(RAW_CASES)] + [("kldtool", c) for c in sorted(CONTAINER_CASES)]
+)
 def test_broken_file(small_raw, small_container, tmp_path, fmt, case):
     breaker, cls, needles = (RAW_CASES if fmt == "llamacpp" else CONTAINER_CASES)[case]
     good = small_raw if fmt == "llamacpp" else small_container
@@ -127,15 +150,16 @@ def test_corrupt_zstd_frame_names_the_chunk(small_container, tmp_path):
     data = small_container.read_bytes()
     offset, length = first_frame(data)
     bad = tmp_path / "bad.kldt"
-    bad.write_bytes(data[:offset] + b"\0" * 16 + data[offset + 16:])
+    bad.write_bytes(data[:offset] + b"\0" * 16 + data[offset + 16 :])
     p = fail("compare", "--kl-divergence-base", bad)
     one_line_error(p, errors.CorruptData, "bad.kldt", "corrupt zstd frame for chunk 0", f"offset {offset}")
     assert "[1]" not in p.stdout  # no statistics from a file that lies
 
 
 def test_missing_file_and_directory(tmp_path):
-    one_line_error(fail("compare", "--kl-divergence-base", tmp_path / "nope.kld"), errors.BaseFileError,
-                   "nope.kld", "no such file")
+    one_line_error(
+        fail("compare", "--kl-divergence-base", tmp_path / "nope.kld"), errors.BaseFileError, "nope.kld", "no such file"
+    )
     one_line_error(fail("info", tmp_path), errors.BaseFileError, "is a directory")
 
 
@@ -143,17 +167,26 @@ def test_truncated_llama_perplexity_file(fixture_base, tmp_path):
     """What an interrupted llama-perplexity leaves: the header promises 8 chunks."""
     bad = tmp_path / "cut.kld"
     bad.write_bytes(fixture_base.read_bytes()[:30_000_000])
-    one_line_error(fail("compare", "--kl-divergence-base", bad), errors.TruncatedRows, "cut.kld",
-                   "truncated rows", "promises 8 chunks", "chunk 4")
+    one_line_error(
+        fail("compare", "--kl-divergence-base", bad),
+        errors.TruncatedRows,
+        "cut.kld",
+        "truncated rows",
+        "promises 8 chunks",
+        "chunk 4",
+    )
 
 
 # ---- model and base file that do not belong together ---------------------------------------
+
 
 def test_vocab_mismatch(tmp_path, q4_1_gguf):
     f = tmp_path / "v1000.kld"
     n_ctx, v = 8, 1000
     rows = np.zeros((2 * (n_ctx - 1 - n_ctx // 2), v + 4), np.uint16)
-    f.write_bytes(b"_logits_" + np.array([n_ctx, v, 2], "<i4").tobytes() + np.zeros(16, "<i4").tobytes() + rows.tobytes())
+    f.write_bytes(
+        b"_logits_" + np.array([n_ctx, v, 2], "<i4").tobytes() + np.zeros(16, "<i4").tobytes() + rows.tobytes()
+    )
     p = fail("compare", "--kl-divergence-base", f, "-m", q4_1_gguf)
     one_line_error(p, errors.VocabMismatch, "v1000.kld", "vocabulary of 1000", "49152")
 
@@ -164,8 +197,13 @@ def test_tokenizer_mismatch_and_force(small_container, tmp_path, q4_1_gguf):
     meta["tokenizer_identity"] = "sha256:" + "0" * 64
     bad = tmp_path / "othertok.kldt"
     bad.write_bytes(with_metadata(data, json.dumps(meta).encode()))
-    one_line_error(fail("compare", "--kl-divergence-base", bad, "-m", q4_1_gguf), errors.TokenizerMismatch,
-                   "othertok.kldt", "tokenizer differs", "--force")
+    one_line_error(
+        fail("compare", "--kl-divergence-base", bad, "-m", q4_1_gguf),
+        errors.TokenizerMismatch,
+        "othertok.kldt",
+        "tokenizer differs",
+        "--force",
+    )
     p = run_cli("compare", "--kl-divergence-base", bad, "-m", q4_1_gguf, "--force", "--json", tmp_path / "r.json")
     assert "warning: FORCED:" in p.stderr and "tokenizer differs" in p.stderr
     assert any(l.startswith("warning: FORCED:") and "tokenizer differs" in l for l in p.stdout.splitlines())
@@ -181,11 +219,20 @@ def test_chunks_longer_than_the_model_context(tmp_path, q4_1_gguf):
     with open(f, "wb") as out:
         out.write(b"_logits_" + np.array([n_ctx, vocab, 1], "<i4").tobytes() + np.zeros(n_ctx, "<i4").tobytes())
         out.truncate(20 + 4 * n_ctx + (n_ctx - 1 - n_ctx // 2) * (vocab + 4) * 2)
-    one_line_error(fail("compare", "--kl-divergence-base", f, "-m", q4_1_gguf), errors.ContextTooLong,
-                   "long.kld", "16384 tokens", "context of 8192")
+    one_line_error(
+        fail("compare", "--kl-divergence-base", f, "-m", q4_1_gguf),
+        errors.ContextTooLong,
+        "long.kld",
+        "16384 tokens",
+        "context of 8192",
+    )
     out = tmp_path / "b.kld"
-    one_line_error(fail("base", "-m", q4_1_gguf, "-f", WIKI, "-c", 16384, "--kl-divergence-base", out),
-                   errors.ContextTooLong, "--ctx-size 16384", "8192")
+    one_line_error(
+        fail("base", "-m", q4_1_gguf, "-f", WIKI, "-c", 16384, "--kl-divergence-base", out),
+        errors.ContextTooLong,
+        "--ctx-size 16384",
+        "8192",
+    )
     assert not out.exists()
     # --force lets compare past the trained context as it does base and ppl, and says so
     from kldtool.engines.llamacpp import LlamaCppEngine
@@ -203,12 +250,16 @@ def test_chunks_longer_than_the_model_context(tmp_path, q4_1_gguf):
 
 # ---- text ----------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("content, cls, needle", [
-    (b"", errors.EmptyText, "empty text"),
-    (b"\n\n  \n", errors.EmptyText, "empty text"),
-    (b"Hello world, far too short.\n", errors.TextTooShort, "at least 256"),
-    (b"valid start \xff\xfe then junk" * 50, errors.UndecodableText, "offset 12"),
-])
+
+@pytest.mark.parametrize(
+    "content, cls, needle",
+    [
+        (b"", errors.EmptyText, "empty text"),
+        (b"\n\n  \n", errors.EmptyText, "empty text"),
+        (b"Hello world, far too short.\n", errors.TextTooShort, "at least 256"),
+        (b"valid start \xff\xfe then junk" * 50, errors.UndecodableText, "offset 12"),
+    ],
+)
 def test_bad_text(tmp_path, content, cls, needle):
     t = tmp_path / "t.txt"
     t.write_bytes(content)
@@ -219,11 +270,16 @@ def test_bad_text(tmp_path, content, cls, needle):
 
 
 def test_missing_text(tmp_path):
-    one_line_error(fail("base", "-f", tmp_path / "no.txt", "--kl-divergence-base", tmp_path / "b.kld"),
-                   errors.CorpusError, "no.txt", "no such file")
+    one_line_error(
+        fail("base", "-f", tmp_path / "no.txt", "--kl-divergence-base", tmp_path / "b.kld"),
+        errors.CorpusError,
+        "no.txt",
+        "no such file",
+    )
 
 
 # ---- flags ---------------------------------------------------------------------------------
+
 
 def test_bad_flags(tmp_path):
     one_line_error(fail("base", "--format", "zip"), errors.UsageError, "--format")
@@ -237,17 +293,20 @@ def test_ctx_contradicting_the_file(small_raw):
     one_line_error(fail("compare", "--kl-divergence-base", small_raw, "-c", 512), errors.UsageError, "-c 512", "-c 128")
 
 
-@pytest.mark.parametrize("flags, needles", [
-    (["--chunk-range", "5"], ["--chunk-range 5", "A:B", "<= 2"]),
-    (["--chunk-range", "2:1"], ["--chunk-range 2:1"]),
-    (["--chunk-range", "0:3"], ["--chunk-range 0:3", "<= 2", "small.kld"]),
-    (["--chunk-range", "a:b"], ["--chunk-range a:b"]),
-    (["--chunks", "0"], ["--chunks 0", "at least 1"]),
-    (["--chunks", "1", "--chunk-range", "0:1"], ["contradict"]),
-    (["--resume"], ["--resume needs --state"]),
-    (["--checkpoint-every", "5"], ["--checkpoint-every needs --state"]),
-    (["--state", "s.state", "--checkpoint-every", "soon"], ["--checkpoint-every soon"]),
-])
+@pytest.mark.parametrize(
+    "flags, needles",
+    [
+        (["--chunk-range", "5"], ["--chunk-range 5", "A:B", "<= 2"]),
+        (["--chunk-range", "2:1"], ["--chunk-range 2:1"]),
+        (["--chunk-range", "0:3"], ["--chunk-range 0:3", "<= 2", "small.kld"]),
+        (["--chunk-range", "a:b"], ["--chunk-range a:b"]),
+        (["--chunks", "0"], ["--chunks 0", "at least 1"]),
+        (["--chunks", "1", "--chunk-range", "0:1"], ["contradict"]),
+        (["--resume"], ["--resume needs --state"]),
+        (["--checkpoint-every", "5"], ["--checkpoint-every needs --state"]),
+        (["--state", "s.state", "--checkpoint-every", "soon"], ["--checkpoint-every soon"]),
+    ],
+)
 def test_bad_subset_and_checkpoint_flags(small_raw, flags, needles, tmp_path):
     one_line_error(fail("compare", "--kl-divergence-base", small_raw, *flags), errors.UsageError, *needles)
     assert not (tmp_path / "s.state").exists()
@@ -256,6 +315,10 @@ def test_bad_subset_and_checkpoint_flags(small_raw, flags, needles, tmp_path):
 def test_bad_state_file(small_raw, tmp_path):
     junk = tmp_path / "junk.state"
     junk.write_bytes(b"PK\x03\x04 but not a zip")
-    one_line_error(fail("compare", "--kl-divergence-base", small_raw, "--state", junk, "--resume"),
-                   errors.StateError, "junk.state", "not a kldtool state file")
+    one_line_error(
+        fail("compare", "--kl-divergence-base", small_raw, "--state", junk, "--resume"),
+        errors.StateError,
+        "junk.state",
+        "not a kldtool state file",
+    )
     assert junk.read_bytes() == b"PK\x03\x04 but not a zip"  # never overwritten on a refusal

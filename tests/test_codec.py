@@ -4,7 +4,16 @@ import numpy as np
 import pytest
 import torch
 
-from kldtool.codec import decode_np, decode_torch, encode_np, encode_torch, row_params_np, row_width, rows_to_numpy, rows_to_torch
+from kldtool.codec import (
+    decode_np,
+    decode_torch,
+    encode_np,
+    encode_torch,
+    row_params_np,
+    row_width,
+    rows_to_numpy,
+    rows_to_torch,
+)
 
 
 def _rows(seed=0, n=7, v=1001):
@@ -49,7 +58,7 @@ def test_encoding_follows_the_rules():
     mx = x.max(1)
     mn = np.maximum(x.min(1), mx - np.float32(16))
     assert np.array_equal(scale, (mx - mn) / np.float32(65535))
-    q = rows[:, 4:4 + x.shape[1]].astype(np.int64)
+    q = rows[:, 4 : 4 + x.shape[1]].astype(np.int64)
     live = scale != 0
     assert (q[live].max(1) == 65535).all()
     assert (q[~live] == 0).all()
@@ -94,7 +103,7 @@ def test_grid_codec_numpy_and_torch_agree():
     b, nb = encode_torch(torch.from_numpy(x), "grid")
     assert np.array_equal(a, rows_to_numpy(b)) and np.array_equal(na, nb.numpy())
     scale, _ = row_params_np(a)
-    assert np.all(scale == np.float32(2.0 ** -12))
+    assert np.all(scale == np.float32(2.0**-12))
 
 
 @pytest.mark.parametrize("codec, bound", [("grid", 1e-6), ("llamacpp", None)])
@@ -127,7 +136,7 @@ def test_grid_codec_keeps_the_clamped_tail_below_minus_16():
     codes = rows[:, 4:504]
     assert np.all(dec[codes == 0] <= -16)
     scale, _ = row_params_np(rows)
-    assert scale[0] == np.float32(16) / np.float32(65535) and scale[2] == np.float32(2.0 ** -12)
+    assert scale[0] == np.float32(16) / np.float32(65535) and scale[2] == np.float32(2.0**-12)
     kld = reduce_rows(torch.from_numpy(x), rows_to_torch(rows), torch.zeros(3, dtype=torch.int64)).kld
     # a tail counted at -16 would add ~500 * e^-16 * 14 = 8e-4; what is left is the float32
     # rounding of llama.cpp's scale * 65535 on the top entry

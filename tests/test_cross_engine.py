@@ -21,12 +21,30 @@ def test_transformers_against_its_own_base(hf_base, tmp_path):
 
 def test_json_has_the_run_metadata(hf_base, q4_1_gguf, tmp_path):
     r = _stats(hf_base, tmp_path, "-m", q4_1_gguf)
-    for key in ("protocol", "n_ctx", "chunks", "scored_tokens", "model", "base_file", "tokenizer_identity",
-                "wall_time_s", "kldtool_version"):
+    for key in (
+        "protocol",
+        "n_ctx",
+        "chunks",
+        "scored_tokens",
+        "model",
+        "base_file",
+        "tokenizer_identity",
+        "wall_time_s",
+        "kldtool_version",
+    ):
         assert key in r
     assert r["protocol"]["name"] == "llamacpp" and r["n_ctx"] == 128 and r["scored_tokens"] == 8 * 63
     assert "llama-cpp-python" in r["model"]["versions"]
-    for stat in ("ppl_q", "ppl_base", "ln_ppl_ratio", "ppl_ratio", "ppl_diff", "kld_mean", "dp_mean", "rms_dp",
-                 "same_top_p"):
+    for stat in (
+        "ppl_q",
+        "ppl_base",
+        "ln_ppl_ratio",
+        "ppl_ratio",
+        "ppl_diff",
+        "kld_mean",
+        "dp_mean",
+        "rms_dp",
+        "same_top_p",
+    ):
         assert set(r["statistics"][stat]) == {"value", "uncertainty"}
     assert set(r["statistics"]["kld_quantiles"]) >= {"max", "99.9%", "median", "0.1%", "min"}

@@ -18,8 +18,17 @@ def runs(fixture_base, requant, tmp_path_factory):
     d = tmp_path_factory.mktemp("diff")
     out = {}
     for q in ("Q8_0", "Q2_K"):
-        run_cli("compare", "-m", requant(q), "--kl-divergence-base", fixture_base, "--per-token", d / f"{q}.h5",
-                "--json", d / f"{q}.json")
+        run_cli(
+            "compare",
+            "-m",
+            requant(q),
+            "--kl-divergence-base",
+            fixture_base,
+            "--per-token",
+            d / f"{q}.h5",
+            "--json",
+            d / f"{q}.json",
+        )
         out[q] = d / f"{q}.h5"
     # Q8_0 again, kept as a state file this time: the same run by the other kind of file.
     run_cli("compare", "-m", requant("Q8_0"), "--kl-divergence-base", fixture_base, "--state", d / "Q8_0-again.npz")
@@ -29,6 +38,7 @@ def runs(fixture_base, requant, tmp_path_factory):
 
 def reference(path_a, path_b) -> dict:
     """Paired block bootstrap in float64 numpy: per-chunk sums, one draw of all resamples."""
+
     def chunk_sums(path):
         with h5py.File(path) as f:
             chunk = f["chunk"][:]
@@ -37,21 +47,32 @@ def reference(path_a, path_b) -> dict:
         ids = np.unique(chunk)
         at = np.searchsorted(ids, chunk)
         per = lambda x: np.bincount(at, weights=x, minlength=len(ids))  # noqa: E731
-        return np.stack([per(cols["kld"]), per(cols["nll_q"] - cols["nll_base"]), per(cols["same_top"]),
-                         per((dp * dp).astype(np.float64)), per(np.ones(len(chunk)))], axis=1)
+        return np.stack(
+            [
+                per(cols["kld"]),
+                per(cols["nll_q"] - cols["nll_base"]),
+                per(cols["same_top"]),
+                per((dp * dp).astype(np.float64)),
+                per(np.ones(len(chunk))),
+            ],
+            axis=1,
+        )
 
     def measures(s):
         n = s[..., 4]
-        return {"kld_mean": s[..., 0] / n, "ln_ppl_ratio": s[..., 1] / n, "same_top_p": s[..., 2] / n,
-                "rms_dp": np.sqrt(s[..., 3] / n)}
+        return {
+            "kld_mean": s[..., 0] / n,
+            "ln_ppl_ratio": s[..., 1] / n,
+            "same_top_p": s[..., 2] / n,
+            "rms_dp": np.sqrt(s[..., 3] / n),
+        }
 
     a, b = chunk_sums(path_a), chunk_sums(path_b)
     n = len(a)
     picks = np.random.default_rng(SEED).integers(0, n, size=(RESAMPLES, n))
     ra, rb = measures(a[picks].sum(axis=1)), measures(b[picks].sum(axis=1))
     wa, wb = measures(a.sum(axis=0)), measures(b.sum(axis=0))
-    return {k: {"difference": wa[k] - wb[k], "interval_95": np.percentile(ra[k] - rb[k], [2.5, 97.5])}
-            for k in ra}
+    return {k: {"difference": wa[k] - wb[k], "interval_95": np.percentile(ra[k] - rb[k], [2.5, 97.5])} for k in ra}
 
 
 def diff_json(a, b, tmp_path) -> tuple[dict, str]:
@@ -83,9 +104,11 @@ def test_a_run_against_its_rerun_is_not_significant(runs, tmp_path):
 def test_diff_refuses_what_it_cannot_pair(runs, fixture_base, requant, tmp_path):
     other = tmp_path / "other.h5"
     run_cli("compare", "-m", requant("Q8_0"), "--kl-divergence-base", fixture_base, "--chunks", 4, "--per-token", other)
-    for args, says in (((runs["Q8_0"], fixture_base), "not a compare --per-token HDF5 file or a compare --state file"),
-                       ((runs["Q8_0"], tmp_path / "none.h5"), "no such file"),
-                       ((runs["Q8_0"], other), "covers other chunks")):
+    for args, says in (
+        ((runs["Q8_0"], fixture_base), "not a compare --per-token HDF5 file or a compare --state file"),
+        ((runs["Q8_0"], tmp_path / "none.h5"), "no such file"),
+        ((runs["Q8_0"], other), "covers other chunks"),
+    ):
         p = run_cli("diff", *args, check_rc=None)
         assert p.returncode != 0 and says in p.stderr.strip().splitlines()[-1], p.stderr
     p = run_cli("diff", runs["Q8_0"], runs["Q2_K"], "--bootstrap", 0, check_rc=None)
@@ -120,8 +143,10 @@ def test_report_labels_differences_below_the_noise_floor(runs, fixture_base, q4_
     data["noise_floor"]["kld_mean"]["value"] = 0.5
     high = tmp_path / "high.json"
     high.write_text(json.dumps(data))
-    assert "below the noise floor 0.500000" in _pair_line(run_cli("report", *jsons, "--noise-floor", high).stdout,
-                                                          "Q2_K", "Q8_0")[2]
+    assert (
+        "below the noise floor 0.500000"
+        in _pair_line(run_cli("report", *jsons, "--noise-floor", high).stdout, "Q2_K", "Q8_0")[2]
+    )
     data["base"] = {"other": True}
     high.write_text(json.dumps(data))
     p = run_cli("report", *jsons, "--noise-floor", high, check_rc=None)

@@ -23,7 +23,7 @@ def top_set(x: np.ndarray, k: int) -> set[int]:
 def reference(logits: np.ndarray, rows: np.ndarray) -> dict:
     n, v = logits.shape
     head = rows[:, :4].copy().view(np.float32).astype(np.float64)
-    b = head[:, :1] * rows[:, 4:4 + v].astype(np.float64) + head[:, 1:2]
+    b = head[:, :1] * rows[:, 4 : 4 + v].astype(np.float64) + head[:, 1:2]
     x = logits.astype(np.float64)
     logq = x - x.max(1, keepdims=True)
     logq -= np.log(np.exp(logq).sum(1, keepdims=True))
@@ -77,7 +77,7 @@ def test_adversarial_rows():
     q[5] = -q[5]  # anti-correlated: disjoint top sets, large divergences
     q[6, 7] = -0.0  # signed zero ranks as zero
     q[6, 8] = 0.0
-    rows[7, 4:4 + v] = 0  # a base row clamped everywhere but its top entry
+    rows[7, 4 : 4 + v] = 0  # a base row clamped everywhere but its top entry
     rows[7, 4 + 9] = 65535
     check(q, rows, targets)
 
@@ -89,7 +89,7 @@ def test_a_model_against_itself_to_the_last_digits():
     with llama.cpp: every p is then off by ~1e-6 relative.)"""
     q, rows, targets = random_case(3, n=40, v=257)
     head = rows[:, :4].copy().view(np.float32)
-    b = (head[:, :1] * rows[:, 4:4 + 257].astype(np.float32) + head[:, 1:2]).astype(np.float32)
+    b = (head[:, :1] * rows[:, 4 : 4 + 257].astype(np.float32) + head[:, 1:2]).astype(np.float32)
     ref, r = check(b, rows, targets)
     assert np.abs(r.rkld - ref["rkld"]).max() < 3e-7
     assert np.abs(r.jsd - ref["jsd"]).max() < 2e-9
@@ -116,8 +116,12 @@ def test_summaries_and_top1_buckets_match_reference():
         a = np.asarray(a, np.float64)
         return a.mean(), np.sqrt(((a * a).mean() - a.mean() ** 2) / (n - 1))
 
-    for key, want in (("rkld_mean", mu(ref["rkld"])), ("jsd_mean", mu(ref["jsd"])),
-                      ("5", mu(ref["overlap"][5] / 5)), ("10", mu(ref["overlap"][10] / 10))):
+    for key, want in (
+        ("rkld_mean", mu(ref["rkld"])),
+        ("jsd_mean", mu(ref["jsd"])),
+        ("5", mu(ref["overlap"][5] / 5)),
+        ("10", mu(ref["overlap"][10] / 10)),
+    ):
         got = e[key] if key.endswith("mean") else e["top_k_agreement"][key]
         assert got["value"] == pytest.approx(want[0], rel=1e-3, abs=1e-7)
         assert got["uncertainty"] == pytest.approx(want[1], rel=1e-2)
@@ -153,7 +157,7 @@ def test_bootstrap_matches_resampling_tokens_by_hand():
     for start in range(0, 300, 256):
         picks = rng.integers(0, len(counts), size=(min(256, 300 - start), len(counts)))
         for row in picks:
-            means.append(np.concatenate([kld[starts[c]:starts[c + 1]] for c in row]).mean())
+            means.append(np.concatenate([kld[starts[c] : starts[c + 1]] for c in row]).mean())
     assert got["blocks"] == len(counts) and got["resamples"] == 300 and got["seed"] == 42
     # per-token values are float32, the chunk sums float64: the two agree to float32 precision
     assert got["kld_mean"]["standard_error"] == pytest.approx(np.std(means, ddof=1), rel=1e-4)

@@ -78,8 +78,19 @@ def test_files_from_before_frames_read_unchanged(name, tmp_path):
     fresh = {}
     for rows in (7, 0):
         fresh[rows] = tmp_path / f"fresh-{rows}-{name}"
-        run_cli("base", *TINY, "-m", BASE, "-f", WIKI, *FIXTURE_RUNS[name], "--frame-rows", rows,
-                "--kl-divergence-base", fresh[rows])
+        run_cli(
+            "base",
+            *TINY,
+            "-m",
+            BASE,
+            "-f",
+            WIKI,
+            *FIXTURE_RUNS[name],
+            "--frame-rows",
+            rows,
+            "--kl-divergence-base",
+            fresh[rows],
+        )
     _same_rows(fresh[0], fresh[7])
     _same_rows(old, fresh[7], codes=1)
 
@@ -97,7 +108,7 @@ def long_docs(tmp_path_factory):
     """Three documents of 17,000 bytes (tokens, to the byte-level model) of WikiText."""
     path = tmp_path_factory.mktemp("long") / "docs.jsonl"
     text = WIKI.read_text(encoding="utf-8")
-    path.write_text("".join(json.dumps({"text": text[i * 17000:(i + 1) * 17000]}) + "\n" for i in range(3)))
+    path.write_text("".join(json.dumps({"text": text[i * 17000 : (i + 1) * 17000]}) + "\n" for i in range(3)))
     return path
 
 
@@ -107,8 +118,22 @@ def test_step_api_runs_long_documents_block_by_block(long_docs, tmp_path):
     runs = {}
     for b in (512, 20000):  # 20000: every window in one logits(ids) call
         out = tmp_path / f"p{b}.json"
-        run_cli("ppl", *TINY, "-m", BASE, "-f", long_docs, "--protocol", "documents",
-                "--lengths", "1024,5120,10240,16384", "-b", b, "--json", out)
+        run_cli(
+            "ppl",
+            *TINY,
+            "-m",
+            BASE,
+            "-f",
+            long_docs,
+            "--protocol",
+            "documents",
+            "--lengths",
+            "1024,5120,10240,16384",
+            "-b",
+            b,
+            "--json",
+            out,
+        )
         runs[b] = json.loads(out.read_text())
     block, whole = runs[512], runs[20000]
     # One window per document, its longest length; the shorter lengths are its prefixes.
@@ -135,10 +160,42 @@ def test_long_window_base_and_compare_in_frames_equal_one_frame(tmp_path):
 
 
 def test_frame_rows_flag_errors(tmp_path):
-    p = run_cli("base", *TINY, "-m", BASE, "-f", WIKI, "-c", 64, "--chunks", 1, "--format", "llamacpp",
-                "--frame-rows", 8, "--kl-divergence-base", tmp_path / "x.kld", check_rc=None)
+    p = run_cli(
+        "base",
+        *TINY,
+        "-m",
+        BASE,
+        "-f",
+        WIKI,
+        "-c",
+        64,
+        "--chunks",
+        1,
+        "--format",
+        "llamacpp",
+        "--frame-rows",
+        8,
+        "--kl-divergence-base",
+        tmp_path / "x.kld",
+        check_rc=None,
+    )
     assert p.returncode == errors.UsageError.exit_code and "--frame-rows" in p.stderr.splitlines()[-1]
-    p = run_cli("base", *TINY, "-m", BASE, "-f", WIKI, "-c", 64, "--chunks", 1, "--frame-rows", -1,
-                "--kl-divergence-base", tmp_path / "x.kldt", check_rc=None)
+    p = run_cli(
+        "base",
+        *TINY,
+        "-m",
+        BASE,
+        "-f",
+        WIKI,
+        "-c",
+        64,
+        "--chunks",
+        1,
+        "--frame-rows",
+        -1,
+        "--kl-divergence-base",
+        tmp_path / "x.kldt",
+        check_rc=None,
+    )
     assert p.returncode == errors.UsageError.exit_code and "--frame-rows -1" in p.stderr.splitlines()[-1]
     assert not list(tmp_path.iterdir())

@@ -15,8 +15,12 @@ ARGS = ["base", "-f", WIKI, "-c", 128, "--chunks", 8, "--format", "llamacpp"]  #
 
 
 def run_base(model, out, preexec=None):
-    return subprocess.run([sys.executable, "-m", "kldtool", *map(str, ARGS), "-m", str(model),
-                           "--kl-divergence-base", str(out)], capture_output=True, text=True, preexec_fn=preexec)
+    return subprocess.run(
+        [sys.executable, "-m", "kldtool", *map(str, ARGS), "-m", str(model), "--kl-divergence-base", str(out)],
+        capture_output=True,
+        text=True,
+        preexec_fn=preexec,
+    )
 
 
 def last_line(p):
@@ -41,8 +45,12 @@ def small_disk(tmp_path):
     mnt = tmp_path / "disk"
     mnt.mkdir()
     try:
-        mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(mnt)],
-                                 capture_output=True).returncode == 0
+        mounted = (
+            subprocess.run(
+                ["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(mnt)], capture_output=True
+            ).returncode
+            == 0
+        )
     except OSError:  # no mount binary
         mounted = False
     if not mounted:

@@ -11,15 +11,24 @@ from conftest import ROOT
 
 def test_the_gpu_check_runs_every_step_at_toy_sizes(tmp_path):
     results = tmp_path / "rows.md"
-    p = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_check.sh"), "--dry-run"], cwd=ROOT, text=True,
-                       capture_output=True, timeout=900,
-                       env=os.environ | {"PYTHON": sys.executable, "RESULTS": str(results)})
+    p = subprocess.run(
+        ["bash", str(ROOT / "benchmarks" / "gpu_check.sh"), "--dry-run"],
+        cwd=ROOT,
+        text=True,
+        capture_output=True,
+        timeout=900,
+        env=os.environ | {"PYTHON": sys.executable, "RESULTS": str(results)},
+    )
     assert p.returncode == 0, (p.stdout + p.stderr)[-4000:]
     rows = results.read_text()
-    for what in ("GPU reducer, 32 rows x 4096 vocab", "GPU reducer vs Llama-tiny-shaped forward",
-                 "transformers compare vs bare forward+log_softmax (random Llama-3-tiny shape",
-                 "base-row feed alone vs bare forward", "transformers compare from a hidden-state base",
-                 "base phase, kldtool container vs llama.cpp raw"):
+    for what in (
+        "GPU reducer, 32 rows x 4096 vocab",
+        "GPU reducer vs Llama-tiny-shaped forward",
+        "transformers compare vs bare forward+log_softmax (random Llama-3-tiny shape",
+        "base-row feed alone vs bare forward",
+        "transformers compare from a hidden-state base",
+        "base phase, kldtool container vs llama.cpp raw",
+    ):
         assert what in rows, what
     # The kernel's records agree with float64 and with the torch reducer at these sizes too.
     assert "equal to the torch reducer's: same_top, top5, top10, top1_q, top1_base" in p.stdout

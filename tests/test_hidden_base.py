@@ -16,8 +16,24 @@ RAW_ROW = 98312  # bytes of one llama.cpp row of SmolLM2's 49,152-entry vocabula
 
 def hidden_base(tmp_path, chunks: int, dtype: str = "float32", *extra):
     out = tmp_path / f"hidden-{dtype}-{chunks}.kldt"
-    run_cli("base", "--engine", "transformers", "--dtype", dtype, "-f", WIKI, "-c", 128, "--chunks", chunks,
-            "--store", "hidden", "--kl-divergence-base", out, *extra)
+    run_cli(
+        "base",
+        "--engine",
+        "transformers",
+        "--dtype",
+        dtype,
+        "-f",
+        WIKI,
+        "-c",
+        128,
+        "--chunks",
+        chunks,
+        "--store",
+        "hidden",
+        "--kl-divergence-base",
+        out,
+        *extra,
+    )
     return out
 
 
@@ -57,7 +73,9 @@ def test_bytes_per_token_and_bf16_replayed_as_computed(hidden8, tmp_path):
     for dtype in ("float32", "bfloat16"):
         long = hidden8 if dtype == "float32" else hidden_base(tmp_path, 6, dtype)
         short = hidden_base(tmp_path, 2, dtype)
-        per_token[dtype] = (os.path.getsize(long) - os.path.getsize(short)) / ((8 if dtype == "float32" else 6) - 2) / 63
+        per_token[dtype] = (
+            (os.path.getsize(long) - os.path.getsize(short)) / ((8 if dtype == "float32" else 6) - 2) / 63
+        )
         info = json.loads(run_cli("info", "--json", long).stdout)
         assert info["replay_floor_kld_mean"] == 0.0
     print("bytes per scored token:", per_token, "raw row / them:", {k: RAW_ROW / v for k, v in per_token.items()})
@@ -68,8 +86,26 @@ def test_a_replay_above_tolerance_writes_no_file(tmp_path):
     """A float64 reference run is stored at float32, so its replay is close but not exact: a
     tolerance below that floor stops the run, naming the floor, with no file at all."""
     out = tmp_path / "strict.kldt"
-    p = run_cli("base", "--engine", "transformers", "--dtype", "float64", "-f", WIKI, "-c", 128, "--chunks", 2,
-                "--store", "hidden", "--replay-tolerance", 1e-30, "--kl-divergence-base", out, check_rc=60)
+    p = run_cli(
+        "base",
+        "--engine",
+        "transformers",
+        "--dtype",
+        "float64",
+        "-f",
+        WIKI,
+        "-c",
+        128,
+        "--chunks",
+        2,
+        "--store",
+        "hidden",
+        "--replay-tolerance",
+        1e-30,
+        "--kl-divergence-base",
+        out,
+        check_rc=60,
+    )
     line = p.stderr.strip().splitlines()[-1]
     print(line)
     assert line.endswith("over 126 tokens, above --replay-tolerance 1e-30: no file written")
@@ -86,8 +122,10 @@ def test_a_damaged_or_cut_head_is_a_one_line_error(hidden8, tmp_path):
     bad = tmp_path / "bad-head.kldt"
     bad.write_bytes(bytes(data))
     p = run_cli("compare", "--kl-divergence-base", bad, check_rc=14)
-    assert p.stderr.strip().splitlines()[-1].endswith("does not match its sha256 in the metadata (damaged or truncated)")
+    assert (
+        p.stderr.strip().splitlines()[-1].endswith("does not match its sha256 in the metadata (damaged or truncated)")
+    )
     cut = tmp_path / "cut.kldt"
-    cut.write_bytes(bytes(data[:head["offset"] + 100]))
+    cut.write_bytes(bytes(data[: head["offset"] + 100]))
     p = run_cli("info", cut, check_rc=16)
     assert "incomplete container" in p.stderr

@@ -25,8 +25,21 @@ def gguf_hidden(tmp_path_factory):
     """(hidden file, the base run's stderr), the llama.cpp codec so the rows are comparable
     code by code with llama-perplexity's."""
     out = tmp_path_factory.mktemp("gguf-hidden") / "q4_1-hidden.kldt"
-    p = run_cli("base", "-f", WIKI, "-c", 128, "--chunks", 8, "--store", "hidden", "--codec", "llamacpp",
-                "--kl-divergence-base", out)
+    p = run_cli(
+        "base",
+        "-f",
+        WIKI,
+        "-c",
+        128,
+        "--chunks",
+        8,
+        "--store",
+        "hidden",
+        "--codec",
+        "llamacpp",
+        "--kl-divergence-base",
+        out,
+    )
     return out, p.stderr
 
 
@@ -60,15 +73,19 @@ def test_expanded_to_the_raw_layout_it_is_llama_perplexitys_file_within_one_code
 
 
 @pytest.mark.parametrize("type_name", ["Q8_0", "Q4_K_M", "Q2_K"])
-def test_compares_against_it_agree_with_those_against_llama_perplexitys_file(gguf_hidden, fixture_base, requant,
-                                                                            type_name, tmp_path):
+def test_compares_against_it_agree_with_those_against_llama_perplexitys_file(
+    gguf_hidden, fixture_base, requant, type_name, tmp_path
+):
     """Mean KLD and PPL(Q) within 0.5 % and same top within 0.05 points of the compare against
     llama-perplexity's raw file (its own printed output where the fixtures hold it); the replay
     floor is printed; PPL(base) to the printed digits."""
     model = requant(type_name)
     printed = FIXTURES / f"compare-{type_name}.txt"
-    theirs = printed.read_text() if printed.exists() else run_cli("compare", "-m", model,
-                                                                  "--kl-divergence-base", fixture_base).stdout
+    theirs = (
+        printed.read_text()
+        if printed.exists()
+        else run_cli("compare", "-m", model, "--kl-divergence-base", fixture_base).stdout
+    )
     p = run_cli("compare", "-m", model, "--kl-divergence-base", gguf_hidden[0], "--json", tmp_path / "h.json")
     ours = p.stdout
     assert "its replay floor: mean KLD" in p.stderr
@@ -86,8 +103,23 @@ def test_an_external_head_compares_like_the_stored_one_and_refuses_another(gguf_
     smaller, compare prints the same characters, and a model with another head (the F16
     requant's f16 token_embd) is refused with exit 23 before anything runs."""
     ext = tmp_path / "external.kldt"
-    run_cli("base", "-f", WIKI, "-c", 128, "--chunks", 8, "--store", "hidden", "--codec", "llamacpp",
-            "--head", "external", "--kl-divergence-base", ext)
+    run_cli(
+        "base",
+        "-f",
+        WIKI,
+        "-c",
+        128,
+        "--chunks",
+        8,
+        "--store",
+        "hidden",
+        "--codec",
+        "llamacpp",
+        "--head",
+        "external",
+        "--kl-divergence-base",
+        ext,
+    )
     inline = gguf_hidden[0]
     saved = inline.stat().st_size - ext.stat().st_size  # the head, give or take the metadata's path text
     assert abs(saved - 49152 * 576 // 32 * 34) < 512, saved
@@ -99,20 +131,47 @@ def test_an_external_head_compares_like_the_stored_one_and_refuses_another(gguf_
     assert a.splitlines()[2:] == b.splitlines()[2:]  # all but the line naming the base file
     p = run_cli("compare", "-m", model, "--kl-divergence-base", ext, "--head-from", requant("F16"), check_rc=23)
     line = p.stderr.strip().splitlines()[-1]
-    assert "(ggml-f16 [49152, 576]" in line and line.endswith("is not the one this file was written with "
-                                                              "(ggml-q8_0 [49152, 576], sha256 "
-                                                              f"{json.loads(run_cli('info', '--json', ext).stdout)['metadata']['head']['sha256'][:16]}...)")
+    assert "(ggml-f16 [49152, 576]" in line and line.endswith(
+        "is not the one this file was written with "
+        "(ggml-q8_0 [49152, 576], sha256 "
+        f"{json.loads(run_cli('info', '--json', ext).stdout)['metadata']['head']['sha256'][:16]}...)"
+    )
     p = run_cli("compare", "-m", model, "--kl-divergence-base", inline, "--head-from", requant("F16"), check_rc=2)
     assert p.stderr.strip().endswith("does not name an external output head")
-    p = run_cli("base", "-f", WIKI, "-c", 128, "--chunks", 1, "--head", "external", "--kl-divergence-base",
-                tmp_path / "x.kldt", check_rc=2)
+    p = run_cli(
+        "base",
+        "-f",
+        WIKI,
+        "-c",
+        128,
+        "--chunks",
+        1,
+        "--head",
+        "external",
+        "--kl-divergence-base",
+        tmp_path / "x.kldt",
+        check_rc=2,
+    )
     assert p.stderr.strip().endswith("--head external names the output head of a hidden-state file: add --store hidden")
 
 
 def test_an_f16_gguf_head_replays_with_fp16_activations(requant, tmp_path):
     out = tmp_path / "f16.kldt"
-    run_cli("base", "-m", requant("F16"), "-f", WIKI, "-c", 128, "--chunks", 2, "--store", "hidden",
-            "--kl-divergence-base", out)
+    run_cli(
+        "base",
+        "-m",
+        requant("F16"),
+        "-f",
+        WIKI,
+        "-c",
+        128,
+        "--chunks",
+        2,
+        "--store",
+        "hidden",
+        "--kl-divergence-base",
+        out,
+    )
     info = json.loads(run_cli("info", "--json", out).stdout)
     print("F16 head replay floor:", info["replay_floor_kld_mean"])
     assert info["metadata"]["head"]["dtype"] == "ggml-f16" and info["head_bytes"] == 49152 * 576 * 2
@@ -134,15 +193,35 @@ def test_a_python_factory_with_hidden_and_head(tmp_path):
     b = run_cli(*quant, "--kl-divergence-base", rows).stdout
     assert final_block_lines(a) == final_block_lines(b)
     plain = tmp_path / "plain.py"
-    plain.write_text(f"import sys\nsys.path.insert(0, {str(TINY.parent)!r})\nimport tiny_lm\n\n"
-                     "class Plain:\n    def __init__(self):\n        m = tiny_lm.make_base()\n"
-                     "        self.tokenizer, self.logits = m.tokenizer, m.forward\n\n"
-                     "def make():\n    return Plain()\n")
-    p = run_cli("base", "--engine", "python", "-m", f"{plain}:make", "-f", WIKI, "-c", 256, "--chunks", 1,
-                "--store", "hidden", "--kl-divergence-base", tmp_path / "x.kldt", check_rc=2)
-    assert p.stderr.strip().splitlines() == [f"kldtool: error: --store hidden: the factory's object of --model "
-                                             f"{plain}:make has no hidden(ids) and head (see --engine python in "
-                                             f"docs/protocols.md); use --store logprobs"]
+    plain.write_text(
+        f"import sys\nsys.path.insert(0, {str(TINY.parent)!r})\nimport tiny_lm\n\n"
+        "class Plain:\n    def __init__(self):\n        m = tiny_lm.make_base()\n"
+        "        self.tokenizer, self.logits = m.tokenizer, m.forward\n\n"
+        "def make():\n    return Plain()\n"
+    )
+    p = run_cli(
+        "base",
+        "--engine",
+        "python",
+        "-m",
+        f"{plain}:make",
+        "-f",
+        WIKI,
+        "-c",
+        256,
+        "--chunks",
+        1,
+        "--store",
+        "hidden",
+        "--kl-divergence-base",
+        tmp_path / "x.kldt",
+        check_rc=2,
+    )
+    assert p.stderr.strip().splitlines() == [
+        f"kldtool: error: --store hidden: the factory's object of --model "
+        f"{plain}:make has no hidden(ids) and head (see --engine python in "
+        f"docs/protocols.md); use --store logprobs"
+    ]
     assert not (tmp_path / "x.kldt").exists()
     p = run_cli("compare", "--kl-divergence-base", hidden, "--force", check_rc=20)  # SmolLM2's 49,152 vs 256
     assert len(p.stderr.strip().splitlines()) == 1 and "49152" in p.stderr

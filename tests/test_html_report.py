@@ -14,8 +14,10 @@ from conftest import run_cli
 
 CHROMIUM, DRIVER = shutil.which("chromium"), shutil.which("chromedriver")
 webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed (pip install -e '.[test]')")
-pytestmark = pytest.mark.skipif(not (CHROMIUM and DRIVER), reason="no chromium/chromedriver on this machine "
-                                "(scripts/setup.sh installs Debian's as root)")
+pytestmark = pytest.mark.skipif(
+    not (CHROMIUM and DRIVER),
+    reason="no chromium/chromedriver on this machine (scripts/setup.sh installs Debian's as root)",
+)
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +38,13 @@ def browser():
 
     opts = Options()
     opts.binary_location = CHROMIUM
-    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1400,1000"):
+    for flag in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--window-size=1400,1000",
+    ):
         opts.add_argument(flag)
     drv = webdriver.Chrome(service=Service(DRIVER), options=opts)
     yield drv

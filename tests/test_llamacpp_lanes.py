@@ -41,14 +41,17 @@ def _windows(n_windows: int, n_ctx: int) -> list[Window]:
     return llamacpp_windows(tokens, n_ctx, n_windows, None)
 
 
-@pytest.mark.parametrize("n_windows,n_ctx,ubatch,same", [
-    (4, 512, 512, True),  # 128 positions of each chunk a ubatch (c=512 -b 2048)
-    (1, 512, 512, True),
-    (3, 512, 512, False),  # 170 positions each: 510 rows, two through the other kernel
-    (8, 128, 512, True),  # 64 each: flash attention's tiled kernel still
-    (16, 128, 512, False),  # 32 each: its one-by-one kernel, unlike a smaller piece's
-    (5, 384, 512, False),
-])
+@pytest.mark.parametrize(
+    "n_windows,n_ctx,ubatch,same",
+    [
+        (4, 512, 512, True),  # 128 positions of each chunk a ubatch (c=512 -b 2048)
+        (1, 512, 512, True),
+        (3, 512, 512, False),  # 170 positions each: 510 rows, two through the other kernel
+        (8, 128, 512, True),  # 64 each: flash attention's tiled kernel still
+        (16, 128, 512, False),  # 32 each: its one-by-one kernel, unlike a smaller piece's
+        (5, 384, 512, False),
+    ],
+)
 def test_which_batches_keep_their_kernels(n_windows, n_ctx, ubatch, same):
     """llama.cpp's equal split as perplexity's context makes it (a KV stream per sequence)."""
     assert _same_kernels(_windows(n_windows, n_ctx), ubatch) is same
@@ -84,8 +87,10 @@ def test_beside_starts_once_every_lane_is_ready(q4_1_gguf):
         schedule = engine.schedule([windows])
         lanes = schedule.lanes
         assert len(lanes) == 2 and len(schedule.calls) == 4 and schedule.reducer_loops() == (True, False)
-        got = schedule.run(lambda lane, batch, _: [w.index for w in batch],
-                           beside=lambda: seen.append([lane.ctx is not None for lane in lanes]))
+        got = schedule.run(
+            lambda lane, batch, _: [w.index for w in batch],
+            beside=lambda: seen.append([lane.ctx is not None for lane in lanes]),
+        )
         order = [r for _, r in got]
     finally:
         engine.close()
@@ -99,7 +104,7 @@ def test_a_lanes_damaged_frame_is_one_line(small_container, tmp_path):  # noqa: 
     index_offset, index, _ = container_tail(data)
     offset, length = (int(x) for x in np.frombuffer(index, "<u8").reshape(-1, 2)[-1])
     bad = tmp_path / "bad.kldt"
-    bad.write_bytes(data[:offset] + b"\0" * 16 + data[offset + 16:])
+    bad.write_bytes(data[:offset] + b"\0" * 16 + data[offset + 16 :])
     p = fail("compare", "--kl-divergence-base", bad, "-b", 128, "-t", 2, "--contexts", 2)
     assert "2 lanes side by side" in p.stderr
     one_line_error(p, errors.CorruptData, "bad.kldt", "corrupt zstd frame for chunk 1", f"offset {offset}")

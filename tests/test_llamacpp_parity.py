@@ -10,9 +10,11 @@ import pytest
 from conftest import FIXTURES, SHA, WIKI, assert_lines_match, chunk_table_lines, final_block_lines, run_cli, sha256
 from kldtool.logitsfile import open_base_file
 
-@pytest.mark.parametrize("type_name, fixture, frame_rows", [("Q2_K", "compare-Q2_K.txt", None),
-                                                            ("Q8_0", "compare-Q8_0.txt", None),
-                                                            ("Q2_K", "compare-Q2_K.txt", 20)])
+
+@pytest.mark.parametrize(
+    "type_name, fixture, frame_rows",
+    [("Q2_K", "compare-Q2_K.txt", None), ("Q8_0", "compare-Q8_0.txt", None), ("Q2_K", "compare-Q2_K.txt", 20)],
+)
 def test_compare_reproduces_llama_perplexity(requant, fixture_base, type_name, fixture, frame_rows, tmp_path):
     """Against llama-perplexity's own file, and against it re-framed into kldtool's container
     in frames of 20 rows (a chunk's 63 rows reduced frame by frame)."""
@@ -22,8 +24,9 @@ def test_compare_reproduces_llama_perplexity(requant, fixture_base, type_name, f
     if frame_rows:
         base = tmp_path / "framed.kldt"
         run_cli("convert", fixture_base, base, "--frame-rows", frame_rows)
-    out = run_cli("compare", "--kl-divergence-base", base, "-m", model, "--kl-divergence",
-                  "--json", tmp_path / "r.json").stdout
+    out = run_cli(
+        "compare", "--kl-divergence-base", base, "-m", model, "--kl-divergence", "--json", tmp_path / "r.json"
+    ).stdout
     theirs = (FIXTURES / fixture).read_text()
     assert_lines_match(final_block_lines(out), final_block_lines(theirs))
     assert_lines_match(chunk_table_lines(out), chunk_table_lines(theirs))
@@ -53,8 +56,9 @@ def test_compare_with_bos_model(q4_1_bos_gguf, fixture_base_bos, artefacts):
 
 def _base_run_matches(model, fixture_file, printed, tmp_path):
     out = tmp_path / "base.kld"
-    p = run_cli("base", "-m", model, "-f", WIKI, "-c", 128, "--chunks", 8, "--save-all-logits", out,
-                "--format", "llamacpp")
+    p = run_cli(
+        "base", "-m", model, "-f", WIKI, "-c", 128, "--chunks", 8, "--save-all-logits", out, "--format", "llamacpp"
+    )
     lines = printed.read_text().splitlines()
     progress = next(l for l in lines if l.startswith("[1]"))
     final = next(l for l in lines if "Final estimate" in l).split(" I ", 1)[1]

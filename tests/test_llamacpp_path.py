@@ -6,8 +6,16 @@ from conftest import FIXTURES, chunk_table_lines, run_cli
 
 
 def test_llamacpp_compare_never_imports_torch(q4_1_gguf, fixture_base):
-    p = run_cli("compare", "--kl-divergence-base", fixture_base, "-m", q4_1_gguf, "--chunks", 1,
-                env_extra={"PYTHONPROFILEIMPORTTIME": "1"})
+    p = run_cli(
+        "compare",
+        "--kl-divergence-base",
+        fixture_base,
+        "-m",
+        q4_1_gguf,
+        "--chunks",
+        1,
+        env_extra={"PYTHONPROFILEIMPORTTIME": "1"},
+    )
     imported = {line.rsplit("|", 1)[1].strip() for line in p.stderr.splitlines() if line.startswith("import time:")}
     assert "kldtool.reduce.numba_cpu" in imported and "llama_cpp" in imported
     assert "torch" not in imported

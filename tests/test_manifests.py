@@ -18,8 +18,17 @@ from kldtool.analysis.state_file import load_state, save_state
 def runs(fixture_base, requant, tmp_path_factory):
     d = tmp_path_factory.mktemp("manifests")
     for q in ("Q8_0", "Q2_K"):
-        run_cli("compare", "-m", requant(q), "--kl-divergence-base", fixture_base, "--json", d / f"{q}.json",
-                "--per-token", d / f"{q}.h5")
+        run_cli(
+            "compare",
+            "-m",
+            requant(q),
+            "--kl-divergence-base",
+            fixture_base,
+            "--json",
+            d / f"{q}.json",
+            "--per-token",
+            d / f"{q}.h5",
+        )
     return d
 
 
@@ -57,16 +66,38 @@ def test_report_and_diff_refuse_two_instruction_sets(runs, tmp_path):
 
 def test_report_refuses_two_dtypes(hf_base, fp32_dir, tmp_path):
     for dtype in ("float32", "bfloat16"):
-        run_cli("compare", "--engine", "transformers", "-m", fp32_dir, "--dtype", dtype, "--kl-divergence-base",
-                hf_base, "--chunks", 2, "--json", tmp_path / f"{dtype}.json")
+        run_cli(
+            "compare",
+            "--engine",
+            "transformers",
+            "-m",
+            fp32_dir,
+            "--dtype",
+            dtype,
+            "--kl-divergence-base",
+            hf_base,
+            "--chunks",
+            2,
+            "--json",
+            tmp_path / f"{dtype}.json",
+        )
     p = run_cli("report", tmp_path / "float32.json", tmp_path / "bfloat16.json", check_rc=None)
     assert p.returncode != 0 and "manifest field dtype is 'bfloat16'" in last_line(p)
 
 
 def test_merge_takes_two_shards_of_one_run_and_refuses_a_stranger(fixture_base, requant, tmp_path):
     for a, b in ((0, 4), (4, 8)):
-        run_cli("compare", "-m", requant("Q8_0"), "--kl-divergence-base", fixture_base, "--chunk-range", f"{a}:{b}",
-                "--state", tmp_path / f"s{a}.npz")
+        run_cli(
+            "compare",
+            "-m",
+            requant("Q8_0"),
+            "--kl-divergence-base",
+            fixture_base,
+            "--chunk-range",
+            f"{a}:{b}",
+            "--state",
+            tmp_path / f"s{a}.npz",
+        )
     run_cli("merge", tmp_path / "s0.npz", tmp_path / "s4.npz", "--json", tmp_path / "m.json")
     merged = json.loads((tmp_path / "m.json").read_text())
     assert merged["scored_tokens"] == 8 * 63 and merged["manifest"]["engine"] == "llamacpp"

@@ -24,6 +24,7 @@ def test_noise_floor_and_multiple(tmp_path, requant):
     stats = json.loads(out.read_text())["statistics"]
     assert stats["noise_floor"]["multiple"] == pytest.approx(stats["kld_mean"]["value"] / value)
     assert "x the noise floor" in p.stdout + p.stderr
-    wrong = run_cli("compare", "--kl-divergence-base", other, "-m", requant("Q4_K_M"), "--noise-floor", floor,
-                    check_rc=2)
+    wrong = run_cli(
+        "compare", "--kl-divergence-base", other, "-m", requant("Q4_K_M"), "--noise-floor", floor, check_rc=2
+    )
     assert "another base file" in wrong.stderr

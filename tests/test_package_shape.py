@@ -93,16 +93,27 @@ def test_lanes_stay_inside_the_engines():
         for node in ast.walk(tree):
             # attributes (engine.lanes(...)), the schedule's class, imports of its module; not any
             # local variable that happens to be called lanes (the Triton kernel's lanes of a tile)
-            named = node.attr if isinstance(node, ast.Attribute) else \
-                node.id if isinstance(node, ast.Name) and node.id == "LaneSchedule" else \
-                node.module if isinstance(node, ast.ImportFrom) else None
+            named = (
+                node.attr
+                if isinstance(node, ast.Attribute)
+                else node.id
+                if isinstance(node, ast.Name) and node.id == "LaneSchedule"
+                else node.module
+                if isinstance(node, ast.ImportFrom)
+                else None
+            )
             if named and named.rpartition(".")[2] in LANE_HOOKS:
                 offenders.append(f"{name}:{node.lineno}")
     assert not offenders, f"lane hooks outside kldtool/engines/: {offenders}"
 
 
-READERS = ("kldtool.logitsfile", "kldtool.logitsfile.container_reader", "kldtool.logitsfile.raw",
-           "kldtool.logitsfile.reader_base", "kldtool.logitsfile.prefetch")
+READERS = (
+    "kldtool.logitsfile",
+    "kldtool.logitsfile.container_reader",
+    "kldtool.logitsfile.raw",
+    "kldtool.logitsfile.reader_base",
+    "kldtool.logitsfile.prefetch",
+)
 
 
 def test_report_renders_and_opens_no_base_file():
@@ -119,11 +130,36 @@ def test_report_renders_and_opens_no_base_file():
 SEAM_DIR = PKG / "engines" / "vllm" / "seam"
 # Attribute names the seam uses that are not vLLM's: Python's, torch's, transformers' config,
 # and kldtool's own marks and hook methods.
-NOT_VLLM = {"__contains__", "__name__", "__version__", "get", "items", "pop", "join", "removeprefix", "getLogger",
-            "error", "import_module", "tolist", "to", "dim", "is_floating_point", "weight", "bias", "type",
-            "itemsize", "is_available", "is_initialized", "get_rank", "max_position_embeddings",
-            "_kldtool", "_kldtool_hooked", "step", "sweep",
-            "head_dtype"}  # newer vLLMs' LogitsProcessor only: read with a default, so not a seam item
+NOT_VLLM = {
+    "__contains__",
+    "__name__",
+    "__version__",
+    "get",
+    "items",
+    "pop",
+    "join",
+    "removeprefix",
+    "getLogger",
+    "error",
+    "import_module",
+    "tolist",
+    "to",
+    "dim",
+    "is_floating_point",
+    "weight",
+    "bias",
+    "type",
+    "itemsize",
+    "is_available",
+    "is_initialized",
+    "get_rank",
+    "max_position_embeddings",
+    "_kldtool",
+    "_kldtool_hooked",
+    "step",
+    "sweep",
+    "head_dtype",
+}  # newer vLLMs' LogitsProcessor only: read with a default, so not a seam item
 HANDLES = {"worker", "runner", "llm", "model_runner"}  # names other modules give vLLM's objects
 
 
@@ -145,8 +181,13 @@ def test_only_the_seam_imports_vllm():
                 offenders.append(name)
             elif isinstance(node, ast.ImportFrom) and node.level == 0 and _is_vllm(node.module):
                 offenders.append(name)
-            elif isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "import_module" and \
-                    node.args and isinstance(node.args[0], ast.Constant) and _is_vllm(str(node.args[0].value)):
+            elif (
+                isinstance(node, ast.Call)
+                and getattr(node.func, "attr", None) == "import_module"
+                and node.args
+                and isinstance(node.args[0], ast.Constant)
+                and _is_vllm(str(node.args[0].value))
+            ):
                 offenders.append(name)
     assert not offenders, f"modules importing vLLM outside engines/vllm/seam/: {sorted(set(offenders))}"
 
@@ -160,11 +201,19 @@ def test_vllm_objects_stay_handles_outside_the_seam():
         extension = [n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == "KldtoolWorker"]
         selfish = {id(n) for c in extension for n in ast.walk(c)}
         for node in ast.walk(tree):
-            base = node.value if isinstance(node, ast.Attribute) else \
-                node.args[0] if isinstance(node, ast.Call) and getattr(node.func, "id", None) in ("getattr", "hasattr") \
-                and node.args else None
-            if isinstance(base, ast.Attribute) and isinstance(base.value, ast.Name) and base.value.id == "self" \
-                    and base.attr in HANDLES:
+            base = (
+                node.value
+                if isinstance(node, ast.Attribute)
+                else node.args[0]
+                if isinstance(node, ast.Call) and getattr(node.func, "id", None) in ("getattr", "hasattr") and node.args
+                else None
+            )
+            if (
+                isinstance(base, ast.Attribute)
+                and isinstance(base.value, ast.Name)
+                and base.value.id == "self"
+                and base.attr in HANDLES
+            ):
                 base = ast.Name(id=base.attr)
             if isinstance(base, ast.Name) and (base.id in HANDLES or (base.id == "self" and id(node) in selfish)):
                 offenders.append(f"{path.name}:{node.lineno}")
@@ -180,8 +229,13 @@ def test_every_vllm_attribute_the_seam_uses_is_in_the_seam_list():
     for path in SEAM_DIR.glob("*.py"):
         tree = ast.parse(path.read_text())
         used |= {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
-        used |= {n.args[1].value for n in ast.walk(tree) if isinstance(n, ast.Call) and
-                 getattr(n.func, "id", None) in ("getattr", "hasattr", "setattr") and len(n.args) > 1 and
-                 isinstance(n.args[1], ast.Constant)}
+        used |= {
+            n.args[1].value
+            for n in ast.walk(tree)
+            if isinstance(n, ast.Call)
+            and getattr(n.func, "id", None) in ("getattr", "hasattr", "setattr")
+            and len(n.args) > 1
+            and isinstance(n.args[1], ast.Constant)
+        }
     unlisted = used - {item[2] for item in SEAM} - NOT_VLLM
     assert not unlisted, f"vLLM attributes the seam uses but SEAM does not list: {sorted(unlisted)}"

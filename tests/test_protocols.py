@@ -59,12 +59,38 @@ def _scored(base_path) -> list[list[int]]:
 def test_protocol_scores_the_positions_its_definition_says(flags, id_corpus, fp32_dir, tmp_path):
     corpus, ids = id_corpus
     base = tmp_path / "base.kldt"
-    run_cli("base", "--engine", "transformers", "-m", fp32_dir, "-f", corpus, "--corpus-format", "ids",
-            "--protocol", *flags, "--kl-divergence-base", base, "--json", tmp_path / "b.json")
+    run_cli(
+        "base",
+        "--engine",
+        "transformers",
+        "-m",
+        fp32_dir,
+        "-f",
+        corpus,
+        "--corpus-format",
+        "ids",
+        "--protocol",
+        *flags,
+        "--kl-divergence-base",
+        base,
+        "--json",
+        tmp_path / "b.json",
+    )
     assert _scored(base) == EXPECTED[flags]
     # compare's per-token records name the same positions and targets
-    run_cli("compare", "--engine", "transformers", "-m", fp32_dir, "--kl-divergence-base", base,
-            "--per-token", tmp_path / "t.h5", "--json", tmp_path / "c.json")
+    run_cli(
+        "compare",
+        "--engine",
+        "transformers",
+        "-m",
+        fp32_dir,
+        "--kl-divergence-base",
+        base,
+        "--per-token",
+        tmp_path / "t.h5",
+        "--json",
+        tmp_path / "c.json",
+    )
     with h5py.File(tmp_path / "t.h5") as f:
         pos = f["position"][:]
         assert pos.tolist() == [p for w in EXPECTED[flags] for p in w]
@@ -84,8 +110,21 @@ def _docs_base(fp32_dir, tmp_path, *protocol):
     corpus = tmp_path / "docs.ids"
     corpus.write_text("\n".join(" ".join(map(str, d)) for d in DOCS) + "\n")
     base = tmp_path / "base.kldt"
-    run_cli("base", "--engine", "transformers", "-m", fp32_dir, "-f", corpus, "--corpus-format", "ids",
-            "--protocol", *protocol, "--kl-divergence-base", base)
+    run_cli(
+        "base",
+        "--engine",
+        "transformers",
+        "-m",
+        fp32_dir,
+        "-f",
+        corpus,
+        "--corpus-format",
+        "ids",
+        "--protocol",
+        *protocol,
+        "--kl-divergence-base",
+        base,
+    )
     return base
 
 
@@ -97,8 +136,10 @@ def test_documents_scores_each_document_from_its_start(fp32_dir, tmp_path):
     assert r.header.windows == ((0, 4, 0, 3), (4, 8, 0, 7))
     meta = r.metadata["protocol"]
     r.close()
-    assert meta["documents"] == {"total": 4, "per_length": {"4": {"used": 2, "shorter": 2},
-                                                            "8": {"used": 1, "shorter": 3}}}
+    assert meta["documents"] == {
+        "total": 4,
+        "per_length": {"4": {"used": 2, "shorter": 2}, "8": {"used": 1, "shorter": 3}},
+    }
 
 
 def test_rolling_scores_every_token_of_every_document_once(fp32_dir, tmp_path):
@@ -109,11 +150,29 @@ def test_rolling_scores_every_token_of_every_document_once(fp32_dir, tmp_path):
     r = open_base_file(base)
     stream = r.tokens.tolist()
     assert stream == [t for d in docs for t in [7, *d]]
-    assert r.header.windows == ((0, 3, 0, 3), (4, 4, 0, 4), (5, 4, 3, 1), (10, 4, 0, 4), (14, 4, 0, 4),
-                                (15, 4, 3, 1), (20, 1, 0, 1))
+    assert r.header.windows == (
+        (0, 3, 0, 3),
+        (4, 4, 0, 4),
+        (5, 4, 3, 1),
+        (10, 4, 0, 4),
+        (14, 4, 0, 4),
+        (15, 4, 3, 1),
+        (20, 1, 0, 1),
+    )
     r.close()
-    run_cli("compare", "--engine", "transformers", "-m", fp32_dir, "--kl-divergence-base", base,
-            "--per-token", tmp_path / "t.h5", "--json", tmp_path / "c.json")
+    run_cli(
+        "compare",
+        "--engine",
+        "transformers",
+        "-m",
+        fp32_dir,
+        "--kl-divergence-base",
+        base,
+        "--per-token",
+        tmp_path / "t.h5",
+        "--json",
+        tmp_path / "c.json",
+    )
     with h5py.File(tmp_path / "t.h5") as f:
         assert f["position"][:].tolist() == [i for i, t in enumerate(stream) if t != 7]  # each once
         assert f["target"][:].tolist() == [t for d in docs for t in d]
@@ -141,12 +200,29 @@ def test_exl3_ppl_is_the_mean_over_every_window_position(hf_model, fp32_dir, tmp
     text = WIKI.read_bytes()[:12000]
     (tmp_path / "t.txt").write_bytes(text)
     out = tmp_path / "p.json"
-    run_cli("ppl", "--engine", "transformers", "-m", fp32_dir, "-f", tmp_path / "t.txt", "--protocol", "exl3",
-            "-c", "256", "--stride", "64", "--chunks", "12", "--json", out)
+    run_cli(
+        "ppl",
+        "--engine",
+        "transformers",
+        "-m",
+        fp32_dir,
+        "-f",
+        tmp_path / "t.txt",
+        "--protocol",
+        "exl3",
+        "-c",
+        "256",
+        "--stride",
+        "64",
+        "--chunks",
+        "12",
+        "--json",
+        out,
+    )
     r = json.loads(out.read_text())
     ids = np.array(tok(text.rstrip(b"\n").decode())["input_ids"])
     # The seeds' formula, window by window: exp(-mean(all logprobs)).
-    logprobs = np.concatenate([-_direct_nll(model, ids[a:a + 256]) for a in range(0, 12 * 64, 64)])
+    logprobs = np.concatenate([-_direct_nll(model, ids[a : a + 256]) for a in range(0, 12 * 64, 64)])
     assert r["scored_tokens"] == len(logprobs) == 12 * 255
     assert r["ppl"] == pytest.approx(np.exp(-logprobs.mean()), rel=2e-6)
     assert r["protocol"] == {"name": "exl3", "n_ctx": 256, "stride": 64, "bos_id": None, "windows": 12}
@@ -158,8 +234,25 @@ def test_documents_ppl_per_length_equals_direct_computation(hf_model, fp32_dir, 
     corpus = tmp_path / "docs.jsonl"
     corpus.write_text("".join(json.dumps({"id": i, "body": p}) + "\n" for i, p in enumerate(paragraphs)))
     out = tmp_path / "d.json"
-    p = run_cli("ppl", "--engine", "transformers", "-m", fp32_dir, "-f", corpus, "--text-field", "body",
-                "--protocol", "documents", "--lengths", "64,128,256", "--json", out, "--plot", tmp_path / "len.png")
+    p = run_cli(
+        "ppl",
+        "--engine",
+        "transformers",
+        "-m",
+        fp32_dir,
+        "-f",
+        corpus,
+        "--text-field",
+        "body",
+        "--protocol",
+        "documents",
+        "--lengths",
+        "64,128,256",
+        "--json",
+        out,
+        "--plot",
+        tmp_path / "len.png",
+    )
     r = json.loads(out.read_text())
     docs = [np.array(tok(d)["input_ids"]) for d in paragraphs]
     assert len(r["per_length"]) == 3
@@ -183,8 +276,23 @@ def test_stride_reports_bits_per_byte_and_word_perplexity(fp32_dir, tmp_path):
     text = WIKI.read_bytes()[:6000]
     (tmp_path / "t.txt").write_bytes(text)
     out = tmp_path / "s.json"
-    run_cli("ppl", "--engine", "transformers", "-m", fp32_dir, "-f", tmp_path / "t.txt", "--protocol", "stride",
-            "-c", "512", "--stride", "256", "--json", out)
+    run_cli(
+        "ppl",
+        "--engine",
+        "transformers",
+        "-m",
+        fp32_dir,
+        "-f",
+        tmp_path / "t.txt",
+        "--protocol",
+        "stride",
+        "-c",
+        "512",
+        "--stride",
+        "256",
+        "--json",
+        out,
+    )
     r = json.loads(out.read_text())
     body = text.rstrip(b"\n")
     words = len(__import__("re").split(r"\s+", body.decode()))
@@ -202,8 +310,27 @@ def test_long_windows_run_block_wise_with_the_same_numbers(fp32_dir, tmp_path):
     got = {}
     for b in ("1024", "96"):
         out = tmp_path / f"b{b}.json"
-        run_cli("ppl", "--engine", "transformers", "-m", fp32_dir, "-f", tmp_path / "t.txt", "--protocol", "exl3",
-                "-c", "512", "--stride", "512", "--chunks", "2", "-b", b, "--json", out)
+        run_cli(
+            "ppl",
+            "--engine",
+            "transformers",
+            "-m",
+            fp32_dir,
+            "-f",
+            tmp_path / "t.txt",
+            "--protocol",
+            "exl3",
+            "-c",
+            "512",
+            "--stride",
+            "512",
+            "--chunks",
+            "2",
+            "-b",
+            b,
+            "--json",
+            out,
+        )
         got[b] = json.loads(out.read_text())
     assert got["96"]["scored_tokens"] == got["1024"]["scored_tokens"] == 2 * 511
     assert got["96"]["ppl"] == pytest.approx(got["1024"]["ppl"], rel=1e-5)
@@ -212,15 +339,53 @@ def test_long_windows_run_block_wise_with_the_same_numbers(fp32_dir, tmp_path):
 def test_compare_refuses_flags_that_contradict_the_base_file(fp32_dir, id_corpus, tmp_path):
     corpus, _ = id_corpus
     base = tmp_path / "base.kldt"
-    run_cli("base", "--engine", "transformers", "-m", fp32_dir, "-f", corpus, "--corpus-format", "ids",
-            "--protocol", "exl3", "-c", "4", "--stride", "2", "--kl-divergence-base", base)
-    for flags, said in ((("--protocol", "stride"), "--protocol stride contradicts"),
-                        (("-c", "8"), "-c 8 contradicts"), (("--stride", "3"), "--stride 3 contradicts"),
-                        (("--lengths", "64"), "--lengths 64 contradicts")):
-        p = run_cli("compare", "--engine", "transformers", "-m", fp32_dir, "--kl-divergence-base", base, *flags,
-                    check_rc=2)
+    run_cli(
+        "base",
+        "--engine",
+        "transformers",
+        "-m",
+        fp32_dir,
+        "-f",
+        corpus,
+        "--corpus-format",
+        "ids",
+        "--protocol",
+        "exl3",
+        "-c",
+        "4",
+        "--stride",
+        "2",
+        "--kl-divergence-base",
+        base,
+    )
+    for flags, said in (
+        (("--protocol", "stride"), "--protocol stride contradicts"),
+        (("-c", "8"), "-c 8 contradicts"),
+        (("--stride", "3"), "--stride 3 contradicts"),
+        (("--lengths", "64"), "--lengths 64 contradicts"),
+    ):
+        p = run_cli(
+            "compare", "--engine", "transformers", "-m", fp32_dir, "--kl-divergence-base", base, *flags, check_rc=2
+        )
         assert said in p.stderr and len(p.stderr.strip().splitlines()) == 1
-    p = run_cli("base", "--engine", "transformers", "-m", fp32_dir, "-f", corpus, "--corpus-format", "ids",
-                "--protocol", "exl3", "-c", "4", "--format", "llamacpp", "--kl-divergence-base", tmp_path / "x.kld",
-                check_rc=2)
+    p = run_cli(
+        "base",
+        "--engine",
+        "transformers",
+        "-m",
+        fp32_dir,
+        "-f",
+        corpus,
+        "--corpus-format",
+        "ids",
+        "--protocol",
+        "exl3",
+        "-c",
+        "4",
+        "--format",
+        "llamacpp",
+        "--kl-divergence-base",
+        tmp_path / "x.kld",
+        check_rc=2,
+    )
     assert "--format llamacpp holds only" in p.stderr and not (tmp_path / "x.kld").exists()

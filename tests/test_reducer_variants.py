@@ -16,17 +16,35 @@ HERE = Path(__file__).resolve().parent
 VARIANTS = {
     "torch": ({"KLDTOOL_REDUCER": "torch"}, ["test_stats_reference.py", "test_extra_metrics.py"], 14),
     # the kernel computes every record but the top-5/10 overlaps, which come from topk
-    "triton": ({"KLDTOOL_REDUCER": "triton", "TRITON_INTERPRET": "1"},
-               ["test_stats_reference.py", "test_extra_metrics.py"], 14),
+    "triton": (
+        {"KLDTOOL_REDUCER": "triton", "TRITON_INTERPRET": "1"},
+        ["test_stats_reference.py", "test_extra_metrics.py"],
+        14,
+    ),
 }
 
 
 @pytest.mark.parametrize("name", VARIANTS)
 def test_reference_suites_through(name):
     env, files, least = VARIANTS[name]
-    p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", "not percentile",
-                        *(str(HERE / f) for f in files)], env=os.environ | env, capture_output=True, text=True,
-                       cwd=HERE.parent, timeout=900)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-k",
+            "not percentile",
+            *(str(HERE / f) for f in files),
+        ],
+        env=os.environ | env,
+        capture_output=True,
+        text=True,
+        cwd=HERE.parent,
+        timeout=900,
+    )
     assert p.returncode == 0, p.stdout[-4000:]
     passed = re.search(r"(\d+) passed", p.stdout)
     assert passed and int(passed.group(1)) >= least and "skipped" not in p.stdout, p.stdout[-2000:]

@@ -27,8 +27,12 @@ def run_until(args, pattern: str, sig: int):
     """Start kldtool, send ``sig`` once ``pattern`` appears on stdout; returns (rc, stdout, stderr)."""
     # SIGINT back to its default in the child: a CI started as a background job of a shell
     # without job control has it ignored, and Python would then never see Ctrl-C.
-    p = subprocess.Popen([sys.executable, "-m", "kldtool", *map(str, args)], stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    p = subprocess.Popen(
+        [sys.executable, "-m", "kldtool", *map(str, args)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     out = b""
     rx = re.compile(pattern.encode(), re.M)
     while not rx.search(out):
@@ -62,17 +66,24 @@ def per_token_columns(path) -> dict:
 def container_parts(path):
     """(bytes before the index, index, metadata without the run's timing and resume notes)."""
     data = path.read_bytes()
-    index_offset, meta_len = (int(x) for x in np.frombuffer(data[-container.TRAILER:], "<u8", 2))
+    index_offset, meta_len = (int(x) for x in np.frombuffer(data[-container.TRAILER :], "<u8", 2))
     n_index = len(data) - container.TRAILER - meta_len - index_offset
-    meta = json.loads(data[index_offset + n_index:len(data) - container.TRAILER])
+    meta = json.loads(data[index_offset + n_index : len(data) - container.TRAILER])
     for k in ("created", "resumed_after_chunk", "host"):
         meta.pop(k, None)
     meta["result"].pop("wall_time_s")
-    return data[:index_offset], data[index_offset:index_offset + n_index], meta
+    return data[:index_offset], data[index_offset : index_offset + n_index], meta
 
 
-@pytest.mark.parametrize("fmt, sig, seed", [("llamacpp", signal.SIGKILL, 1), ("llamacpp", signal.SIGINT, 2),
-                                            ("kldtool", signal.SIGKILL, 3), ("kldtool", signal.SIGINT, 4)])
+@pytest.mark.parametrize(
+    "fmt, sig, seed",
+    [
+        ("llamacpp", signal.SIGKILL, 1),
+        ("llamacpp", signal.SIGINT, 2),
+        ("kldtool", signal.SIGKILL, 3),
+        ("kldtool", signal.SIGINT, 4),
+    ],
+)
 def test_base_resume_gives_the_same_file(uninterrupted, q4_1_gguf, tmp_path, fmt, sig, seed):
     ref_path, ref = uninterrupted[fmt]
     k = random.Random(seed).randrange(2, N_CHUNKS - 6)
@@ -113,13 +124,22 @@ def test_compare_resume_gives_the_same_statistics(uninterrupted, requant, tmp_pa
     base = uninterrupted["llamacpp"][0]
     model = requant("Q2_K")
     common = ["compare", "--kl-divergence-base", base, "-m", model, "-b", 256, "--checkpoint-every", 1]
-    ref = run_cli(*common, "--state", tmp_path / "ref.state", "--json", tmp_path / "ref.json",
-                  "--per-token", tmp_path / "ref.h5")
+    ref = run_cli(
+        *common, "--state", tmp_path / "ref.state", "--json", tmp_path / "ref.json", "--per-token", tmp_path / "ref.h5"
+    )
     plain = run_cli("compare", "--kl-divergence-base", base, "-m", model, "-b", 256)
     assert plain.stdout == ref.stdout  # checkpointing changes nothing
 
     k = random.Random(seed).randrange(2, N_CHUNKS - 6)
-    args = [*common, "--state", tmp_path / "run.state", "--json", tmp_path / "run.json", "--per-token", tmp_path / "run.h5"]
+    args = [
+        *common,
+        "--state",
+        tmp_path / "run.state",
+        "--json",
+        tmp_path / "run.json",
+        "--per-token",
+        tmp_path / "run.h5",
+    ]
     rc, stdout, stderr = run_until(args, rf"^\s+{k} ", sig)
     print(f"killed with {sig.name} after chunk {k}: rc {rc}")
     assert rc == (130 if sig == signal.SIGINT else -9), stderr
@@ -142,6 +162,17 @@ def test_compare_resume_refuses_another_model(uninterrupted, requant, q4_1_gguf,
     base = uninterrupted["llamacpp"][0]
     state = tmp_path / "s.state"
     run_cli("compare", "--kl-divergence-base", base, "-m", requant("Q2_K"), "--chunks", 4, "--state", state)
-    p = run_cli("compare", "--kl-divergence-base", base, "-m", q4_1_gguf, "--chunks", 4, "--state", state,
-                "--resume", check_rc=8)
+    p = run_cli(
+        "compare",
+        "--kl-divergence-base",
+        base,
+        "-m",
+        q4_1_gguf,
+        "--chunks",
+        4,
+        "--state",
+        state,
+        "--resume",
+        check_rc=8,
+    )
     assert "s.state" in p.stderr and "written for model" in p.stderr and "Traceback" not in p.stderr

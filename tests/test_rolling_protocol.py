@@ -46,8 +46,10 @@ def articles() -> list[str]:
 def pages() -> dict[str, list[str]]:
     found = articles()
     by_size = sorted(range(len(found)), key=lambda i: len(found[i]))
-    return {"wikitext": [found[i] for i in sorted(by_size[:10])],  # the ten shortest, in file order
-            "plain": [found[i] for i in sorted(by_size[1:4])]}
+    return {
+        "wikitext": [found[i] for i in sorted(by_size[:10])],  # the ten shortest, in file order
+        "plain": [found[i] for i in sorted(by_size[1:4])],
+    }
 
 
 @pytest.fixture(scope="module")
@@ -58,11 +60,23 @@ def lmeval(fp32_dir, pages, tmp_path_factory) -> dict:
     helper that drives it, the model's weights, the pages and the window length."""
     from kldtool.engines.defaults import cache_dir
 
-    runs = {"wikitext": {"pages": pages["wikitext"], "detokenize": True},
-            "plain": {"pages": pages["plain"], "detokenize": False}}
+    runs = {
+        "wikitext": {"pages": pages["wikitext"], "detokenize": True},
+        "plain": {"pages": pages["plain"], "detokenize": False},
+    }
     helper, setup = ROOT / "tests" / "helpers" / "lmeval_rolling.py", ROOT / "scripts" / "lmeval" / "setup.sh"
-    key = hashlib.sha256("\0".join([json.dumps(runs, sort_keys=True), helper.read_text(), setup.read_text(),
-                                     sha256(Path(fp32_dir) / "model.safetensors"), str(LENGTH), "float64"]).encode())
+    key = hashlib.sha256(
+        "\0".join(
+            [
+                json.dumps(runs, sort_keys=True),
+                helper.read_text(),
+                setup.read_text(),
+                sha256(Path(fp32_dir) / "model.safetensors"),
+                str(LENGTH),
+                "float64",
+            ]
+        ).encode()
+    )
     kept = cache_dir() / f"lmeval-reference-{key.hexdigest()[:24]}.json"
     if kept.exists():
         return json.loads(kept.read_text())
@@ -71,8 +85,11 @@ def lmeval(fp32_dir, pages, tmp_path_factory) -> dict:
         subprocess.run(["bash", str(setup)], check=True)
     d = tmp_path_factory.mktemp("lmeval")
     (d / "runs.json").write_text(json.dumps(runs))
-    p = subprocess.run([str(py), str(helper), fp32_dir, str(LENGTH), "float64", str(d / "runs.json"),
-                        str(d / "out.json")], capture_output=True, text=True)
+    p = subprocess.run(
+        [str(py), str(helper), fp32_dir, str(LENGTH), "float64", str(d / "runs.json"), str(d / "out.json")],
+        capture_output=True,
+        text=True,
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     kept.parent.mkdir(parents=True, exist_ok=True)
     part = kept.with_name(f".{kept.name}.{os.getpid()}")
@@ -112,8 +129,9 @@ def test_ppl_rolling_reproduces_lmeval(fp32_dir, pages, lmeval, run, tmp_path):
         corpus = tmp_path / "pages.jsonl"
         corpus.write_text("".join(json.dumps({"text": p}) + "\n" for p in pages[run]), encoding="utf-8")
         fmt = ()
-    run_cli("ppl", "-m", fp32_dir, "-f", corpus, *fmt, "--protocol", "rolling", "-c", LENGTH,
-            "--json", tmp_path / "r.json")
+    run_cli(
+        "ppl", "-m", fp32_dir, "-f", corpus, *fmt, "--protocol", "rolling", "-c", LENGTH, "--json", tmp_path / "r.json"
+    )
     ours = json.loads((tmp_path / "r.json").read_text())
     print(run, {k: (ours["text"][k], theirs[k]) for k in ("word_perplexity", "byte_perplexity", "bits_per_byte")})
     assert ours["scored_tokens"] == sum(len(ids) for ids in theirs["ids"])  # every token, once
@@ -129,8 +147,21 @@ def test_compare_over_lmevals_tokens(fp32_dir, q4_1_gguf, pages, lmeval, tmp_pat
     corpus = tmp_path / "pages.jsonl"
     corpus.write_text("".join(json.dumps({"text": p}) + "\n" for p in pages["plain"]), encoding="utf-8")
     base = tmp_path / "rolling.kldt"
-    run_cli("base", "-m", fp32_dir, "-f", corpus, "--protocol", "rolling", "-c", LENGTH, "--kl-divergence-base", base,
-            "--json", tmp_path / "base.json")
+    run_cli(
+        "base",
+        "-m",
+        fp32_dir,
+        "-f",
+        corpus,
+        "--protocol",
+        "rolling",
+        "-c",
+        LENGTH,
+        "--kl-divergence-base",
+        base,
+        "--json",
+        tmp_path / "base.json",
+    )
     r = compare_json(base, tmp_path, "-m", q4_1_gguf)
     theirs = lmeval["runs"]["plain"]
     n = sum(len(ids) for ids in theirs["ids"])

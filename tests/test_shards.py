@@ -17,8 +17,7 @@ def shards(requant, fixture_base, tmp_path_factory):
     states = []
     for r in RANGES:
         state = d / f"shard-{r.replace(':', '-')}.state"
-        p = run_cli("compare", "--kl-divergence-base", fixture_base, "-m", model, "--chunk-range", r,
-                    "--state", state)
+        p = run_cli("compare", "--kl-divergence-base", fixture_base, "-m", model, "--chunk-range", r, "--state", state)
         assert len(chunk_table_lines(p.stdout)) == int(r.split(":")[1]) - int(r.split(":")[0])
         states.append(state)
     single = run_cli("compare", "--kl-divergence-base", fixture_base, "-m", model, "--json", d / "single.json")
@@ -40,8 +39,9 @@ def test_merge_of_three_shards_prints_every_line_of_one_run(shards):
 def test_merge_refuses_overlapping_shards(shards, requant, fixture_base, tmp_path):
     _, states, _ = shards
     extra = tmp_path / "overlap.state"
-    run_cli("compare", "--kl-divergence-base", fixture_base, "-m", requant("Q2_K"), "--chunk-range", "2:4",
-            "--state", extra)
+    run_cli(
+        "compare", "--kl-divergence-base", fixture_base, "-m", requant("Q2_K"), "--chunk-range", "2:4", "--state", extra
+    )
     p = run_cli("merge", *states, extra, check_rc=8)
     (line,) = p.stderr.strip().splitlines()
     assert "overlap" in line and "2:4" in line and "Traceback" not in p.stderr
@@ -70,8 +70,18 @@ def test_merge_refuses_an_unfinished_shard(shards, tmp_path):
 def test_merge_refuses_shards_of_another_base(shards, requant, fixture_base_bos, tmp_path):
     _, states, _ = shards
     other = tmp_path / "other.state"
-    run_cli("compare", "--kl-divergence-base", fixture_base_bos, "-m", requant("Q2_K"), "--chunk-range", "6:8",
-            "--state", other, "--force")
+    run_cli(
+        "compare",
+        "--kl-divergence-base",
+        fixture_base_bos,
+        "-m",
+        requant("Q2_K"),
+        "--chunk-range",
+        "6:8",
+        "--state",
+        other,
+        "--force",
+    )
     p = run_cli("merge", states[0], states[1], other, check_rc=8)
     assert "another base file" in p.stderr and "other.state" in p.stderr
 

@@ -75,7 +75,7 @@ def test_gguf_tensor_table_matches_the_gguf_packages_reader(q4_1_gguf, tmp_path)
     ref = [(t.name, int(t.n_elements), int(t.n_bytes)) for t in gguf.GGUFReader(str(q4_1_gguf), "r").tensors]
     assert _gguf_tensors(str(q4_1_gguf)) == ref
     cut = tmp_path / "cut.gguf"
-    cut.write_bytes(q4_1_gguf.read_bytes()[:1 << 20])  # inside the vocabulary's strings
+    cut.write_bytes(q4_1_gguf.read_bytes()[: 1 << 20])  # inside the vocabulary's strings
     from kldtool.errors import UsageError
 
     with pytest.raises(UsageError, match="cut.gguf: not a readable GGUF"):

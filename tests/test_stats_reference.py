@@ -15,11 +15,12 @@ from kldtool.stats import KldAccumulator, summarize
 from kldtool.stats.summary import median, percentile
 from helpers.rows import make_base_rows, random_case as _random_case
 
+
 def reference(logits: np.ndarray, rows: np.ndarray, targets: np.ndarray) -> dict:
     """The definitions, in float64, one obvious step at a time."""
     n, v = logits.shape
     head = rows[:, :4].copy().view(np.float32).astype(np.float64)
-    b = head[:, :1] * rows[:, 4:4 + v].astype(np.float64) + head[:, 1:2]
+    b = head[:, :1] * rows[:, 4 : 4 + v].astype(np.float64) + head[:, 1:2]
     x = logits.astype(np.float64)
     logq = x - x.max(1, keepdims=True)
     logq = logq - np.log(np.exp(logq).sum(1, keepdims=True))
@@ -40,12 +41,16 @@ def reference(logits: np.ndarray, rows: np.ndarray, targets: np.ndarray) -> dict
     m2, u2 = mu(dp * dp)
     s = same.mean()
     return {
-        "ppl_q": (math.exp(a), math.exp(a) * ua), "ppl_base": (math.exp(bb), math.exp(bb) * ub),
+        "ppl_q": (math.exp(a), math.exp(a) * ua),
+        "ppl_base": (math.exp(bb), math.exp(bb) * ub),
         "ln_ratio": (a - bb, math.sqrt(max(ua * ua + ub * ub - 2 * cov, 0))),
-        "kld_mean": mu(kld), "dp_mean": mu(dp),
+        "kld_mean": mu(kld),
+        "dp_mean": mu(dp),
         "rms_dp": (math.sqrt(m2), 0.5 / math.sqrt(m2) * u2 if m2 > 0 else 0.0),
         "same_top": (s, math.sqrt(s * (1 - s) / (n - 1))),
-        "kld": kld, "dp": dp, "same": same,
+        "kld": kld,
+        "dp": dp,
+        "same": same,
     }
 
 
@@ -135,8 +140,10 @@ def test_shards_merge_exactly():
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.floats(-1e3, 1e3, width=32), min_size=2, max_size=300),
-       st.sampled_from([0.001, 0.01, 0.05, 0.1, 0.25, 0.75, 0.9, 0.95, 0.99, 0.999]))
+@given(
+    st.lists(st.floats(-1e3, 1e3, width=32), min_size=2, max_size=300),
+    st.sampled_from([0.001, 0.01, 0.05, 0.1, 0.25, 0.75, 0.9, 0.95, 0.99, 0.999]),
+)
 def test_percentile_matches_linear_interpolation(values, f):
     v = np.sort(np.asarray(values, np.float32))
     want = float(np.percentile(v.astype(np.float64), 100 * f))

@@ -108,23 +108,41 @@ def test_per_token_files_against_float64_numpy(swept, fixture_base):
         nll = cols["nll_q"].astype(np.float64)
         kld = cols["kld"].astype(np.float64)
         dp = cols["dp"].astype(np.float64)
-        check = {"PPL(Q)": np.exp(nll.mean()), "mean KLD": kld.mean(), "median KLD": np.median(kld),
-                 "same top %": 100 * cols["same_top"].mean(), "RMS Δp %": 100 * np.sqrt((dp * dp).mean()),
-                 "ln(PPL(Q)/PPL(base))": nll.mean() - cols["nll_base"].astype(np.float64).mean()}
+        check = {
+            "PPL(Q)": np.exp(nll.mean()),
+            "mean KLD": kld.mean(),
+            "median KLD": np.median(kld),
+            "same top %": 100 * cols["same_top"].mean(),
+            "RMS Δp %": 100 * np.sqrt((dp * dp).mean()),
+            "ln(PPL(Q)/PPL(base))": nll.mean() - cols["nll_base"].astype(np.float64).mean(),
+        }
         for k, v in check.items():
             printed_value = want[k].split(" ± ")[0]
             decimals = len(printed_value.split(".")[1])
-            assert abs(v - float(printed_value)) <= 1.01 * 10 ** -decimals, (t, k, v, printed_value)
+            assert abs(v - float(printed_value)) <= 1.01 * 10**-decimals, (t, k, v, printed_value)
 
 
 def test_report_pools_per_token_shards_into_the_whole_run(swept, fixture_base, tmp_path):
     out, _ = swept
     model = out / "Q2_K.gguf"
     # One chunk per batch (-b 128), so shards and the whole run evaluate the very same batches.
-    run_cli("compare", "--kl-divergence-base", fixture_base, "-m", model, "-b", N_CTX, "--json", tmp_path / "whole.json")
+    run_cli(
+        "compare", "--kl-divergence-base", fixture_base, "-m", model, "-b", N_CTX, "--json", tmp_path / "whole.json"
+    )
     for name, span in (("a", "0:3"), ("b", "3:8")):
-        run_cli("compare", "--kl-divergence-base", fixture_base, "-m", model, "-b", N_CTX, "--chunk-range", span,
-                "--per-token", tmp_path / f"{name}.h5")
+        run_cli(
+            "compare",
+            "--kl-divergence-base",
+            fixture_base,
+            "-m",
+            model,
+            "-b",
+            N_CTX,
+            "--chunk-range",
+            span,
+            "--per-token",
+            tmp_path / f"{name}.h5",
+        )
     run_cli("report", tmp_path / "a.h5", tmp_path / "b.h5", "--csv", tmp_path / "pooled.csv")
     run_cli("report", tmp_path / "whole.json", "--csv", tmp_path / "whole.csv")
     (pooled,), (whole,) = (list(csv.DictReader(open(tmp_path / n))) for n in ("pooled.csv", "whole.csv"))
@@ -135,7 +153,9 @@ def test_report_pools_per_token_shards_into_the_whole_run(swept, fixture_base, t
 def test_report_refuses_what_does_not_belong_together(swept, fixture_base_bos, tmp_path):
     out, _ = swept
     other = tmp_path / "other.json"  # the BOS base file: other tokens
-    run_cli("compare", "--kl-divergence-base", fixture_base_bos, "-m", out / "Q8_0.gguf", "--chunks", 2, "--json", other)
+    run_cli(
+        "compare", "--kl-divergence-base", fixture_base_bos, "-m", out / "Q8_0.gguf", "--chunks", 2, "--json", other
+    )
     p = run_cli("report", out / "Q2_K.json", other, check_rc=2)
     assert "another base file" in p.stderr and "--mix" in p.stderr and len(p.stderr.splitlines()) == 1
     run_cli("report", out / "Q2_K.json", other, "--mix")

@@ -26,7 +26,7 @@ def reference(base, quant, targets, k):
     """The one-bucket KLD and the stored parts, from float64 logits and the full rows' codes."""
     full, _ = encode_np(base, "llamacpp")
     b = decode_np(full, base.shape[1]).astype(np.float64)
-    codes = full[:, 4:4 + base.shape[1]].astype(np.int64)
+    codes = full[:, 4 : 4 + base.shape[1]].astype(np.int64)
     x = base.astype(np.float64)
     p_exact = np.exp(x - x.max(1, keepdims=True))
     p_exact /= p_exact.sum(1, keepdims=True)
@@ -89,8 +89,9 @@ def test_topk_and_full_base_files_of_one_run(tmp_path, requant):
 
 
 def test_topk_needs_the_container_and_a_sane_k(tmp_path):
-    p = run_cli("base", "--keep", "top-64", "--format", "llamacpp", "--kl-divergence-base", tmp_path / "x.kld",
-                check_rc=None)
+    p = run_cli(
+        "base", "--keep", "top-64", "--format", "llamacpp", "--kl-divergence-base", tmp_path / "x.kld", check_rc=None
+    )
     assert p.returncode == 2 and "full rows only" in p.stderr and not (tmp_path / "x.kld").exists()
     p = run_cli("base", "--keep", "top-3", "--kl-divergence-base", tmp_path / "y.kldt", check_rc=None)
     assert p.returncode == 2 and "K >= 10" in p.stderr

@@ -18,8 +18,11 @@ pytestmark = [pytest.mark.filterwarnings("ignore"), pytest.mark.long_module]
 
 
 def probe(model, base, dtype, *extra):
-    p = subprocess.run([sys.executable, str(ROOT / "tests" / "helpers" / "vllm_probe.py"), model, str(base), dtype,
-                        *map(str, extra)], capture_output=True, text=True)
+    p = subprocess.run(
+        [sys.executable, str(ROOT / "tests" / "helpers" / "vllm_probe.py"), model, str(base), dtype, *map(str, extra)],
+        capture_output=True,
+        text=True,
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     return json.loads(next(l for l in p.stdout.splitlines() if l.startswith("PROBE "))[6:])
 
@@ -34,40 +37,92 @@ def fp32_runs(fp32_dir, hf_base, tmp_path_factory):
     jobs = [("hf", ["compare", *vllm, "--kl-divergence-base", hf_base])]
     for ctx, chunks in ((64, 1), (32, 100)):  # every scored position exactly once, in batches of many windows
         base = d / f"pos-{ctx}.kldt"
-        run_cli("base", "--engine", "transformers", "-m", fp32_dir, "-f", WIKI, "-c", ctx, "--chunks", chunks,
-                "--kl-divergence-base", base)
+        run_cli(
+            "base",
+            "--engine",
+            "transformers",
+            "-m",
+            fp32_dir,
+            "-f",
+            WIKI,
+            "-c",
+            ctx,
+            "--chunks",
+            chunks,
+            "--kl-divergence-base",
+            base,
+        )
         jobs.append((f"pos-{ctx}-{chunks}", ["compare", *vllm, "--kl-divergence-base", base]))
     text = d / "t.txt"  # stride: the first window scores more positions than the rest
     text.write_bytes(WIKI.read_bytes()[:9000])
     stride = ("-f", text, "--protocol", "stride", "-c", "256", "--stride", "128")
     run_cli("base", "--engine", "transformers", "-m", fp32_dir, *stride, "--kl-divergence-base", d / "stride.kldt")
-    jobs += [("stride-ppl", ["ppl", *vllm, *stride]), ("stride", ["compare", *vllm, "--kl-divergence-base",
-                                                                  d / "stride.kldt"])]
+    jobs += [
+        ("stride-ppl", ["ppl", *vllm, *stride]),
+        ("stride", ["compare", *vllm, "--kl-divergence-base", d / "stride.kldt"]),
+    ]
     docs = d / "docs.jsonl"  # rolling: each window's last position is scored too
     wiki = WIKI.read_text(encoding="utf-8")
-    docs.write_text("".join(json.dumps({"text": wiki[a:a + 1500]}) + "\n" for a in (0, 20000, 40000)))
-    run_cli("base", "--engine", "transformers", "-m", fp32_dir, "-f", docs, "--protocol", "rolling", "-c", 128,
-            "--kl-divergence-base", d / "rolling.kldt", "--json", d / "rolling-base.json")
+    docs.write_text("".join(json.dumps({"text": wiki[a : a + 1500]}) + "\n" for a in (0, 20000, 40000)))
+    run_cli(
+        "base",
+        "--engine",
+        "transformers",
+        "-m",
+        fp32_dir,
+        "-f",
+        docs,
+        "--protocol",
+        "rolling",
+        "-c",
+        128,
+        "--kl-divergence-base",
+        d / "rolling.kldt",
+        "--json",
+        d / "rolling-base.json",
+    )
     jobs.append(("rolling", ["compare", *vllm, "--kl-divergence-base", d / "rolling.kldt"]))
     spec = [{"name": n, "argv": [*argv, "--json", d / f"{n}.json"]} for n, argv in jobs]
     (d / "jobs.json").write_text(json.dumps(spec, default=str))
-    p = subprocess.run([sys.executable, str(ROOT / "tests" / "helpers" / "vllm_jobs.py"), d / "jobs.json", d, "256"],
-                       capture_output=True, text=True)
+    p = subprocess.run(
+        [sys.executable, str(ROOT / "tests" / "helpers" / "vllm_jobs.py"), d / "jobs.json", d, "256"],
+        capture_output=True,
+        text=True,
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     out = {}
     for n, _ in jobs:
         rc = int((d / f"{n}.rc").read_text())
         assert rc == 0, (d / f"{n}.err").read_text()[-3000:]
-        out[n] = ((d / f"{n}.out").read_text(), (d / f"{n}.err").read_text(), rc,
-                  json.loads((d / f"{n}.json").read_text()))
+        out[n] = (
+            (d / f"{n}.out").read_text(),
+            (d / f"{n}.err").read_text(),
+            rc,
+            json.loads((d / f"{n}.json").read_text()),
+        )
     out["rolling-base"] = (None, None, 0, json.loads((d / "rolling-base.json").read_text()))
     return out
 
 
 def test_vllm_against_itself_and_its_own_prompt_logprobs(fp32_dir, tmp_path):
     base = tmp_path / "vllm-bf16.kldt"
-    p = run_cli("base", "--engine", "vllm", "-m", fp32_dir, "--dtype", "bfloat16", "-f", WIKI, "-c", 128,
-                "--chunks", 4, "--kl-divergence-base", base)
+    p = run_cli(
+        "base",
+        "--engine",
+        "vllm",
+        "-m",
+        fp32_dir,
+        "--dtype",
+        "bfloat16",
+        "-f",
+        WIKI,
+        "-c",
+        128,
+        "--chunks",
+        4,
+        "--kl-divergence-base",
+        base,
+    )
     assert "Final estimate" in p.stderr
     r = probe(fp32_dir, base, "bfloat16")
     print(r)
@@ -96,8 +151,9 @@ def test_transformers_fp32_base_vs_vllm_fp32_in_one_and_three_pipeline_stages(hf
     assert s["kld_mean"]["value"] < 1e-3
     assert s["same_top_p"]["value"] > 0.99
     # Three stages of 10 layers in three processes: only the last computes logits and reports.
-    pp = compare_json(hf_base, tmp_path, "--engine", "vllm", "-m", fp32_dir, "--dtype", "float32",
-                      "--pipeline-parallel-size", 3)
+    pp = compare_json(
+        hf_base, tmp_path, "--engine", "vllm", "-m", fp32_dir, "--dtype", "float32", "--pipeline-parallel-size", 3
+    )
     assert pp["model"]["hooks"] == ["rank0:CPUModelRunner:v1:early-stage"] * 2 + ["rank0:CPUModelRunner:v1:last-stage"]
     assert abs(pp["statistics"]["kld_mean"]["value"] - s["kld_mean"]["value"]) < 1e-9
     assert pp["statistics"]["same_top_p"] == s["same_top_p"] and pp["statistics"]["count"] == s["count"]
@@ -112,8 +168,27 @@ def test_hidden_states_and_the_head_gathered_from_three_tensor_parallel_ranks(fp
     from safetensors import safe_open
 
     hidden = tmp_path / "tp3-hidden.kldt"
-    run_cli("base", "--engine", "vllm", "-m", fp32_dir, "--dtype", "float32", "--tensor-parallel-size", 3,
-            "-f", WIKI, "-c", 128, "--chunks", 8, "--store", "hidden", "--kl-divergence-base", hidden)
+    run_cli(
+        "base",
+        "--engine",
+        "vllm",
+        "-m",
+        fp32_dir,
+        "--dtype",
+        "float32",
+        "--tensor-parallel-size",
+        3,
+        "-f",
+        WIKI,
+        "-c",
+        128,
+        "--chunks",
+        8,
+        "--store",
+        "hidden",
+        "--kl-divergence-base",
+        hidden,
+    )
     info = json.loads(run_cli("info", "--json", hidden).stdout)
     with safe_open(os.path.join(fp32_dir, "model.safetensors"), "pt") as st:
         embed = st.get_tensor("model.embed_tokens.weight").float().numpy()
@@ -129,8 +204,9 @@ def test_hidden_states_and_the_head_gathered_from_three_tensor_parallel_ranks(fp
 
 def test_w8a8_same_in_process_multiprocess_and_tensor_parallel(hf_base, w8a8_dir, tmp_path):
     mp = compare_json(hf_base, tmp_path, "--engine", "vllm", "-m", w8a8_dir)
-    inproc = compare_json(hf_base, tmp_path, "--engine", "vllm", "-m", w8a8_dir,
-                          env_extra={"VLLM_ENABLE_V1_MULTIPROCESSING": "0"})
+    inproc = compare_json(
+        hf_base, tmp_path, "--engine", "vllm", "-m", w8a8_dir, env_extra={"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    )
     # SmolLM2 has 9 attention heads: tensor parallelism needs a divisor of 9, so 3 ranks.
     tp = compare_json(hf_base, tmp_path, "--engine", "vllm", "-m", w8a8_dir, "--tensor-parallel-size", 3)
     k = {name: r["statistics"]["kld_mean"] for name, r in (("mp", mp), ("inproc", inproc), ("tp3", tp))}
@@ -153,10 +229,33 @@ def test_every_scored_position_exactly_once(fp32_runs, ctx, chunks):
 def test_every_scored_position_exactly_once_over_several_prefill_steps(fp32_dir, tmp_path):
     """Each window prefilled over 3 scheduler steps (an engine of its own: its step size)."""
     base = tmp_path / "b.kldt"
-    run_cli("base", "--engine", "transformers", "-m", fp32_dir, "-f", WIKI, "-c", 256, "--chunks", 3,
-            "--kl-divergence-base", base)
-    r = compare_json(base, tmp_path, "--engine", "vllm", "-m", fp32_dir, "--dtype", "float32",
-                     "--vllm-arg", "max_num_batched_tokens=96")
+    run_cli(
+        "base",
+        "--engine",
+        "transformers",
+        "-m",
+        fp32_dir,
+        "-f",
+        WIKI,
+        "-c",
+        256,
+        "--chunks",
+        3,
+        "--kl-divergence-base",
+        base,
+    )
+    r = compare_json(
+        base,
+        tmp_path,
+        "--engine",
+        "vllm",
+        "-m",
+        fp32_dir,
+        "--dtype",
+        "float32",
+        "--vllm-arg",
+        "max_num_batched_tokens=96",
+    )
     assert r["scored_tokens"] == 3 * (256 - 1 - 128)
     assert abs(r["statistics"]["kld_mean"]["value"]) < 1e-3
 
@@ -181,8 +280,25 @@ def test_vllm_score_mode_and_a_stride_base_file(fp32_dir, fp32_runs, tmp_path):
     shapes (stride's first window scores more than the rest) agree with transformers."""
     text = tmp_path / "t.txt"
     text.write_bytes(WIKI.read_bytes()[:9000])
-    run_cli("ppl", "--engine", "transformers", "-m", fp32_dir, "--dtype", "float32", "-f", text, "--protocol", "stride",
-            "-c", "256", "--stride", "128", "--json", tmp_path / "transformers.json")
+    run_cli(
+        "ppl",
+        "--engine",
+        "transformers",
+        "-m",
+        fp32_dir,
+        "--dtype",
+        "float32",
+        "-f",
+        text,
+        "--protocol",
+        "stride",
+        "-c",
+        "256",
+        "--stride",
+        "128",
+        "--json",
+        tmp_path / "transformers.json",
+    )
     got = {"transformers": json.loads((tmp_path / "transformers.json").read_text()), "vllm": fp32_runs["stride-ppl"][3]}
     assert got["vllm"]["scored_tokens"] == got["transformers"]["scored_tokens"]
     assert got["vllm"]["ppl"] == pytest.approx(got["transformers"]["ppl"], rel=1e-4)

@@ -17,8 +17,12 @@ pytest.importorskip("vllm")
 
 @pytest.fixture(scope="module")
 def probe():
-    p = subprocess.run([sys.executable, str(ROOT / "tests" / "helpers" / "v2_seam_probe.py")],
-                       capture_output=True, text=True, timeout=600)
+    p = subprocess.run(
+        [sys.executable, str(ROOT / "tests" / "helpers" / "v2_seam_probe.py")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     return json.loads(p.stdout.strip().splitlines()[-1])
 
@@ -38,7 +42,7 @@ def test_v2_hook_leaves_vllms_prompt_logprobs_unchanged(probe):
     plain, hooked = probe["outputs"]["plain"], probe["outputs"]["hooked"]
     assert sorted(plain) == ["B", "E"] and plain == hooked
     for r, width in (("B", 1), ("E", 4)):
-        (ids, logprobs, ranks), = plain[r]
+        ((ids, logprobs, ranks),) = plain[r]
         ref = -np.array(probe["reference"][r])  # the target's logprob is column 0
         assert np.array(ids).shape == (len(ref), width)
         assert np.allclose(np.array(logprobs)[:, 0], ref, rtol=1e-5, atol=1e-5)
@@ -46,16 +50,22 @@ def test_v2_hook_leaves_vllms_prompt_logprobs_unchanged(probe):
 
 def test_rank_is_never_guessed():
     """Outside an initialised vLLM worker the rank is unknown: an error, not rank 0."""
-    code = ("from kldtool.engines.vllm.seam import HookUnavailable, tp_rank\n"
-            "try:\n    tp_rank()\nexcept HookUnavailable as e:\n    print('refused:', e)\n")
+    code = (
+        "from kldtool.engines.vllm.seam import HookUnavailable, tp_rank\n"
+        "try:\n    tp_rank()\nexcept HookUnavailable as e:\n    print('refused:', e)\n"
+    )
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-2000:]
     assert "refused:" in p.stdout and "not initialized" in p.stdout
 
 
 def _seam_check(*args):
-    return subprocess.run([sys.executable, str(ROOT / "scripts" / "vllm_seam_check.py"), *map(str, args)],
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "vllm_seam_check.py"), *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def test_seam_check_reads_a_release_and_names_what_changed(tmp_path):
@@ -75,7 +85,9 @@ def test_seam_check_reads_a_release_and_names_what_changed(tmp_path):
         (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(installed.parent / path, tmp_path / path)
     f = copy / "v1/worker/gpu/sample/prompt_logprob.py"
-    f.write_text(f.read_text().replace("def remove_request(self, req_id: str)", "def remove_request(self, req_idx: int)"))
+    f.write_text(
+        f.read_text().replace("def remove_request(self, req_id: str)", "def remove_request(self, req_idx: int)")
+    )
     p = _seam_check(copy)
     assert p.returncode == 1
     bad = [l for l in p.stdout.splitlines() if "MISSING" in l]

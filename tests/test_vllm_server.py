@@ -72,8 +72,21 @@ def test_served_base_file_is_transformers_fp32_and_ppl_agrees(fp32_server, tmp_p
     assert s["count"] == 8 * 63 and abs(s["kld_mean"]["value"]) < 1e-5 and s["same_top_p"]["value"] == 1.0
     # Hidden states from the server's workers, the head read from its checkpoint by the client.
     hidden = tmp_path / "served-hidden.kldt"
-    server.cli("base", "--server", server.url, "-f", WIKI, "-c", CTX, "--chunks", 4, "--store", "hidden",
-               "--kl-divergence-base", hidden)
+    server.cli(
+        "base",
+        "--server",
+        server.url,
+        "-f",
+        WIKI,
+        "-c",
+        CTX,
+        "--chunks",
+        4,
+        "--store",
+        "hidden",
+        "--kl-divergence-base",
+        hidden,
+    )
     info = json.loads(run_cli("info", "--json", hidden).stdout)
     print("served fp32 replay floor:", info["replay_floor_kld_mean"])
     assert info["replay_floor_kld_mean"] < 1e-7 and info["hidden"] == "576 x float32"
@@ -90,14 +103,30 @@ def test_served_shards_merge_to_one_served_run_and_hidden_states_replay_in_the_w
     states = []
     for r in ("4:8", "0:4"):
         states.append(tmp_path / f"{r.replace(':', '-')}.state")
-        server.cli("compare", "--server", server.url, "--kl-divergence-base", base, "--chunk-range", r,
-                   "--state", states[-1])
+        server.cli(
+            "compare", "--server", server.url, "--kl-divergence-base", base, "--chunk-range", r, "--state", states[-1]
+        )
     merged = run_cli("merge", *states)
     assert merged.stdout == single.stdout
     # The same rows replayed from hidden states inside the server's worker (base --store hidden).
     hidden = server.box.bases / "hidden.kldt"
-    run_cli("base", "--engine", "transformers", "--dtype", "float32", "-f", WIKI, "-c", CTX, "--chunks", 8,
-            "--store", "hidden", "--kl-divergence-base", hidden)
+    run_cli(
+        "base",
+        "--engine",
+        "transformers",
+        "--dtype",
+        "float32",
+        "-f",
+        WIKI,
+        "-c",
+        CTX,
+        "--chunks",
+        8,
+        "--store",
+        "hidden",
+        "--kl-divergence-base",
+        hidden,
+    )
     assert server.cli("compare", "--server", server.url, "--kl-divergence-base", hidden).stdout == single.stdout
 
 
@@ -109,7 +138,7 @@ def test_a_window_the_workers_cannot_score_is_its_error_and_the_server_lives_on(
     bad = server.box.bases / "damaged.kldt"
     data = bytearray(hf_base.read_bytes())
     mid = len(data) * 3 // 5
-    data[mid:mid + 4096] = bytes(4096)
+    data[mid : mid + 4096] = bytes(4096)
     bad.write_bytes(bytes(data))
     p = server.cli("compare", "--server", server.url, "--kl-divergence-base", bad, check_rc=6)
     lines = p.stderr.strip().splitlines()
@@ -118,8 +147,9 @@ def test_a_window_the_workers_cannot_score_is_its_error_and_the_server_lives_on(
     outside = tmp_path / "outside.kldt"
     shutil.copy(hf_base, outside)
     p = server.cli("compare", "--server", server.url, "--kl-divergence-base", outside, check_rc=6)
-    assert p.stderr.strip().splitlines()[-1] == (f"kldtool: error: {server.url}: window 0: base file {outside} is "
-                                                 f"outside KLDTOOL_VLLM_BASE_ROOTS")
+    assert p.stderr.strip().splitlines()[-1] == (
+        f"kldtool: error: {server.url}: window 0: base file {outside} is outside KLDTOOL_VLLM_BASE_ROOTS"
+    )
     again = server.cli("ppl", "--server", server.url, "-f", WIKI, "-c", CTX, "--chunks", 2)
     assert "Final estimate" in again.stderr
 
@@ -131,8 +161,9 @@ def test_served_w8a8_in_two_pipeline_stages_prints_what_offline_vllm_prints(w8a8
     j = tmp_path / "served.json"
     operator = operator_env([hf_base.parent], tmp_path)  # no token: any client of this server may use the hook
     with served(w8a8_dir, tmp_path, CTX + 1, "--pipeline-parallel-size", 2, operator=operator) as url:
-        online = run_cli("compare", "--server", url, "--kl-divergence-base", hf_base, "--exchange-dir", tmp_path,
-                         "--json", j)
+        online = run_cli(
+            "compare", "--server", url, "--kl-divergence-base", hf_base, "--exchange-dir", tmp_path, "--json", j
+        )
     print("\n".join(final_block_lines(online.stdout)[:12]))
     assert online.stdout == offline.stdout
     assert json.loads(j.read_text())["model"]["parallel"] == {"tensor_parallel_size": 1, "pipeline_parallel_size": 2}
@@ -143,10 +174,12 @@ def test_the_plugin_switch_reaches_ray_workers():
     """vLLM's Ray executor copies only the variables it is told to: with the switch on, the
     plugin adds itself to that list (vLLM's own get_env_vars_to_copy decides), and it wraps the
     worker's load_model; with the switch off it touches nothing."""
-    code = ("import os\nfrom vllm.plugins import load_general_plugins\nload_general_plugins()\n"
-            "from vllm.ray.ray_env import get_env_vars_to_copy\nfrom vllm.v1.worker.gpu_worker import Worker\n"
-            "print(sorted(v for v in get_env_vars_to_copy() if v in ('KLDTOOL_VLLM_HOOK', 'MINE')),"
-            " getattr(Worker.load_model, '_kldtool', False))\n")
+    code = (
+        "import os\nfrom vllm.plugins import load_general_plugins\nload_general_plugins()\n"
+        "from vllm.ray.ray_env import get_env_vars_to_copy\nfrom vllm.v1.worker.gpu_worker import Worker\n"
+        "print(sorted(v for v in get_env_vars_to_copy() if v in ('KLDTOOL_VLLM_HOOK', 'MINE')),"
+        " getattr(Worker.load_model, '_kldtool', False))\n"
+    )
     for switch, want in (("1", "['KLDTOOL_VLLM_HOOK', 'MINE'] True"), ("0", "['MINE'] False")):
         env = dict(os.environ, KLDTOOL_VLLM_HOOK=switch, VLLM_RAY_EXTRA_ENV_VARS_TO_COPY="MINE")
         p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
@@ -165,10 +198,19 @@ def test_a_server_without_the_plugin_is_a_one_line_error(fp32_dir, hf_base, tmp_
 
 def test_server_flag_errors(hf_base, tmp_path):
     p = run_cli("compare", "--server", "http://127.0.0.1:9", "--kl-divergence-base", hf_base, check_rc=6)
-    assert p.stderr.strip().splitlines() == ["kldtool: error: http://127.0.0.1:9: cannot reach the vLLM server "
-                                             "([Errno 111] Connection refused)"]
-    p = run_cli("compare", "--server", "http://127.0.0.1:9", "--tensor-parallel-size", 2,
-                "--kl-divergence-base", hf_base, check_rc=2)
+    assert p.stderr.strip().splitlines() == [
+        "kldtool: error: http://127.0.0.1:9: cannot reach the vLLM server ([Errno 111] Connection refused)"
+    ]
+    p = run_cli(
+        "compare",
+        "--server",
+        "http://127.0.0.1:9",
+        "--tensor-parallel-size",
+        2,
+        "--kl-divergence-base",
+        hf_base,
+        check_rc=2,
+    )
     assert "--tensor-parallel-size: the server's own settings" in p.stderr
     p = run_cli("compare", "--exchange-dir", tmp_path, "--kl-divergence-base", hf_base, check_rc=2)
     assert "--exchange-dir: only with --server URL" in p.stderr
@@ -184,14 +226,16 @@ def _tree(root: Path, skip: Path) -> dict[str, tuple]:
         for name in dirnames + filenames:
             path = os.path.join(dirpath, name)
             st = os.lstat(path)
-            out[os.path.relpath(path, root)] = (st.st_mode,) if Path(path) == skip else \
-                (st.st_mode, st.st_size, st.st_mtime_ns)
+            out[os.path.relpath(path, root)] = (
+                (st.st_mode,) if Path(path) == skip else (st.st_mode, st.st_size, st.st_mtime_ns)
+            )
     return out
 
 
 def _post(url: str, body: dict) -> tuple[int, bytes]:
-    req = urllib.request.Request(url + "/v1/completions", data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(
+        url + "/v1/completions", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+    )
     try:
         with urllib.request.urlopen(req, timeout=300) as r:
             return r.status, r.read()
@@ -213,19 +257,33 @@ def test_hostile_specs_are_refused_where_the_operator_allows_and_the_server_serv
     before = server.cli(*args)
     reader = open_base_file(box.base)
     h = reader.header
-    window = [int(t) for t in reader.tokens[:h.n_ctx]]
+    window = [int(t) for t in reader.tokens[: h.n_ctx]]
     fuzzer = Fuzzer(box, TOKEN, h.n_vocab, window, first=h.n_ctx // 2, n_scored=h.rows_per_chunk)
     cases = fuzzer.cases(320)
     model = json.loads(urllib.request.urlopen(server.url + "/v1/models", timeout=30).read())["data"][0]["id"]
 
     def send(case):
         label, prompt, value = case
-        status, body = _post(server.url, {"model": model, "prompt": prompt, "max_tokens": 1, "temperature": 0.0,
-                                          "cache_salt": os.urandom(8).hex(), "vllm_xargs": {"kldtool": value}})
+        status, body = _post(
+            server.url,
+            {
+                "model": model,
+                "prompt": prompt,
+                "max_tokens": 1,
+                "temperature": 0.0,
+                "cache_salt": os.urandom(8).hex(),
+                "vllm_xargs": {"kldtool": value},
+            },
+        )
         return label, status, body
 
-    during = subprocess.Popen([sys.executable, "-m", "kldtool", *map(str, args)], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True, env={**os.environ, **server.env})
+    during = subprocess.Popen(
+        [sys.executable, "-m", "kldtool", *map(str, args)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **server.env},
+    )
     with ThreadPoolExecutor(8) as pool:
         answers = list(pool.map(send, cases))
     out, err = during.communicate(timeout=600)
@@ -235,8 +293,10 @@ def test_hostile_specs_are_refused_where_the_operator_allows_and_the_server_serv
     # the request, e.g. a value vllm_xargs cannot hold); never a server error.
     bad = [(label, status, body[:200]) for label, status, body in answers if status not in (200, 400)]
     assert not bad, bad[:5]
-    print(f"{len(cases)} hostile specs: {sum(s == 200 for _, s, _ in answers)} answered 200, "
-          f"{sum(s == 400 for _, s, _ in answers)} refused by vLLM's API")
+    print(
+        f"{len(cases)} hostile specs: {sum(s == 200 for _, s, _ in answers)} answered 200, "
+        f"{sum(s == 400 for _, s, _ in answers)} refused by vLLM's API"
+    )
     assert len(cases) >= 300 and sum(s == 200 for _, s, _ in answers) >= 250
     assert before.stdout == out == after.stdout
     # Nothing written outside the exchange root: the sandbox and the directories around it.
@@ -262,6 +322,11 @@ def test_hostile_specs_are_refused_where_the_operator_allows_and_the_server_serv
         secrets = [box.secret_bytes, f.read(8)]
     readable = [body for _, _, body in answers] + [p.read_bytes() for p in results] + [server.log.read_bytes()]
     assert not [s for s in secrets for text in readable if s in text]
-    for reason in ("outside KLDTOOL_VLLM_BASE_ROOTS", "token is missing or wrong", "wire protocol version",
-                   "is not a regular file", "key"):
+    for reason in (
+        "outside KLDTOOL_VLLM_BASE_ROOTS",
+        "token is missing or wrong",
+        "wire protocol version",
+        "is not a regular file",
+        "key",
+    ):
         assert any(reason in e for e in errors) or reason in server.log.read_text(), reason

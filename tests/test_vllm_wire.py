@@ -32,8 +32,12 @@ def box(tmp_path, hf_base) -> Sandbox:
 
 
 def _operator(box: Sandbox, **overrides) -> dict:
-    env = {"KLDTOOL_VLLM_HOOK": "1", "KLDTOOL_VLLM_BASE_ROOTS": str(box.bases),
-           "KLDTOOL_VLLM_EXCHANGE_ROOT": str(box.exchange), "KLDTOOL_VLLM_TOKEN": TOKEN}
+    env = {
+        "KLDTOOL_VLLM_HOOK": "1",
+        "KLDTOOL_VLLM_BASE_ROOTS": str(box.bases),
+        "KLDTOOL_VLLM_EXCHANGE_ROOT": str(box.exchange),
+        "KLDTOOL_VLLM_TOKEN": TOKEN,
+    }
     env.update(overrides)
     return {k: v for k, v in env.items() if v is not None}
 
@@ -45,10 +49,16 @@ def _windows(path):
 
 
 def _modes(base: str) -> dict:
-    return {"compare": {"mode": "compare", "base": base}, "nll": {"mode": "nll"},
-            "encode": {"mode": "encode", "row_width": 2 * 24576 + 4,
-                       "coding": {"codec": "grid", "clamp": 16.0, "keep": None}},
-            "hidden": {"mode": "hidden", "dim": 576, "hidden_item": "<f4", "n_vocab": 49152, "probe_rows": 8}}
+    return {
+        "compare": {"mode": "compare", "base": base},
+        "nll": {"mode": "nll"},
+        "encode": {
+            "mode": "encode",
+            "row_width": 2 * 24576 + 4,
+            "coding": {"codec": "grid", "clamp": 16.0, "keep": None},
+        },
+        "hidden": {"mode": "hidden", "dim": 576, "hidden_item": "<f4", "n_vocab": 49152, "probe_rows": 8},
+    }
 
 
 def test_what_a_client_sends_parses_for_every_mode(box):
@@ -63,33 +73,55 @@ def test_what_a_client_sends_parses_for_every_mode(box):
             assert offline.out is None and offline.mode == mode
 
 
-@pytest.mark.parametrize("change, reason", [
-    ({"v": 1}, "wire protocol version 1 from the client, 2 in the server's kldtool"),
-    ({"v": None}, "wire protocol version None from the client"),
-    ({"mode": "eval"}, "mode 'eval': expected one of probe, compare, encode, nll, hidden"),
-    ({"key": "../escape-1"}, "key '../escape-1': expected 12 hex digits"),
-    ({"evil": 1}, "unknown field 'evil' for mode nll"),
-    ({"first": -1}, "first -1: expected an integer in 0..127"),
-    ({"first": True}, "first True: expected an integer"),
-    ({"n_scored": 10**6}, "n_scored 1000000: expected an integer in 1..64"),
-    ({"after": 49152}, "after 49152: expected an integer in 0..49151"),
-    ({"logits_block": 0}, "logits_block 0: expected an integer in 1..2147483647"),
-    ({"chunk": 2.0}, "chunk 2.0: expected an integer"),
-    ({"mode": "compare", "base": "relative.kldt"}, "base 'relative.kldt': expected an absolute path"),
-    ({"mode": "hidden", "dim": 10**6, "hidden_item": "<f4", "n_vocab": 49152, "probe_rows": 0},
-     "dim 1000000: the model's hidden size is 576"),
-    ({"mode": "hidden", "dim": 576, "hidden_item": "<f8", "n_vocab": 49152, "probe_rows": 0},
-     "hidden_item '<f8': a float32 model's is <f4"),
-    ({"mode": "hidden", "dim": 576, "hidden_item": "<f4", "n_vocab": 49152, "probe_rows": 10**9},
-     "probe_rows 1000000000: expected an integer in 0..63"),
-    ({"mode": "encode", "row_width": 10, "coding": {"codec": "grid", "clamp": 16.0, "keep": None}},
-     "row_width 10: the model's row width is 49156"),
-    ({"mode": "encode", "row_width": 49156, "coding": {"codec": "grid", "clamp": float("nan"), "keep": None}},
-     "coding.clamp nan: expected 16..64 nats"),
-])
+@pytest.mark.parametrize(
+    "change, reason",
+    [
+        ({"v": 1}, "wire protocol version 1 from the client, 2 in the server's kldtool"),
+        ({"v": None}, "wire protocol version None from the client"),
+        ({"mode": "eval"}, "mode 'eval': expected one of probe, compare, encode, nll, hidden"),
+        ({"key": "../escape-1"}, "key '../escape-1': expected 12 hex digits"),
+        ({"evil": 1}, "unknown field 'evil' for mode nll"),
+        ({"first": -1}, "first -1: expected an integer in 0..127"),
+        ({"first": True}, "first True: expected an integer"),
+        ({"n_scored": 10**6}, "n_scored 1000000: expected an integer in 1..64"),
+        ({"after": 49152}, "after 49152: expected an integer in 0..49151"),
+        ({"logits_block": 0}, "logits_block 0: expected an integer in 1..2147483647"),
+        ({"chunk": 2.0}, "chunk 2.0: expected an integer"),
+        ({"mode": "compare", "base": "relative.kldt"}, "base 'relative.kldt': expected an absolute path"),
+        (
+            {"mode": "hidden", "dim": 10**6, "hidden_item": "<f4", "n_vocab": 49152, "probe_rows": 0},
+            "dim 1000000: the model's hidden size is 576",
+        ),
+        (
+            {"mode": "hidden", "dim": 576, "hidden_item": "<f8", "n_vocab": 49152, "probe_rows": 0},
+            "hidden_item '<f8': a float32 model's is <f4",
+        ),
+        (
+            {"mode": "hidden", "dim": 576, "hidden_item": "<f4", "n_vocab": 49152, "probe_rows": 10**9},
+            "probe_rows 1000000000: expected an integer in 0..63",
+        ),
+        (
+            {"mode": "encode", "row_width": 10, "coding": {"codec": "grid", "clamp": 16.0, "keep": None}},
+            "row_width 10: the model's row width is 49156",
+        ),
+        (
+            {"mode": "encode", "row_width": 49156, "coding": {"codec": "grid", "clamp": float("nan"), "keep": None}},
+            "coding.clamp nan: expected 16..64 nats",
+        ),
+    ],
+)
 def test_anything_else_is_one_line_naming_the_field(change, reason):
-    spec = {"v": 2, "key": "0123456789ab-3", "mode": "nll", "first": 64, "n_scored": 63, "chunk": 3, "after": 5,
-            "logits_block": 64, **change}
+    spec = {
+        "v": 2,
+        "key": "0123456789ab-3",
+        "mode": "nll",
+        "first": 64,
+        "n_scored": 63,
+        "chunk": 3,
+        "after": 5,
+        "logits_block": 64,
+        **change,
+    }
     with pytest.raises(wire.SpecError) as e:
         wire.parse(spec, 128, MODEL, False)
     assert reason in str(e.value) and "\n" not in str(e.value)
@@ -101,13 +133,16 @@ def test_a_logits_block_past_the_hooks_budget_is_cut_to_it():
     assert wire.parse({**spec, "logits_block": 64}, 128, MODEL, False).logits_block == 64
 
 
-@pytest.mark.parametrize("raw, reason", [
-    ("x" * 9000, "spec of 9000 characters (at most 8192)"),
-    ("[" * 4000 + "]" * 4000, "spec is not JSON"),
-    ('{"v": NaN}', "spec is not JSON (NaN is not a number JSON allows)"),
-    ("[1]", "spec is a list, not an object"),
-    (7, "spec is a int, not an object"),
-])
+@pytest.mark.parametrize(
+    "raw, reason",
+    [
+        ("x" * 9000, "spec of 9000 characters (at most 8192)"),
+        ("[" * 4000 + "]" * 4000, "spec is not JSON"),
+        ('{"v": NaN}', "spec is not JSON (NaN is not a number JSON allows)"),
+        ("[1]", "spec is a list, not an object"),
+        (7, "spec is a int, not an object"),
+    ],
+)
 def test_text_that_is_no_spec_is_refused_before_it_is_parsed_further(raw, reason):
     with pytest.raises(wire.SpecError) as e:
         wire.decode(raw)
@@ -120,17 +155,24 @@ def test_the_operators_settings(box, tmp_path):
     assert not ok.token_ok("s3cre") and not ok.token_ok(None) and not ok.token_ok(7)
     assert Policy.from_environment(_operator(box, KLDTOOL_VLLM_TOKEN=None)).token_ok(None)
     missing = Policy.from_environment(_operator(box, KLDTOOL_VLLM_BASE_ROOTS=None))
-    assert missing.problem == ("kldtool's hook is off on this server: KLDTOOL_VLLM_BASE_ROOTS is not set: the server's "
-                               "operator names the directories base files may be read from (dir1:dir2)")
+    assert missing.problem == (
+        "kldtool's hook is off on this server: KLDTOOL_VLLM_BASE_ROOTS is not set: the server's "
+        "operator names the directories base files may be read from (dir1:dir2)"
+    )
     relative = Policy.from_environment(_operator(box, KLDTOOL_VLLM_BASE_ROOTS="bases", KLDTOOL_VLLM_EXCHANGE_ROOT=None))
     assert "KLDTOOL_VLLM_BASE_ROOTS: bases is not an absolute path" in relative.problem
     assert "KLDTOOL_VLLM_EXCHANGE_ROOT is not set" in relative.problem
     # Paths are resolved before they are checked: a link out of the roots is out of them.
     assert ok.base_file(str(box.base)) == str(box.base)
-    for path, why in ((box.bases / "to-secret.kldt", "is outside KLDTOOL_VLLM_BASE_ROOTS"),
-                      (box.bases / "secrets" / "secret.txt", "is outside"), (box.bases / ".." / "secrets", "is outside"),
-                      (box.bases / "fifo.kldt", "is not a regular file"), (box.bases / "dir.kldt", "not a regular file"),
-                      (box.bases / "absent.kldt", "No such file or directory"), (Path("/etc/passwd"), "is outside")):
+    for path, why in (
+        (box.bases / "to-secret.kldt", "is outside KLDTOOL_VLLM_BASE_ROOTS"),
+        (box.bases / "secrets" / "secret.txt", "is outside"),
+        (box.bases / ".." / "secrets", "is outside"),
+        (box.bases / "fifo.kldt", "is not a regular file"),
+        (box.bases / "dir.kldt", "not a regular file"),
+        (box.bases / "absent.kldt", "No such file or directory"),
+        (Path("/etc/passwd"), "is outside"),
+    ):
         with pytest.raises(Exception) as e:
             ok.base_file(str(path))
         assert why in str(e.value), (path, e.value)
@@ -161,8 +203,9 @@ class Runner:
             hidden = torch.randn(len(prompt), 576, generator=torch.Generator().manual_seed(len(prompt)))
             for start in range(0, len(prompt), self.step):
                 n = min(self.step, len(prompt) - start)
-                self.state.step(req_id, raw, prompt, start, n, lambda a, b: self.logits(hidden[a:b]),
-                                lambda a, b: hidden[a:b])
+                self.state.step(
+                    req_id, raw, prompt, start, n, lambda a, b: self.logits(hidden[a:b]), lambda a, b: hidden[a:b]
+                )
         self.state.sweep(lambda r: False)
 
 
@@ -196,10 +239,13 @@ def test_a_misconfigured_server_refuses_every_request_with_the_operators_line(bo
     w = windows[0]
     probe = wire.served(wire.probe_spec("00000000000a-probe"), str(box.run), TOKEN)
     keys, specs = window_specs([w], 64, lambda w: {"mode": "nll"})
-    Runner(state).run([("p", [1, 2], probe), ("n", [int(t) for t in w.tokens], wire.served(specs[0], str(box.run), TOKEN))])
+    Runner(state).run(
+        [("p", [1, 2], probe), ("n", [int(t) for t in w.tokens], wire.served(specs[0], str(box.run), TOKEN))]
+    )
     for key in ("00000000000a-probe", keys[0]):
         assert (box.run / f"{key}.err").read_text() == Policy.from_environment(
-            _operator(box, KLDTOOL_VLLM_BASE_ROOTS=None)).problem
+            _operator(box, KLDTOOL_VLLM_BASE_ROOTS=None)
+        ).problem
 
 
 def test_a_failure_inside_a_request_is_its_error_and_an_abandoned_request_is_dropped(box):
@@ -207,19 +253,29 @@ def test_a_failure_inside_a_request_is_its_error_and_an_abandoned_request_is_dro
     state = WorkerState(FACTS, Policy.from_environment(_operator(box)), rank=0)
     keys, specs = window_specs(windows[:2], 16, lambda w: {"mode": "nll"})
     # The first window's second logits block comes back malformed; the second window goes on.
-    Runner(state, fail_at=2).run([(k, [int(t) for t in w.tokens], wire.served(s, str(box.run), TOKEN))
-                                  for k, w, s in zip(keys, windows, specs)])
+    Runner(state, fail_at=2).run(
+        [(k, [int(t) for t in w.tokens], wire.served(s, str(box.run), TOKEN)) for k, w, s in zip(keys, windows, specs)]
+    )
     assert (box.run / f"{keys[0]}.err").read_text().startswith("RuntimeError: ")
     with np.load(box.run / f"{keys[1]}.npz") as z:
         assert z["nll"].shape == (windows[1].n_scored,)
     # A request vLLM drops halfway (a client gone): forgotten at the next sweep, nothing written.
     keys, specs = window_specs(windows[2:3], 64, lambda w: {"mode": "nll"})
     w = windows[2]
-    state.step("gone", wire.served(specs[0], str(box.run), TOKEN), [int(t) for t in w.tokens], 0, 80,
-               lambda a, b: torch.zeros(b - a, 49152), lambda a, b: None)
+    state.step(
+        "gone",
+        wire.served(specs[0], str(box.run), TOKEN),
+        [int(t) for t in w.tokens],
+        0,
+        80,
+        lambda a, b: torch.zeros(b - a, 49152),
+        lambda a, b: None,
+    )
     assert "gone" in state.requests
     state.sweep(lambda r: False)
-    assert not state.requests and not (box.run / f"{keys[0]}.npz").exists() and not (box.run / f"{keys[0]}.err").exists()
+    assert (
+        not state.requests and not (box.run / f"{keys[0]}.npz").exists() and not (box.run / f"{keys[0]}.err").exists()
+    )
 
 
 def test_only_the_operators_token_opens_the_hook(box):
@@ -229,6 +285,10 @@ def test_only_the_operators_token_opens_the_hook(box):
     keys, specs = window_specs([w, w], 64, lambda w: {"mode": "nll"})
     prompt = [int(t) for t in w.tokens]
     runner = Runner(state)
-    runner.run([("a", prompt, wire.served(specs[0], str(box.run), "wrong")),
-                ("b", prompt, json.dumps({**specs[1], "out": str(box.run)}))])
+    runner.run(
+        [
+            ("a", prompt, wire.served(specs[0], str(box.run), "wrong")),
+            ("b", prompt, json.dumps({**specs[1], "out": str(box.run)})),
+        ]
+    )
     assert not list(box.run.iterdir()) and runner.calls == 0  # told nothing, no logits computed

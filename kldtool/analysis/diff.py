@@ -34,8 +34,10 @@ def load_run(path: str) -> tuple[dict, KldAccumulator]:
         state = load_state(path)
         if not state.complete:
             a, b = state.chunk_range
-            raise UsageError(f"{path}: unfinished compare state (chunks {a}:{state.next_chunk} of {a}:{b}); "
-                             f"finish it with `compare --resume --state {path}`")
+            raise UsageError(
+                f"{path}: unfinished compare state (chunks {a}:{state.next_chunk} of {a}:{b}); "
+                f"finish it with `compare --resume --state {path}`"
+            )
         return state.meta, state.acc
     raise UsageError(f"{path}: not a compare --per-token HDF5 file or a compare --state file")
 
@@ -53,13 +55,19 @@ def run_diff(path_a: str, path_b: str, bootstrap: Bootstrap, mix: bool = False) 
     if not mix:
         check_manifests([(path_a, meta_a.get("manifest")), (path_b, meta_b.get("manifest"))])
     if meta_a.get("base") != meta_b.get("base"):
-        raise UsageError(f"{path_b}: compared against another base file than {path_a} (header or tokens "
-                         f"differ); diff pairs the chunks of one base file")
+        raise UsageError(
+            f"{path_b}: compared against another base file than {path_a} (header or tokens "
+            f"differ); diff pairs the chunks of one base file"
+        )
     if acc_a.chunks != acc_b.chunks:
+
         def span(acc):
             return f"{len(acc.chunks)} chunks from {acc.chunks[0] + 1}" if acc.chunks else "no chunks"
-        raise UsageError(f"{path_b} covers other chunks than {path_a} ({span(acc_b)} vs {span(acc_a)}); "
-                         f"diff needs both runs over the same chunks")
+
+        raise UsageError(
+            f"{path_b} covers other chunks than {path_a} ({span(acc_b)} vs {span(acc_a)}); "
+            f"diff needs both runs over the same chunks"
+        )
     if len(acc_a.chunks) < 2:
         raise UsageError(f"{path_a}: {len(acc_a.chunks)} chunk; a paired bootstrap needs at least 2")
     if bootstrap.resamples < 1:
@@ -67,12 +75,19 @@ def run_diff(path_a: str, path_b: str, bootstrap: Bootstrap, mix: bool = False) 
     labels = _labels([path_a, path_b], [meta_a, meta_b])
     rows = compare_runs(np.asarray(acc_a.chunk_vectors), np.asarray(acc_b.chunk_vectors), bootstrap)
     lines = [sentence(m, labels, rows[m.key]) for m in MEASURES]
-    result = {"kind": "kldtool-diff", "a": {"path": path_a, "label": labels[0], "model": meta_a.get("model"),
-                                            "manifest": meta_a.get("manifest")},
-              "b": {"path": path_b, "label": labels[1], "model": meta_b.get("model"),
-                    "manifest": meta_b.get("manifest")},
-              "base": meta_a.get("base"), "protocol": meta_a.get("protocol"), "scored_tokens": acc_a.count,
-              "bootstrap": {"method": "paired chunk block bootstrap", "resamples": bootstrap.resamples,
-                            "seed": bootstrap.seed},
-              "measures": rows, "summary": lines}
+    result = {
+        "kind": "kldtool-diff",
+        "a": {"path": path_a, "label": labels[0], "model": meta_a.get("model"), "manifest": meta_a.get("manifest")},
+        "b": {"path": path_b, "label": labels[1], "model": meta_b.get("model"), "manifest": meta_b.get("manifest")},
+        "base": meta_a.get("base"),
+        "protocol": meta_a.get("protocol"),
+        "scored_tokens": acc_a.count,
+        "bootstrap": {
+            "method": "paired chunk block bootstrap",
+            "resamples": bootstrap.resamples,
+            "seed": bootstrap.seed,
+        },
+        "measures": rows,
+        "summary": lines,
+    }
     return result

@@ -11,6 +11,7 @@ from kldtool.analysis.results import ResultRow
 from kldtool.stats.bootstrap import Bootstrap
 from kldtool.stats.paired import compare_runs
 
+
 def _line(a: ResultRow, b: ResultRow, spec: Bootstrap, floor: float | None) -> str:
     head = f"{a.label} vs {b.label}: "
     if a.vectors is None or b.vectors is None:
@@ -23,8 +24,10 @@ def _line(a: ResultRow, b: ResultRow, spec: Bootstrap, floor: float | None) -> s
         verdict = f"below the noise floor {floor:.6f}"
     else:
         verdict = "significant" if r["significant"] else "not significant"
-    return (head + f"mean KLD {r['a']:.6f} vs {r['b']:.6f}, A − B {r['difference']:+.6f} "
-            f"[{lo:+.6f}, {hi:+.6f}] 95 %, {verdict}; {a.label} lower in {r['a_wins']} of {r['chunks']} chunks")
+    return (
+        head + f"mean KLD {r['a']:.6f} vs {r['b']:.6f}, A − B {r['difference']:+.6f} "
+        f"[{lo:+.6f}, {hi:+.6f}] 95 %, {verdict}; {a.label} lower in {r['a_wins']} of {r['chunks']} chunks"
+    )
 
 
 def ordering(rows: list[ResultRow], spec: Bootstrap, every: bool = False, floor: float | None = None) -> list[str]:
@@ -33,5 +36,6 @@ def ordering(rows: list[ResultRow], spec: Bootstrap, every: bool = False, floor:
         return []
     pairs = combinations(range(len(rows)), 2) if every else zip(range(len(rows) - 1), range(1, len(rows)))
     what = "every pair" if every else "each row against the next larger one"
-    return [f"Mean KLD, paired block bootstrap over chunks ({spec.resamples} resamples, seed {spec.seed}), "
-            f"{what}:"] + ["  " + _line(rows[i], rows[j], spec, floor) for i, j in pairs]
+    return [f"Mean KLD, paired block bootstrap over chunks ({spec.resamples} resamples, seed {spec.seed}), {what}:"] + [
+        "  " + _line(rows[i], rows[j], spec, floor) for i, j in pairs
+    ]

@@ -25,8 +25,12 @@ from kldtool.reduce import TokenRecords
 from kldtool.stats import KldAccumulator
 
 COLUMN_OF = {f: ("nll_q" if f == "nll" else f) for f in RECORD_FIELDS}
-FIELDS = {"chunk": np.int32, "position": np.int64, "target": np.int32,
-          **{COLUMN_OF[f]: dt for f, dt in RECORD_FIELDS.items()}}
+FIELDS = {
+    "chunk": np.int32,
+    "position": np.int64,
+    "target": np.int32,
+    **{COLUMN_OF[f]: dt for f, dt in RECORD_FIELDS.items()},
+}
 RECORD = np.dtype([(name, dtype) for name, dtype in FIELDS.items()])
 KIND = "kldtool-per-token"
 LATER = ("top1_q", "top1_base")  # columns files of earlier versions lack: read as -1
@@ -63,8 +67,12 @@ class PerTokenWriter:
 
     def add(self, chunk: int, positions: np.ndarray, targets: np.ndarray, r: TokenRecords) -> None:
         rec = np.empty(len(r), RECORD)
-        cols = {"chunk": chunk, "position": positions, "target": targets,
-                **{COLUMN_OF[f]: getattr(r, f) for f in RECORD_FIELDS}}
+        cols = {
+            "chunk": chunk,
+            "position": positions,
+            "target": targets,
+            **{COLUMN_OF[f]: getattr(r, f) for f in RECORD_FIELDS},
+        }
         for name in FIELDS:
             rec[name] = cols[name]
         try:
@@ -85,8 +93,9 @@ class PerTokenWriter:
         try:
             with h5py.File(h5_tmp, "w") as f:
                 for name in FIELDS:
-                    f.create_dataset(name, data=np.ascontiguousarray(rec[name]), compression="gzip",
-                                     compression_opts=4, shuffle=True)
+                    f.create_dataset(
+                        name, data=np.ascontiguousarray(rec[name]), compression="gzip", compression_opts=4, shuffle=True
+                    )
                 f.attrs["kind"] = KIND
                 f.attrs["run"] = json.dumps(self.run)
                 f.attrs["statistics"] = json.dumps(statistics)
@@ -120,8 +129,7 @@ def read_per_token(path: str) -> tuple[dict, dict[str, np.ndarray]]:
         run = json.loads(f.attrs["run"])
         missing = [name for name in FIELDS if name not in f and name not in LATER]
         if missing:
-            raise UsageError(f"{path}: written by an older kldtool (no column {missing[0]}); "
-                             f"rerun compare --per-token")
+            raise UsageError(f"{path}: written by an older kldtool (no column {missing[0]}); rerun compare --per-token")
         cols = {name: f[name][:] for name in FIELDS if name in f}
     n = len(cols["chunk"])
     cols.update({name: np.full(n, -1, FIELDS[name]) for name in LATER if name not in cols})

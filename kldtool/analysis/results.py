@@ -62,8 +62,17 @@ def _from_json(path: str) -> ResultRow:
         raise UsageError(f"{path}: not a kldtool compare or merge result (--json)")
     if "kld_mean" not in run["statistics"]:
         raise UsageError(f"{path}: the run scored too few tokens for statistics")
-    return ResultRow(_label(path), [path], run.get("model") or {}, run.get("base"), run.get("protocol"),
-                     run["statistics"], _size(run), *_chunk_sums(run.get("chunk_sums"), path), run.get("manifest"))
+    return ResultRow(
+        _label(path),
+        [path],
+        run.get("model") or {},
+        run.get("base"),
+        run.get("protocol"),
+        run["statistics"],
+        _size(run),
+        *_chunk_sums(run.get("chunk_sums"), path),
+        run.get("manifest"),
+    )
 
 
 def _chunk_sums(table, path: str) -> tuple[list[int] | None, np.ndarray | None]:
@@ -88,9 +97,18 @@ def _from_per_token(files: list[tuple[str, dict, dict]]) -> ResultRow:
         raise UsageError(f"{paths[0]}: only {acc.count} tokens; at least {MIN_TOKENS_FOR_STATS} are needed")
     stats = statistics(acc, Bootstrap())[1]
     first = runs[0]
-    return ResultRow(_label(paths[0]), list(paths), first.get("model") or {}, first.get("base"),
-                     first.get("protocol"), stats, _size(first), list(acc.chunks), np.asarray(acc.chunk_vectors),
-                     first.get("manifest"))
+    return ResultRow(
+        _label(paths[0]),
+        list(paths),
+        first.get("model") or {},
+        first.get("base"),
+        first.get("protocol"),
+        stats,
+        _size(first),
+        list(acc.chunks),
+        np.asarray(acc.chunk_vectors),
+        first.get("manifest"),
+    )
 
 
 def _group_per_token(paths: list[str]) -> list[list[tuple[str, dict, dict]]]:
@@ -121,17 +139,23 @@ def load_results(paths: list[str], mix: bool = False) -> list[ResultRow]:
     for r in rows:
         key = json.dumps(model_identity(r.model, False), sort_keys=True)
         if key in seen and not mix:
-            raise UsageError(f"{r.sources[0]}: a second result for the model of {seen[key]}; "
-                             f"give one per model (per-token .h5 files of one model are pooled)")
+            raise UsageError(
+                f"{r.sources[0]}: a second result for the model of {seen[key]}; "
+                f"give one per model (per-token .h5 files of one model are pooled)"
+            )
         seen.setdefault(key, r.sources[0])
     if not mix:
         ref = rows[0]
         for r in rows[1:]:
             if r.base != ref.base:
-                raise UsageError(f"{r.sources[0]}: compared against another base file than {ref.sources[0]} "
-                                 f"(header or tokens differ); --mix reports them together anyway")
+                raise UsageError(
+                    f"{r.sources[0]}: compared against another base file than {ref.sources[0]} "
+                    f"(header or tokens differ); --mix reports them together anyway"
+                )
             if not same_protocol(r.protocol, ref.protocol):
-                raise UsageError(f"{r.sources[0]}: protocol {r.protocol} differs from {ref.sources[0]}'s "
-                                 f"{ref.protocol}; --mix reports them together anyway")
+                raise UsageError(
+                    f"{r.sources[0]}: protocol {r.protocol} differs from {ref.sources[0]}'s "
+                    f"{ref.protocol}; --mix reports them together anyway"
+                )
         check_manifests([(r.sources[0], r.manifest) for r in rows])
     return sorted(rows, key=lambda r: (r.size is None, (r.size or {}).get("file_bytes", 0), r.label))

@@ -87,11 +87,14 @@ def check_fits(state: RunState, path: str, base: dict, model: dict, chunk_range:
     """Refuse to continue a checkpoint written for another base file, model or chunk range."""
     m = state.meta
     if m.get("base") != base:
-        raise StateError(f"{path}: written for another base file (header/tokens differ); "
-                         f"remove it or pass another --state")
+        raise StateError(
+            f"{path}: written for another base file (header/tokens differ); remove it or pass another --state"
+        )
     if model_identity(m.get("model", {})) != model:
-        raise StateError(f"{path}: written for model {m.get('model', {}).get('model')} "
-                         f"({m.get('model', {}).get('engine')}), this run uses {model['model']} ({model['engine']})")
+        raise StateError(
+            f"{path}: written for model {m.get('model', {}).get('model')} "
+            f"({m.get('model', {}).get('engine')}), this run uses {model['model']} ({model['engine']})"
+        )
     if state.chunk_range != tuple(chunk_range):
         a, b = state.chunk_range
         raise StateError(f"{path}: covers chunks {a}:{b}, this run asks for {chunk_range[0]}:{chunk_range[1]}")

@@ -33,7 +33,9 @@ class Decoder:
 
             silence_llama_logs(llama_cpp)
             self._llama = llama_cpp.Llama(self.source, vocab_only=True, verbose=False)
-            self.piece = lambda ids: self._llama.detokenize([int(i) for i in ids], special=True).decode("utf-8", "replace")
+            self.piece = lambda ids: self._llama.detokenize([int(i) for i in ids], special=True).decode(
+                "utf-8", "replace"
+            )
         else:
             from transformers import AutoTokenizer
 
@@ -48,7 +50,9 @@ def tokenizer_source(explicit: str | None, base_meta: dict, run: dict) -> str:
     for candidate in (explicit, (base_meta.get("model") or {}).get("model"), (run.get("model") or {}).get("model")):
         if candidate and os.path.exists(candidate):
             return candidate
-    raise UsageError("worst: no tokenizer at hand (the base file's and the compared model's paths are gone); give -m MODEL")
+    raise UsageError(
+        "worst: no tokenizer at hand (the base file's and the compared model's paths are gone); give -m MODEL"
+    )
 
 
 def _order(cols: dict, by: str) -> np.ndarray:
@@ -65,12 +69,20 @@ def worst_tokens(cols: dict, tokens: np.ndarray, decode: Decoder, n: int, by: st
     out = []
     for i in _order(cols, by)[:n]:
         pos = int(cols["position"][i])
-        row = {"chunk": int(cols["chunk"][i]), "position": pos, "kld": float(cols["kld"][i]),
-               "dp": float(cols["dp"][i]), "nll_q": float(cols["nll_q"][i]), "nll_base": float(cols["nll_base"][i]),
-               "p_q": float(np.exp(-cols["nll_q"][i])), "p_base": float(np.exp(-cols["nll_base"][i])),
-               "target_id": int(cols["target"][i]), "top1_q_id": int(cols["top1_q"][i]),
-               "top1_base_id": int(cols["top1_base"][i])}
-        row["context"] = decode.text(tokens[max(0, pos - context):pos])
+        row = {
+            "chunk": int(cols["chunk"][i]),
+            "position": pos,
+            "kld": float(cols["kld"][i]),
+            "dp": float(cols["dp"][i]),
+            "nll_q": float(cols["nll_q"][i]),
+            "nll_base": float(cols["nll_base"][i]),
+            "p_q": float(np.exp(-cols["nll_q"][i])),
+            "p_base": float(np.exp(-cols["nll_base"][i])),
+            "target_id": int(cols["target"][i]),
+            "top1_q_id": int(cols["top1_q"][i]),
+            "top1_base_id": int(cols["top1_base"][i]),
+        }
+        row["context"] = decode.text(tokens[max(0, pos - context) : pos])
         for k in ("target", "top1_q", "top1_base"):
             row[k] = decode.text([row[f"{k}_id"]]) if row[f"{k}_id"] >= 0 else "?"
         out.append(row)
@@ -89,9 +101,16 @@ def rank_windows(cols: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.nda
 def worst_windows(cols: dict, tokens: np.ndarray, decode: Decoder, n: int, context: int) -> list[dict]:
     ids, at, count, mean, order = rank_windows(cols)
     first = np.array([int(cols["position"][np.argmax(cols["chunk"] == c)]) for c in ids])
-    return [{"chunk": int(ids[j]), "kld_mean": float(mean[j]), "tokens": int(count[j]),
-             "same_top": float(np.mean(cols["same_top"][at == j])),
-             "text": decode.text(tokens[first[j]:first[j] + context])} for j in order[:n]]
+    return [
+        {
+            "chunk": int(ids[j]),
+            "kld_mean": float(mean[j]),
+            "tokens": int(count[j]),
+            "same_top": float(np.mean(cols["same_top"][at == j])),
+            "text": decode.text(tokens[first[j] : first[j] + context]),
+        }
+        for j in order[:n]
+    ]
 
 
 def base_tokens(run: dict, base: str | None, result: str) -> tuple[np.ndarray, dict]:
@@ -112,8 +131,9 @@ def base_tokens(run: dict, base: str | None, result: str) -> tuple[np.ndarray, d
         reader.close()
 
 
-def rank_worst(result: str, n: int = 20, by: str = "kld", context: int = 12, base: str | None = None,
-               model: str | None = None) -> list[dict]:
+def rank_worst(
+    result: str, n: int = 20, by: str = "kld", context: int = 12, base: str | None = None, model: str | None = None
+) -> list[dict]:
     """The rows ``kldtool worst`` shows: the ``n`` positions (or windows, ``by="window"``) of a
     per-token file where the quant departs most, with their text."""
     from kldtool.analysis.per_token import read_per_token
@@ -156,8 +176,22 @@ def window_views(result: str, windows: int) -> list[tuple[int, float, list[Token
     def piece(k: str, i: int) -> str:
         return decode.text([int(cols[k][i])]) if cols[k][i] >= 0 else "?"
 
-    return [(int(ids[j]), float(mean[j]),
-             [TokenView(decode.text([int(tokens[cols["position"][i]])]), float(cols["kld"][i]), piece("target", i),
-                        float(np.exp(-cols["nll_base"][i])), float(np.exp(-cols["nll_q"][i])),
-                        piece("top1_base", i), piece("top1_q", i)) for i in np.flatnonzero(at == j)])
-            for j in order[:windows]]
+    return [
+        (
+            int(ids[j]),
+            float(mean[j]),
+            [
+                TokenView(
+                    decode.text([int(tokens[cols["position"][i]])]),
+                    float(cols["kld"][i]),
+                    piece("target", i),
+                    float(np.exp(-cols["nll_base"][i])),
+                    float(np.exp(-cols["nll_q"][i])),
+                    piece("top1_base", i),
+                    piece("top1_q", i),
+                )
+                for i in np.flatnonzero(at == j)
+            ],
+        )
+        for j in order[:windows]
+    ]

@@ -20,7 +20,7 @@ app = typer.Typer(
     # click's own layout: docstrings reflowed into paragraphs, flags without a "<bool>" type
     rich_markup_mode=None,
     help="Measure how far a quantized model's predictions drift from its base model "
-         "(llama-perplexity --kl-divergence compatible).",
+    "(llama-perplexity --kl-divergence compatible).",
 )
 
 

@@ -17,38 +17,66 @@ from kldtool.errors import UsageError
 @app.command()
 @flags(run=ENGINE, boot=BOOTSTRAP)
 def compare(
-    base_file: Optional[str] = typer.Option(None, "--kl-divergence-base", "--save-all-logits",
-                                            help="Base file written by `kldtool base` or llama-perplexity."),
+    base_file: Optional[str] = typer.Option(
+        None,
+        "--kl-divergence-base",
+        "--save-all-logits",
+        help="Base file written by `kldtool base` or llama-perplexity.",
+    ),
     model: Optional[str] = ModelOpt,
-    kl_divergence: bool = typer.Option(False, "--kl-divergence", help="Accepted for llama-perplexity familiarity; always on."),
+    kl_divergence: bool = typer.Option(
+        False, "--kl-divergence", help="Accepted for llama-perplexity familiarity; always on."
+    ),
     ctx_size: Optional[int] = typer.Option(None, "-c", "--ctx-size", help="Must match the base file if given."),
-    protocol: Optional[str] = typer.Option(None, "--protocol", help="Must match the base file if given (it is "
-                                                                    "taken from the file)."),
+    protocol: Optional[str] = typer.Option(
+        None, "--protocol", help="Must match the base file if given (it is taken from the file)."
+    ),
     stride: Optional[int] = typer.Option(None, "--stride", help="Must match the base file if given."),
     lengths: Optional[str] = typer.Option(None, "--lengths", help="Must match the base file if given."),
     file: Optional[str] = typer.Option(None, "-f", "--file", help="Ignored: the tokens come from the base file."),
     json_out: Optional[str] = typer.Option(None, "--json", help="Write every statistic and the run's metadata here."),
-    force: bool = typer.Option(False, "--force", help="Compare even when the tokenizer or BOS policy differ, or the "
-                                                      "chunks exceed the model's trained context (noted in every output)."),
+    force: bool = typer.Option(
+        False,
+        "--force",
+        help="Compare even when the tokenizer or BOS policy differ, or the "
+        "chunks exceed the model's trained context (noted in every output).",
+    ),
     chunks: Optional[int] = typer.Option(None, "--chunks", help="Use only the base file's first N chunks."),
-    chunk_range: Optional[str] = typer.Option(None, "--chunk-range", help="Use chunks A:B only (0-based, end excluded: "
-                                                                          "printed as A+1..B); for shards, see `merge`."),
-    state: Optional[str] = typer.Option(None, "--state", help="Checkpoint the accumulators here (atomically) while "
-                                                              "running and at the end; a shard for `kldtool merge`."),
-    checkpoint_every: Optional[str] = typer.Option(None, "--checkpoint-every", help="With --state: every N chunks "
-                                                                                    "(10) or seconds (60s, default)."),
+    chunk_range: Optional[str] = typer.Option(
+        None,
+        "--chunk-range",
+        help="Use chunks A:B only (0-based, end excluded: printed as A+1..B); for shards, see `merge`.",
+    ),
+    state: Optional[str] = typer.Option(
+        None,
+        "--state",
+        help="Checkpoint the accumulators here (atomically) while running and at the end; a shard for `kldtool merge`.",
+    ),
+    checkpoint_every: Optional[str] = typer.Option(
+        None, "--checkpoint-every", help="With --state: every N chunks (10) or seconds (60s, default)."
+    ),
     resume: bool = typer.Option(False, "--resume", help="Continue from the --state checkpoint (if there is one)."),
-    per_token: Optional[str] = typer.Option(None, "--per-token", help="Write every scored token's values "
-                                                                      "(nll, KLD, Δp, same top...) to this HDF5 file."),
-    noise_floor: Optional[str] = typer.Option(None, "--noise-floor", help="A `kldtool noise-floor --json` result "
-                                                                          "of this base file: also print the mean "
-                                                                          "KLD as a multiple of that floor."),
-    head_from: Optional[str] = typer.Option(None, "--head-from", help="A hidden-state file written with --head "
-                                                                      "external: read its output head from this "
-                                                                      "model (GGUF or checkpoint directory) instead "
-                                                                      "of the path the file names; its sha256 must "
-                                                                      "match."),
-    run=None, boot=None,
+    per_token: Optional[str] = typer.Option(
+        None, "--per-token", help="Write every scored token's values (nll, KLD, Δp, same top...) to this HDF5 file."
+    ),
+    noise_floor: Optional[str] = typer.Option(
+        None,
+        "--noise-floor",
+        help="A `kldtool noise-floor --json` result "
+        "of this base file: also print the mean "
+        "KLD as a multiple of that floor.",
+    ),
+    head_from: Optional[str] = typer.Option(
+        None,
+        "--head-from",
+        help="A hidden-state file written with --head "
+        "external: read its output head from this "
+        "model (GGUF or checkpoint directory) instead "
+        "of the path the file names; its sha256 must "
+        "match.",
+    ),
+    run=None,
+    boot=None,
 ):
     """Phase 2: run a model over a base file's tokens and print llama-perplexity's KLD statistics."""
     start_loading(run, model)
@@ -66,8 +94,9 @@ def compare(
     try:
         floor = load_floor(noise_floor, reader) if noise_floor else None
         if run.server and head_from:
-            raise UsageError(f"--head-from {head_from}: with --server the server's workers read the output head "
-                             f"the base file names")
+            raise UsageError(
+                f"--head-from {head_from}: with --server the server's workers read the output head the base file names"
+            )
         if not run.server:  # a server's workers read the head themselves: the client loads none
             reader.use_head(head_from)  # an external head is found and checked now, before the model runs
         check_protocol_flags(reader, protocol, ctx_size, stride, lengths)
@@ -76,8 +105,17 @@ def compare(
             print(f"note: -f {file} ignored: the tokens come from {base_file}", file=sys.stderr)
         eng = open_engine(run, model, reader.header.n_ctx)
         try:
-            run_compare(eng, reader, force=force, json_path=json_out, chunk_range=span, checkpoints=checkpoints,
-                        per_token_path=per_token, bootstrap=resampling, floor=floor)
+            run_compare(
+                eng,
+                reader,
+                force=force,
+                json_path=json_out,
+                chunk_range=span,
+                checkpoints=checkpoints,
+                per_token_path=per_token,
+                bootstrap=resampling,
+                floor=floor,
+            )
         finally:
             eng.close()
     finally:
@@ -87,9 +125,15 @@ def compare(
 @app.command("noise-floor")
 @flags(run=ENGINE)
 def noise_floor_cmd(
-    base_file: Optional[str] = typer.Option(None, "--kl-divergence-base", help="The base file (its model is the default -m)."),
-    model: Optional[str] = typer.Option(None, "-m", "--model", help="The base model again (default: the one the base "
-                                                                     "file names), run another valid way."),
+    base_file: Optional[str] = typer.Option(
+        None, "--kl-divergence-base", help="The base file (its model is the default -m)."
+    ),
+    model: Optional[str] = typer.Option(
+        None,
+        "-m",
+        "--model",
+        help="The base model again (default: the one the base file names), run another valid way.",
+    ),
     chunks: Optional[int] = typer.Option(None, "--chunks", help="Use only the base file's first N chunks."),
     json_out: Optional[str] = typer.Option(None, "--json", help="Write the floor here (for compare --noise-floor)."),
     run=None,

@@ -6,24 +6,30 @@ from __future__ import annotations
 from kldtool.errors import UsageError
 
 
-def check_protocol_flags(reader, name: str | None, ctx_size: int | None, stride: int | None,
-                         lengths: str | None) -> None:
+def check_protocol_flags(
+    reader, name: str | None, ctx_size: int | None, stride: int | None, lengths: str | None
+) -> None:
     """compare takes the protocol from the base file; flags that say otherwise are refused."""
     from kldtool.pipeline.compat import file_protocol
     from kldtool.protocols import parse_lengths
 
     stored = file_protocol(reader)
-    given = {"--protocol": (name, stored.get("name")), "-c": (ctx_size, stored.get("n_ctx")),
-             "--stride": (stride, stored.get("stride"))}
+    given = {
+        "--protocol": (name, stored.get("name")),
+        "-c": (ctx_size, stored.get("n_ctx")),
+        "--stride": (stride, stored.get("stride")),
+    }
     if lengths is not None:
         given["--lengths"] = (tuple(parse_lengths(lengths)), tuple(stored.get("lengths", ())))
     for flag, (want, have) in given.items():
         if want is not None and want != have:
             shown = ",".join(map(str, have)) if isinstance(have, tuple) else have
-            raise UsageError(f"{flag} {lengths if flag == '--lengths' else want} contradicts {reader.path}, written with "
-                             f"{'no ' + flag if have in (None, ()) else flag + ' ' + str(shown)}"
-                             f"{'' if flag == '--protocol' else ' (protocol ' + str(stored.get('name')) + ')'}; "
-                             f"drop {flag}: compare takes the protocol from the base file")
+            raise UsageError(
+                f"{flag} {lengths if flag == '--lengths' else want} contradicts {reader.path}, written with "
+                f"{'no ' + flag if have in (None, ()) else flag + ' ' + str(shown)}"
+                f"{'' if flag == '--protocol' else ' (protocol ' + str(stored.get('name')) + ')'}; "
+                f"drop {flag}: compare takes the protocol from the base file"
+            )
 
 
 def parse_chunk_range(spec: str | None, chunks: int | None, n_chunk: int, where: str) -> tuple[int, int]:

@@ -31,7 +31,9 @@ def quantize(
         raise UsageError(f"{src}: no such GGUF file")
     run_quantize(src, dst, type_name, threads)
     size = model_size(dst)
-    print(f"{src} -> {dst} ({type_name}, {size.file_bytes / 2**20:.1f} MiB, {size.bpw_linear:.3f} bpw)", file=sys.stderr)
+    print(
+        f"{src} -> {dst} ({type_name}, {size.file_bytes / 2**20:.1f} MiB, {size.bpw_linear:.3f} bpw)", file=sys.stderr
+    )
 
 
 @app.command()
@@ -48,12 +50,20 @@ def info(
         h = reader.header
         raw_size = 20 + 4 * h.n_tokens + h.scored_tokens * row_width(h.n_vocab) * 2
         data = {
-            "path": path, "format": reader.format_name, "complete": True,
+            "path": path,
+            "format": reader.format_name,
+            "complete": True,
             "protocol": reader.metadata.get("protocol", {}).get("name", "llamacpp"),
-            "n_ctx": h.n_ctx, "n_vocab": h.n_vocab, "n_chunk": h.n_chunk, "keep": h.keep or "all",
+            "n_ctx": h.n_ctx,
+            "n_vocab": h.n_vocab,
+            "n_chunk": h.n_chunk,
+            "keep": h.keep or "all",
             "clamp_nats": h.clamp,
-            "rows_per_chunk": h.rows_per_chunk, "scored_tokens": h.scored_tokens, **frame_facts(reader),
-            "file_bytes": reader.file_size, "raw_equivalent_bytes": raw_size,
+            "rows_per_chunk": h.rows_per_chunk,
+            "scored_tokens": h.scored_tokens,
+            **frame_facts(reader),
+            "file_bytes": reader.file_size,
+            "raw_equivalent_bytes": raw_size,
             "ratio_to_raw": round(reader.file_size / raw_size, 4),
             "store": reader.metadata.get("store", "logprobs"),
             **_hidden_facts(reader.metadata),
@@ -77,11 +87,15 @@ def _hidden_facts(meta: dict) -> dict:
         return {}
     replay, head = meta.get("replay") or {}, meta["head"]
     external = head.get("external")  # named, not stored: its bytes are the model's
-    return {"head_bytes": 0 if external else head["length"], "head": f"{head['dtype']} {head['shape']}"
-            + (f", read from {external} (sha256 {head['sha256'][:16]}...)" if external else ", stored"),
-            "hidden": f"{meta['hidden']['dim']} x {meta['hidden']['dtype']}",
-            "replay_floor_kld_mean": replay.get("kld_mean"), "replay_floor_kld_max": replay.get("kld_max"),
-            "replay_max_abs_dlogit": replay.get("max_abs_dlogit")}
+    return {
+        "head_bytes": 0 if external else head["length"],
+        "head": f"{head['dtype']} {head['shape']}"
+        + (f", read from {external} (sha256 {head['sha256'][:16]}...)" if external else ", stored"),
+        "hidden": f"{meta['hidden']['dim']} x {meta['hidden']['dtype']}",
+        "replay_floor_kld_mean": replay.get("kld_mean"),
+        "replay_floor_kld_max": replay.get("kld_max"),
+        "replay_max_abs_dlogit": replay.get("max_abs_dlogit"),
+    }
 
 
 @app.command()

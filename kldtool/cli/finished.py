@@ -17,11 +17,16 @@ from kldtool.cli.options import bootstrap_of, flags
 @app.command()
 @flags(boot=BOOTSTRAP)
 def merge(
-    states: list[str] = typer.Argument(..., help="State files of compare shards (compare --chunk-range A:B --state FILE)."),
+    states: list[str] = typer.Argument(
+        ..., help="State files of compare shards (compare --chunk-range A:B --state FILE)."
+    ),
     json_out: Optional[str] = typer.Option(None, "--json", help="Write every statistic and the shards' metadata here."),
     force: bool = typer.Option(False, "--force", help="Merge shards even when their models' names differ."),
-    mix: bool = typer.Option(False, "--mix", help="Merge shards even when their manifests (engine, versions, dtype, "
-                                                  "device, instruction set...) differ."),
+    mix: bool = typer.Option(
+        False,
+        "--mix",
+        help="Merge shards even when their manifests (engine, versions, dtype, device, instruction set...) differ.",
+    ),
     boot=None,
 ):
     """Combine compare shards into the statistics of one run over all their chunks."""
@@ -33,22 +38,35 @@ def merge(
 @app.command()
 @flags(boot=BOOTSTRAP)
 def report(
-    results: list[str] = typer.Argument(..., help="compare/merge --json results and compare --per-token .h5 files "
-                                                  "(those of one model are pooled)."),
+    results: list[str] = typer.Argument(
+        ..., help="compare/merge --json results and compare --per-token .h5 files (those of one model are pooled)."
+    ),
     markdown: Optional[str] = typer.Option(None, "--markdown", help="Write the table as Markdown here."),
     csv_out: Optional[str] = typer.Option(None, "--csv", help="Write the table as CSV (full precision) here."),
     plots: Optional[str] = typer.Option(None, "--plots", help="Write PNG plots into this directory."),
-    html_out: Optional[str] = typer.Option(None, "--html", help="Write one self-contained HTML page here: table, "
-                                                                "paired comparisons, plots, and the worst windows "
-                                                                "token by token for per-token inputs."),
+    html_out: Optional[str] = typer.Option(
+        None,
+        "--html",
+        help="Write one self-contained HTML page here: table, "
+        "paired comparisons, plots, and the worst windows "
+        "token by token for per-token inputs.",
+    ),
     title: Optional[str] = typer.Option(None, "--title", help="Title of the table and Markdown."),
-    mix: bool = typer.Option(False, "--mix", help="Report results of different base files or protocols, or whose "
-                                                  "manifests disagree, together."),
-    paired: bool = typer.Option(False, "--paired", help="Pair every two quants' mean KLD chunk by chunk (default: "
-                                                        "each against the next larger one)."),
-    noise_floor: Optional[str] = typer.Option(None, "--noise-floor", help="A `kldtool noise-floor --json` result of "
-                                                                          "the base file: differences below it are "
-                                                                          "labelled so."),
+    mix: bool = typer.Option(
+        False,
+        "--mix",
+        help="Report results of different base files or protocols, or whose manifests disagree, together.",
+    ),
+    paired: bool = typer.Option(
+        False,
+        "--paired",
+        help="Pair every two quants' mean KLD chunk by chunk (default: each against the next larger one).",
+    ),
+    noise_floor: Optional[str] = typer.Option(
+        None,
+        "--noise-floor",
+        help="A `kldtool noise-floor --json` result of the base file: differences below it are labelled so.",
+    ),
     boot=None,
 ):
     """One table (and plots) for many quants compared against one base file, sorted by size."""
@@ -93,10 +111,12 @@ def report(
 def diff(
     a: str = typer.Argument(..., help="Run A: a compare --per-token .h5 file or a compare --state file."),
     b: str = typer.Argument(..., help="Run B, against the same base file over the same chunks."),
-    json_out: Optional[str] = typer.Option(None, "--json", help="Write both runs' values, A − B, intervals and "
-                                                                "chunk wins here."),
-    mix: bool = typer.Option(False, "--mix", help="Pair runs whose manifests (dtype, device, instruction set...) "
-                                                  "disagree."),
+    json_out: Optional[str] = typer.Option(
+        None, "--json", help="Write both runs' values, A − B, intervals and chunk wins here."
+    ),
+    mix: bool = typer.Option(
+        False, "--mix", help="Pair runs whose manifests (dtype, device, instruction set...) disagree."
+    ),
     boot=None,
 ):
     """Two quants against one base file, paired chunk by chunk: A − B with a paired block
@@ -115,13 +135,19 @@ def diff(
 def worst(
     result: str = typer.Argument(..., help="A compare --per-token .h5 file."),
     n: int = typer.Option(20, "-n", help="How many rows."),
-    by: str = typer.Option("kld", "--by", help="kld (largest KLD), dp (largest |Δp|), nll (largest rise of the "
-                                               "target's NLL) or window (chunks by mean KLD)."),
-    context: int = typer.Option(12, "--context", help="Tokens of text shown before each position (window: from "
-                                                      "its first scored position)."),
+    by: str = typer.Option(
+        "kld",
+        "--by",
+        help="kld (largest KLD), dp (largest |Δp|), nll (largest rise of the "
+        "target's NLL) or window (chunks by mean KLD).",
+    ),
+    context: int = typer.Option(
+        12, "--context", help="Tokens of text shown before each position (window: from its first scored position)."
+    ),
     base: Optional[str] = typer.Option(None, "--base", help="The base file, if it moved since the compare run."),
-    model: Optional[str] = typer.Option(None, "-m", "--model", help="Tokenizer source (default: the base file's "
-                                                                    "model, else the compared model)."),
+    model: Optional[str] = typer.Option(
+        None, "-m", "--model", help="Tokenizer source (default: the base file's model, else the compared model)."
+    ),
     json_out: Optional[str] = typer.Option(None, "--json", help="Write the rows here."),
 ):
     """Where a quant goes wrong: the positions (or windows) with the largest divergence, with

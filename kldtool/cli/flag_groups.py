@@ -13,74 +13,177 @@ ModelOpt = typer.Option(None, "-m", "--model", help=MODEL_HELP)
 
 # name: (type, option); the names are the builders' keywords.
 ENGINE = {
-    "engine": (Optional[str], typer.Option(None, "--engine", help="transformers, llamacpp, vllm or python "
-                                                                  "(default: from the model path; .gguf -> llamacpp).")),
-    "dtype": (Optional[str], typer.Option(None, "--dtype", help="transformers: float32 (default), bfloat16 or float16.")),
+    "engine": (
+        Optional[str],
+        typer.Option(
+            None,
+            "--engine",
+            help="transformers, llamacpp, vllm or python (default: from the model path; .gguf -> llamacpp).",
+        ),
+    ),
+    "dtype": (
+        Optional[str],
+        typer.Option(None, "--dtype", help="transformers: float32 (default), bfloat16 or float16."),
+    ),
     "device": (Optional[str], typer.Option(None, "--device", help="transformers: cpu (default), cuda, cuda:N.")),
     "threads": (Optional[int], typer.Option(None, "-t", "--threads", help="CPU threads (default: all cores).")),
-    "batch": (int, typer.Option(2048, "-b", "--batch-size", help="Tokens per engine call; chunks are batched as "
-                                                                 "llama-perplexity's n_seq = batch / ctx.")),
-    "contexts": (Optional[int], typer.Option(None, "--contexts", help="llamacpp, compare and ppl: contexts decoding different "
-                                                                      "batches at once, the threads split among them "
-                                                                      "(default 2 with 2+ threads; 1 is llama-"
-                                                                      "perplexity's layout). The numbers do not change.")),
-    "tensor_parallel_size": (Optional[int], typer.Option(None, "--tensor-parallel-size",
-                                                         help="vLLM: tensor-parallel ranks.")),
-    "pipeline_parallel_size": (Optional[int], typer.Option(None, "--pipeline-parallel-size",
-                                                           help="vLLM: pipeline stages (the last computes logits).")),
-    "gpu_memory_utilization": (Optional[float], typer.Option(None, "--gpu-memory-utilization",
-                                                             help="vLLM: memory share it may reserve (CPU default 0.3).")),
-    "max_model_len": (Optional[int], typer.Option(None, "--max-model-len",
-                                                  help="vLLM: context length (default: the window + 1).")),
-    "quantization": (Optional[str], typer.Option(None, "--quantization",
-                                                 help="vLLM: quantization method (default: from the checkpoint).")),
+    "batch": (
+        int,
+        typer.Option(
+            2048,
+            "-b",
+            "--batch-size",
+            help="Tokens per engine call; chunks are batched as llama-perplexity's n_seq = batch / ctx.",
+        ),
+    ),
+    "contexts": (
+        Optional[int],
+        typer.Option(
+            None,
+            "--contexts",
+            help="llamacpp, compare and ppl: contexts decoding different "
+            "batches at once, the threads split among them "
+            "(default 2 with 2+ threads; 1 is llama-"
+            "perplexity's layout). The numbers do not change.",
+        ),
+    ),
+    "tensor_parallel_size": (
+        Optional[int],
+        typer.Option(None, "--tensor-parallel-size", help="vLLM: tensor-parallel ranks."),
+    ),
+    "pipeline_parallel_size": (
+        Optional[int],
+        typer.Option(None, "--pipeline-parallel-size", help="vLLM: pipeline stages (the last computes logits)."),
+    ),
+    "gpu_memory_utilization": (
+        Optional[float],
+        typer.Option(None, "--gpu-memory-utilization", help="vLLM: memory share it may reserve (CPU default 0.3)."),
+    ),
+    "max_model_len": (
+        Optional[int],
+        typer.Option(None, "--max-model-len", help="vLLM: context length (default: the window + 1)."),
+    ),
+    "quantization": (
+        Optional[str],
+        typer.Option(None, "--quantization", help="vLLM: quantization method (default: from the checkpoint)."),
+    ),
     "kv_cache_dtype": (Optional[str], typer.Option(None, "--kv-cache-dtype", help="vLLM: KV-cache dtype.")),
-    "logits_block": (Optional[int], typer.Option(None, "--logits-block", min=1,
-                                                 help="vLLM: scored rows whose logits the hook computes at once "
-                                                      "(default: 256 MiB of them, e.g. 682 rows of a 49k vocab).")),
+    "logits_block": (
+        Optional[int],
+        typer.Option(
+            None,
+            "--logits-block",
+            min=1,
+            help="vLLM: scored rows whose logits the hook computes at once "
+            "(default: 256 MiB of them, e.g. 682 rows of a 49k vocab).",
+        ),
+    ),
     "enforce_eager": (bool, typer.Option(False, "--enforce-eager", help="vLLM: no CUDA graphs / compilation.")),
     "trust_remote_code": (bool, typer.Option(False, "--trust-remote-code", help="vLLM: allow the model's own code.")),
-    "vllm_arg": (Optional[list[str]], typer.Option(None, "--vllm-arg", help="vLLM: any other LLM(...) argument, "
-                                                                            "KEY=VALUE (repeatable).")),
-    "server": (Optional[str], typer.Option(None, "--server", help="vLLM: score on a running `vllm serve` (URL) started "
-                                                                  "with KLDTOOL_VLLM_HOOK=1; -m then names its "
-                                                                  "tokenizer's directory if the server's is not here.")),
-    "exchange_dir": (Optional[str], typer.Option(None, "--exchange-dir", help="--server: a directory the server's "
-                                                                              "workers write results to and this "
-                                                                              "machine reads (default: a temporary one, "
-                                                                              "for a server on this machine).")),
+    "vllm_arg": (
+        Optional[list[str]],
+        typer.Option(None, "--vllm-arg", help="vLLM: any other LLM(...) argument, KEY=VALUE (repeatable)."),
+    ),
+    "server": (
+        Optional[str],
+        typer.Option(
+            None,
+            "--server",
+            help="vLLM: score on a running `vllm serve` (URL) started "
+            "with KLDTOOL_VLLM_HOOK=1; -m then names its "
+            "tokenizer's directory if the server's is not here.",
+        ),
+    ),
+    "exchange_dir": (
+        Optional[str],
+        typer.Option(
+            None,
+            "--exchange-dir",
+            help="--server: a directory the server's "
+            "workers write results to and this "
+            "machine reads (default: a temporary one, "
+            "for a server on this machine).",
+        ),
+    ),
 }
-VLLM_KEYS = ("tensor_parallel_size", "pipeline_parallel_size", "gpu_memory_utilization", "max_model_len",
-             "quantization", "kv_cache_dtype", "logits_block", "enforce_eager", "trust_remote_code")
+VLLM_KEYS = (
+    "tensor_parallel_size",
+    "pipeline_parallel_size",
+    "gpu_memory_utilization",
+    "max_model_len",
+    "quantization",
+    "kv_cache_dtype",
+    "logits_block",
+    "enforce_eager",
+    "trust_remote_code",
+)
 
 CORPUS = {
-    "file": (Optional[str], typer.Option(None, "-f", "--file", help="Corpus (default: Python's built-in pydoc topics).")),
-    "corpus_format": (str, typer.Option("auto", "--corpus-format", help="text, lines (a document per line), jsonl, dir, "
-                                                                        "tokens (token strings) or ids (default: from -f).")),
+    "file": (
+        Optional[str],
+        typer.Option(None, "-f", "--file", help="Corpus (default: Python's built-in pydoc topics)."),
+    ),
+    "corpus_format": (
+        str,
+        typer.Option(
+            "auto",
+            "--corpus-format",
+            help="text, lines (a document per line), jsonl, dir, tokens (token strings) or ids (default: from -f).",
+        ),
+    ),
     "text_field": (str, typer.Option("text", "--text-field", help="jsonl: the field that holds a document's text.")),
 }
 
 SCORING = {
-    "protocol": (str, typer.Option("llamacpp", "--protocol", help="llamacpp (chunks of -c, second half scored), exl3 "
-                                                                  "(windows of -c every --stride, all positions), stride "
-                                                                  "(Hugging Face's: each token once), documents (--lengths) "
-                                                                  "or rolling (lm-eval's loglikelihood_rolling).")),
-    "ctx_size": (Optional[int], typer.Option(None, "-c", "--ctx-size", help="llamacpp chunk / exl3, stride window (512); "
-                                                                            "rolling window (the model's context).")),
-    "stride": (Optional[int], typer.Option(None, "--stride", help="exl3/stride: tokens between window starts (default: -c / 4).")),
-    "lengths": (Optional[str], typer.Option(None, "--lengths", help="documents: N,N,... first-N-token lengths "
-                                                                    "(default: whole documents).")),
-    "prefix_token": (Optional[int], typer.Option(None, "--prefix-token", help="rolling: the token id before each "
-                                                                              "document (default: BOS, else EOS).")),
+    "protocol": (
+        str,
+        typer.Option(
+            "llamacpp",
+            "--protocol",
+            help="llamacpp (chunks of -c, second half scored), exl3 "
+            "(windows of -c every --stride, all positions), stride "
+            "(Hugging Face's: each token once), documents (--lengths) "
+            "or rolling (lm-eval's loglikelihood_rolling).",
+        ),
+    ),
+    "ctx_size": (
+        Optional[int],
+        typer.Option(
+            None,
+            "-c",
+            "--ctx-size",
+            help="llamacpp chunk / exl3, stride window (512); rolling window (the model's context).",
+        ),
+    ),
+    "stride": (
+        Optional[int],
+        typer.Option(None, "--stride", help="exl3/stride: tokens between window starts (default: -c / 4)."),
+    ),
+    "lengths": (
+        Optional[str],
+        typer.Option(None, "--lengths", help="documents: N,N,... first-N-token lengths (default: whole documents)."),
+    ),
+    "prefix_token": (
+        Optional[int],
+        typer.Option(
+            None, "--prefix-token", help="rolling: the token id before each document (default: BOS, else EOS)."
+        ),
+    ),
     "chunks": (Optional[int], typer.Option(None, "--chunks", help="Use at most this many chunks (windows).")),
     "force": (bool, typer.Option(False, "--force", help="Run windows longer than the model's trained context.")),
 }
 
-FRAME_ROWS = typer.Option(None, "--frame-rows", help="kldtool format: rows per stored frame (default: about 8 MiB "
-                                                     "of rows; 0: one frame per window, the layout before frames).")
+FRAME_ROWS = typer.Option(
+    None,
+    "--frame-rows",
+    help="kldtool format: rows per stored frame (default: about 8 MiB "
+    "of rows; 0: one frame per window, the layout before frames).",
+)
 
 BOOTSTRAP = {
-    "resamples": (int, typer.Option(1000, "--bootstrap", help="Block-bootstrap resamples over chunks for the error "
-                                                              "bars (0: none).")),
+    "resamples": (
+        int,
+        typer.Option(1000, "--bootstrap", help="Block-bootstrap resamples over chunks for the error bars (0: none)."),
+    ),
     "seed": (int, typer.Option(0, "--seed", help="Seed of the bootstrap's resampling.")),
 }

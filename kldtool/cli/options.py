@@ -13,15 +13,19 @@ from types import SimpleNamespace
 from kldtool.cli.flag_groups import VLLM_KEYS
 from kldtool.errors import UsageError
 
+
 def flags(**groups: dict):
     """Add each group's options to the decorated command, which receives a group's values as
     one namespace in its parameter of the group's name (typer reads the rewritten signature)."""
+
     def decorate(func):
         sig = inspect.signature(func, eval_str=True)
         params = [p for p in sig.parameters.values() if p.name not in groups]
         for group in groups.values():
-            params += [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=opt, annotation=tp)
-                       for n, (tp, opt) in group.items()]
+            params += [
+                inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=opt, annotation=tp)
+                for n, (tp, opt) in group.items()
+            ]
 
         @functools.wraps(func)
         def command(**kwargs):
@@ -32,6 +36,7 @@ def flags(**groups: dict):
         command.__signature__ = sig.replace(parameters=params)
         command.__annotations__ = {p.name: p.annotation for p in params}
         return command
+
     return decorate
 
 
@@ -56,8 +61,21 @@ def open_engine(opts: SimpleNamespace, model: str | None, n_ctx: int):
     # Only flags the user set reach vLLM (and are refused by the other engines); an unset switch is False.
     vllm = {k: v for k in VLLM_KEYS if (v := getattr(opts, k)) is not None and v is not False}
     vllm.update(parse_vllm_args(opts.vllm_arg or []))
-    return make_engine(EngineOptions(opts.engine, model, opts.dtype, opts.device, opts.threads, opts.batch, vllm,
-                                     opts.server, opts.exchange_dir, opts.contexts), n_ctx)
+    return make_engine(
+        EngineOptions(
+            opts.engine,
+            model,
+            opts.dtype,
+            opts.device,
+            opts.threads,
+            opts.batch,
+            vllm,
+            opts.server,
+            opts.exchange_dir,
+            opts.contexts,
+        ),
+        n_ctx,
+    )
 
 
 def protocol_of(opts: SimpleNamespace):

@@ -16,32 +16,67 @@ from kldtool.errors import UsageError
 @flags(corpus=CORPUS, scoring=SCORING, run=ENGINE)
 def base(
     model: Optional[str] = ModelOpt,
-    out: Optional[str] = typer.Option(None, "--kl-divergence-base", "--save-all-logits",
-                                      help="Write the base file here (without it: perplexity only)."),
-    fmt: str = typer.Option("kldtool", "--format", help="kldtool (compressed container) or llamacpp (raw, for llama-perplexity)."),
-    codec: Optional[str] = typer.Option(None, "--codec", help="Row rounding: llamacpp (llama-perplexity's, default for "
-                                                              "--format llamacpp) or grid (2^-12 steps, exact for bf16 logits; default otherwise)."),
-    keep: Optional[str] = typer.Option(None, "--keep", help="top-K: store only each position's K most probable "
-                                                            "entries and the rest's mass (kldtool format; ~V/3K "
-                                                            "times smaller; KLD then a lower bound, see docs/metrics.md)."),
-    clamp: float = typer.Option(16.0, "--clamp", help="Nats below each row's top that the stored codes span "
-                                                      "(16..64; kldtool format beyond 16, as llama.cpp's layout "
-                                                      "holds 16); KLD counts the base entries above -clamp."),
+    out: Optional[str] = typer.Option(
+        None,
+        "--kl-divergence-base",
+        "--save-all-logits",
+        help="Write the base file here (without it: perplexity only).",
+    ),
+    fmt: str = typer.Option(
+        "kldtool", "--format", help="kldtool (compressed container) or llamacpp (raw, for llama-perplexity)."
+    ),
+    codec: Optional[str] = typer.Option(
+        None,
+        "--codec",
+        help="Row rounding: llamacpp (llama-perplexity's, default for "
+        "--format llamacpp) or grid (2^-12 steps, exact for bf16 logits; default otherwise).",
+    ),
+    keep: Optional[str] = typer.Option(
+        None,
+        "--keep",
+        help="top-K: store only each position's K most probable "
+        "entries and the rest's mass (kldtool format; ~V/3K "
+        "times smaller; KLD then a lower bound, see docs/metrics.md).",
+    ),
+    clamp: float = typer.Option(
+        16.0,
+        "--clamp",
+        help="Nats below each row's top that the stored codes span "
+        "(16..64; kldtool format beyond 16, as llama.cpp's layout "
+        "holds 16); KLD counts the base entries above -clamp.",
+    ),
     frame_rows: Optional[int] = FRAME_ROWS,
-    store: str = typer.Option("logprobs", "--store", help="logprobs (every scored position's full row) or hidden "
-                                                          "(its final hidden state, and the output head once: "
-                                                          "30-85x smaller; every engine but python factories without hidden())."),
-    head: str = typer.Option("inline", "--head", help="--store hidden: inline (the output head stored once in the "
-                                                      "file) or external (only its model's path and sha256: compare "
-                                                      "reads it from that model)."),
-    replay_tolerance: float = typer.Option(1e-5, "--replay-tolerance", help="--store hidden: the largest mean KLD "
-                                                                            "(nats) between the engine's logits and "
-                                                                            "those replayed from the file's first "
-                                                                            "chunks; above it, no file."),
+    store: str = typer.Option(
+        "logprobs",
+        "--store",
+        help="logprobs (every scored position's full row) or hidden "
+        "(its final hidden state, and the output head once: "
+        "30-85x smaller; every engine but python factories without hidden()).",
+    ),
+    head: str = typer.Option(
+        "inline",
+        "--head",
+        help="--store hidden: inline (the output head stored once in the "
+        "file) or external (only its model's path and sha256: compare "
+        "reads it from that model).",
+    ),
+    replay_tolerance: float = typer.Option(
+        1e-5,
+        "--replay-tolerance",
+        help="--store hidden: the largest mean KLD "
+        "(nats) between the engine's logits and "
+        "those replayed from the file's first "
+        "chunks; above it, no file.",
+    ),
     json_out: Optional[str] = typer.Option(None, "--json", help="Also write the result as JSON here."),
-    resume: bool = typer.Option(False, "--resume", help="Continue the interrupted run that left the base file's "
-                                                        "hidden partial beside it (same flags)."),
-    corpus=None, scoring=None, run=None,
+    resume: bool = typer.Option(
+        False,
+        "--resume",
+        help="Continue the interrupted run that left the base file's hidden partial beside it (same flags).",
+    ),
+    corpus=None,
+    scoring=None,
+    run=None,
 ):
     """Phase 1: run the base model over a text, print its PPL and store its log-probs."""
     start_loading(run, model)
@@ -72,9 +107,23 @@ def base(
     try:
         if resume and not out:
             raise UsageError("--resume needs --kl-divergence-base FILE (the base file to continue)")
-        result = run_base(eng, text, spec, scoring.chunks, out, fmt, codec=codec, resume=resume, force=scoring.force,
-                          keep=top, clamp=clamp, frame_rows=frame_rows, store=store,
-                          replay_tolerance=replay_tolerance, head=head)
+        result = run_base(
+            eng,
+            text,
+            spec,
+            scoring.chunks,
+            out,
+            fmt,
+            codec=codec,
+            resume=resume,
+            force=scoring.force,
+            keep=top,
+            clamp=clamp,
+            frame_rows=frame_rows,
+            store=store,
+            replay_tolerance=replay_tolerance,
+            head=head,
+        )
     finally:
         eng.close()
     if json_out:
@@ -84,12 +133,18 @@ def base(
 @app.command()
 @flags(corpus=CORPUS, scoring=SCORING, run=ENGINE)
 def ppl(
-    models: Optional[list[str]] = typer.Option(None, "-m", "--model", help="Model (repeat for a checkpoint sweep: one "
-                                                                        "table). Default: the built-in SmolLM2-135M."),
+    models: Optional[list[str]] = typer.Option(
+        None,
+        "-m",
+        "--model",
+        help="Model (repeat for a checkpoint sweep: one table). Default: the built-in SmolLM2-135M.",
+    ),
     json_out: Optional[str] = typer.Option(None, "--json", help="Write the result(s) as JSON here."),
     csv_out: Optional[str] = typer.Option(None, "--csv", help="Write the models' table as CSV here."),
     plot: Optional[str] = typer.Option(None, "--plot", help="documents with --lengths: PNG of PPL vs length here."),
-    corpus=None, scoring=None, run=None,
+    corpus=None,
+    scoring=None,
+    run=None,
 ):
     """Score mode: a model's perplexity under any protocol, without a base file."""
     start_loading(run, (models or [None])[0])

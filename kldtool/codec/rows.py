@@ -36,7 +36,7 @@ import numpy as np
 DEFAULT_CLAMP = 16.0
 MAX_CLAMP = 64.0
 CODE_MAX = 65535
-GRID_STEP = 2.0 ** -12
+GRID_STEP = 2.0**-12
 CODECS = ("llamacpp", "grid")
 HEADER_SLOTS = 4
 # Rows handled at once: bounds the float64 temporaries to ~ block * V * 8 bytes.
@@ -103,7 +103,9 @@ def normalizer_np(logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return mx, lse
 
 
-def encode_np(logits: np.ndarray, codec: str = "llamacpp", clamp: float = DEFAULT_CLAMP) -> tuple[np.ndarray, np.ndarray]:
+def encode_np(
+    logits: np.ndarray, codec: str = "llamacpp", clamp: float = DEFAULT_CLAMP
+) -> tuple[np.ndarray, np.ndarray]:
     """Encode float32 logits (R, V) into uint16 rows (R, row_width(V)) with ``codec`` over a
     ``clamp``-nat window.
 
@@ -146,7 +148,7 @@ def row_params_np(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def decode_np(rows: np.ndarray, n_vocab: int) -> np.ndarray:
     """Decode uint16 rows to float32 log-probs (R, V): float multiply, then float add."""
     scale, min_log_prob = row_params_np(rows)
-    q = rows[:, HEADER_SLOTS:HEADER_SLOTS + n_vocab].astype(np.float32)
+    q = rows[:, HEADER_SLOTS : HEADER_SLOTS + n_vocab].astype(np.float32)
     return q * scale[:, None] + min_log_prob[:, None]
 
 
@@ -192,7 +194,7 @@ def decode_torch(rows, n_vocab: int):
     import torch
 
     head = rows[:, :HEADER_SLOTS].contiguous().view(torch.float32)
-    q = rows[:, HEADER_SLOTS:HEADER_SLOTS + n_vocab].to(torch.int32) & 0xFFFF
+    q = rows[:, HEADER_SLOTS : HEADER_SLOTS + n_vocab].to(torch.int32) & 0xFFFF
     return q.to(torch.float32) * head[:, 0:1] + head[:, 1:2]
 
 

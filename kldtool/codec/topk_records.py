@@ -35,15 +35,22 @@ def encode_topk_torch(logits, targets, coding: Coding):
     k = coding.keep
     logits = logits.to(torch.float32)
     full, norm = encode_torch(logits, coding.codec, coding.clamp)
-    codes = full[:, HEADER_SLOTS:HEADER_SLOTS + logits.shape[1]]
+    codes = full[:, HEADER_SLOTS : HEADER_SLOTS + logits.shape[1]]
     # rank by code (what a reader of the full row sees), ties to the lower id
     ids = order_keys(codes.to(torch.int32) & 0xFFFF).topk(k, dim=1).indices
     p = torch.exp((logits - norm[:, None]).to(torch.float64))
     rest = p.scatter(1, ids, 0.0).sum(dim=1).to(torch.float32)
     t = torch.as_tensor(targets, dtype=torch.int64, device=logits.device)[:, None]
     n = logits.shape[0]
-    head = torch.cat([full[:, :HEADER_SLOTS], rest[:, None].contiguous().view(torch.int16),
-                      codes.gather(1, t), torch.zeros((n, 1), dtype=torch.int16, device=logits.device)], dim=1)
+    head = torch.cat(
+        [
+            full[:, :HEADER_SLOTS],
+            rest[:, None].contiguous().view(torch.int16),
+            codes.gather(1, t),
+            torch.zeros((n, 1), dtype=torch.int16, device=logits.device),
+        ],
+        dim=1,
+    )
     return torch.cat([head, ids.to(torch.int32).contiguous().view(torch.int16), codes.gather(1, ids)], dim=1), norm
 
 
@@ -52,8 +59,8 @@ def split_records(rows, k: int):
     import torch
 
     f32 = rows[:, :6].contiguous().view(torch.float32)
-    ids = rows[:, HEAD:HEAD + 2 * k].contiguous().view(torch.int32).to(torch.int64)
-    codes = rows[:, HEAD + 2 * k:HEAD + 3 * k].to(torch.int32) & 0xFFFF
+    ids = rows[:, HEAD : HEAD + 2 * k].contiguous().view(torch.int32).to(torch.int64)
+    codes = rows[:, HEAD + 2 * k : HEAD + 3 * k].to(torch.int32) & 0xFFFF
     return f32[:, 0], f32[:, 1], f32[:, 2], rows[:, 6].to(torch.int32) & 0xFFFF, ids, codes
 
 

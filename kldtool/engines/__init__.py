@@ -69,8 +69,10 @@ def make_engine(opts: EngineOptions, n_ctx: int):
     module, _, cls_name = REGISTRY[name].partition(":")
     cls = getattr(importlib.import_module(module), cls_name)
     if opts.contexts is not None and not cls.takes_contexts:
-        raise UsageError(f"--contexts {opts.contexts}: only for --engine llamacpp (the {cls.name} engine spreads "
-                         f"one batch over its device itself)")
+        raise UsageError(
+            f"--contexts {opts.contexts}: only for --engine llamacpp (the {cls.name} engine spreads "
+            f"one batch over its device itself)"
+        )
     if opts.vllm and not cls.takes_vllm_args:
         raise UsageError(f"{', '.join('--' + k.replace('_', '-') for k in opts.vllm)}: only for --engine vllm")
     return cls.from_options(opts, n_ctx)

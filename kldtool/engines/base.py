@@ -85,15 +85,16 @@ class Engine(ABC):
         start, stop)`` (int16 rows, prefetched frame by frame, asked for in order;
         ``parts_numpy(chunk_index, start, stop)`` beside numpy logits), or for an engine whose
         workers read the base file themselves, its ``path``."""
+
         def reduce(w: Window, off: int, lg):
             n = len(lg)  # the base rows of this block only: a long window never lies whole in memory
             if not isinstance(lg, np.ndarray):
                 rows = source.rows_torch(w.index, lg.device, off, off + n)
-                return reduce_base(lg, rows, w.targets[off:off + n], source.header)
+                return reduce_base(lg, rows, w.targets[off : off + n], source.header)
             parts, a = [], 0  # on the host, frame by frame: the rows are never copied
             for rows in source.parts_numpy(w.index, off, off + n):
                 b = a + len(rows)
-                parts.append(reduce_base(lg[a:b], rows, w.targets[off + a:off + b], source.header))
+                parts.append(reduce_base(lg[a:b], rows, w.targets[off + a : off + b], source.header))
                 a = b
             return TokenRecords.concat(parts)
 
@@ -104,10 +105,12 @@ class Engine(ABC):
         as ``coding`` says, float32 NLL of each of their targets), block by block in order, so
         the base file is written as the rows come and no window's rows are ever held whole."""
         for i, off, lg in self.logit_blocks(windows):
-            rows, nll = encode_base_rows(lg, windows[i].targets[off:off + len(lg)], coding)
+            rows, nll = encode_base_rows(lg, windows[i].targets[off : off + len(lg)], coding)
             yield i, rows, nll
 
-    def hidden_blocks(self, windows: list[Window], probe_rows=None) -> Iterator[tuple[int, int, object, object, object]]:
+    def hidden_blocks(
+        self, windows: list[Window], probe_rows=None
+    ) -> Iterator[tuple[int, int, object, object, object]]:
         """Base mode with ``--store hidden``: (window number, first scored row, the final hidden
         states of the following rows in the model's dtype, their logits, None), block by block.
         An engine whose logits stay in its workers gives their target NLL instead of None, and
@@ -124,17 +127,21 @@ class Engine(ABC):
         the model's absolute path."""
         path = self.describe().get("model")
         if not path or not os.path.exists(path):
-            raise UsageError(f"--head external: the {self.name} engine's model is not a file or directory "
-                             f"({path!r}) that compare could read the head from; store it in the file (--head inline)")
+            raise UsageError(
+                f"--head external: the {self.name} engine's model is not a file or directory "
+                f"({path!r}) that compare could read the head from; store it in the file (--head inline)"
+            )
         return os.path.abspath(path)
 
     def _no_hidden(self) -> str:
-        return (f"--store hidden: the {self.name} engine does not give its final hidden states and output head "
-                f"(the transformers, llamacpp, vllm and python engines do); use --store logprobs")
+        return (
+            f"--store hidden: the {self.name} engine does not give its final hidden states and output head "
+            f"(the transformers, llamacpp, vllm and python engines do); use --store logprobs"
+        )
 
     def nll(self, windows: list[Window]) -> list[np.ndarray]:
         """Score mode: per window, the float32 NLL of each target (full-vocabulary normalisation)."""
-        parts = self._per_block(windows, lambda w, off, lg: target_nll(lg, w.targets[off:off + len(lg)]))
+        parts = self._per_block(windows, lambda w, off, lg: target_nll(lg, w.targets[off : off + len(lg)]))
         return [_join(p) for p in parts]
 
     @abstractmethod

@@ -36,6 +36,7 @@ from kldtool.engines.llamacpp_load import silence_llama_logs
 from kldtool.errors import EngineError, UsageError
 from kldtool.protocols import Window
 
+
 def cpu_features(lib) -> str:
     """The instruction sets this llama.cpp build's CPU kernels use ("SSE3 AVX AVX2 ..."):
     an AVX-512 build computes other logits than an AVX2 one."""
@@ -74,11 +75,21 @@ class LlamaCppEngine(Engine):
             raise UsageError(f"--dtype {opts.dtype}: the llamacpp engine runs the GGUF's own types; drop --dtype")
         if opts.device not in (None, "cpu"):
             raise UsageError(f"--device {opts.device}: this llamacpp engine build runs on the CPU")
-        return cls(opts.model or defaults.default_gguf(), threads=opts.threads, batch_tokens=opts.batch_tokens,
-                   contexts=opts.contexts)
+        return cls(
+            opts.model or defaults.default_gguf(),
+            threads=opts.threads,
+            batch_tokens=opts.batch_tokens,
+            contexts=opts.contexts,
+        )
 
-    def __init__(self, model: str, threads: int | None = None, batch_tokens: int = 2048, verbose: bool = False,
-                 contexts: int | None = None):
+    def __init__(
+        self,
+        model: str,
+        threads: int | None = None,
+        batch_tokens: int = 2048,
+        verbose: bool = False,
+        contexts: int | None = None,
+    ):
         try:
             import llama_cpp as lib
         except ImportError:
@@ -93,16 +104,18 @@ class LlamaCppEngine(Engine):
         self.threads = threads or os.cpu_count() or 1
         self.contexts = contexts or min(2, self.threads)
         self.batch_tokens = batch_tokens
-        self.model = llamacpp_load.take(model) or lib.llama_model_load_from_file(model.encode(),
-                                                                              lib.llama_model_default_params())
+        self.model = llamacpp_load.take(model) or lib.llama_model_load_from_file(
+            model.encode(), lib.llama_model_default_params()
+        )
         if not self.model:
             raise EngineError(f"{model}: llama.cpp could not load it (not a GGUF model, or an unsupported one)")
         self.vocab = lib.llama_model_get_vocab(self.model)
         self.n_vocab = int(lib.llama_vocab_n_tokens(self.vocab))
         self.n_ctx_train = int(lib.llama_model_n_ctx_train(self.model)) or None
         self.bos_id = int(lib.llama_vocab_bos(self.vocab)) if lib.llama_vocab_get_add_bos(self.vocab) else None
-        self.prefix_id = next((t for t in (int(lib.llama_vocab_bos(self.vocab)), int(lib.llama_vocab_eos(self.vocab)))
-                               if t >= 0), None)
+        self.prefix_id = next(
+            (t for t in (int(lib.llama_vocab_bos(self.vocab)), int(lib.llama_vocab_eos(self.vocab))) if t >= 0), None
+        )
         if lib.llama_vocab_get_add_eos(self.vocab):
             raise EngineError(f"{model}: the model asks for EOS after every text; llama-perplexity's protocol has none")
         self.n_ubatch = int(lib.llama_context_default_params().n_ubatch)
@@ -133,7 +146,7 @@ class LlamaCppEngine(Engine):
         if not _same_kernels(batch, ubatch):
             return [batch]
         for size in range(1, len(batch)):
-            pieces = [batch[i:i + size] for i in range(0, len(batch), size)]
+            pieces = [batch[i : i + size] for i in range(0, len(batch), size)]
             if all(_same_kernels(p, min(ubatch, len(p) * n_tokens)) for p in pieces):
                 return pieces
         return [batch]
@@ -235,7 +248,7 @@ class LlamaCppEngine(Engine):
         items = [(int(t), k, s, k >= first) for s, w in enumerate(windows) for k, t in enumerate(w.tokens)]
         out = self._decode(items)
         per = n_ctx - first
-        return [out[s * per:s * per + w.n_scored] for s, w in enumerate(windows)]
+        return [out[s * per : s * per + w.n_scored] for s, w in enumerate(windows)]
 
     def logit_blocks(self, windows: list[Window]):
         n_ctx = len(windows[0].tokens)
@@ -252,11 +265,10 @@ class LlamaCppEngine(Engine):
             self.lib.llama_memory_clear(self.lib.llama_get_memory(self.ctx), True)
             done = 0
             for a in range(0, len(w.tokens), self.n_batch):
-                items = [(int(w.tokens[k]), k, 0, k >= w.first)
-                         for k in range(a, min(a + self.n_batch, len(w.tokens)))]
+                items = [(int(w.tokens[k]), k, 0, k >= w.first) for k in range(a, min(a + self.n_batch, len(w.tokens)))]
                 got = self._decode(items)
                 if got is not None and done < w.n_scored:
-                    rows = got[:w.n_scored - done]
+                    rows = got[: w.n_scored - done]
                     yield s, done, rows
                     done += len(rows)
 
@@ -272,7 +284,7 @@ class LlamaCppEngine(Engine):
         packed = n_ctx <= self.n_batch
         lib.llama_set_embeddings(self.ctx, True)
         try:
-            for seqs in ([list(range(len(windows)))] if packed else [[s] for s in range(len(windows))]):
+            for seqs in [list(range(len(windows)))] if packed else [[s] for s in range(len(windows))]:
                 lib.llama_memory_clear(lib.llama_get_memory(self.ctx), True)
                 for a in range(0, n_ctx, self.n_batch):
                     b = min(a + self.n_batch, n_ctx)
@@ -294,13 +306,22 @@ class LlamaCppEngine(Engine):
 
         head, dim = gguf_head(self.model_path), int(self.lib.llama_model_n_embd(self.model))
         if head["shape"][1] != dim:
-            raise EngineError(f"{self.model_path}: its head {head['name']} takes {head['shape'][1]} inputs, the model's "
-                              f"final norm gives {dim}")
+            raise EngineError(
+                f"{self.model_path}: its head {head['name']} takes {head['shape'][1]} inputs, the model's "
+                f"final norm gives {dim}"
+            )
         return OutputHead(head["data"], None, head["multiplier"], head["softcap"], head["type"], head["shape"])
 
     def describe(self) -> dict:
         import llama_cpp
 
-        return {"engine": self.name, "model": self.model_path, "dtype": "gguf", "device": "cpu",
-                "threads": self.threads, "contexts": self.contexts, "versions": {"llama-cpp-python": llama_cpp.__version__},
-                "cpu_isa": cpu_features(llama_cpp)}
+        return {
+            "engine": self.name,
+            "model": self.model_path,
+            "dtype": "gguf",
+            "device": "cpu",
+            "threads": self.threads,
+            "contexts": self.contexts,
+            "versions": {"llama-cpp-python": llama_cpp.__version__},
+            "cpu_isa": cpu_features(llama_cpp),
+        }

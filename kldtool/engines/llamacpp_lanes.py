@@ -44,8 +44,10 @@ class LaneSchedule(Schedule):
         self.parallel = len(self.lanes)
         if self.parallel > 1:
             per = max(map(len, self.calls))
-            self.note = (f", {self.parallel} lanes side by side ({'+'.join(str(lane.threads) for lane in self.lanes)} "
-                         f"threads, {per} window{'s' if per > 1 else ''} a call)")
+            self.note = (
+                f", {self.parallel} lanes side by side ({'+'.join(str(lane.threads) for lane in self.lanes)} "
+                f"threads, {per} window{'s' if per > 1 else ''} a call)"
+            )
 
     def alone_at_the_end(self) -> bool:
         """Whether one last call runs alone with every lane's threads (and its reduction on
@@ -58,8 +60,9 @@ class LaneSchedule(Schedule):
     def reducer_loops(self) -> tuple[bool, bool]:
         return self.parallel > 1, self.parallel == 1 or self.alone_at_the_end()
 
-    def run(self, work: Callable, open_source: Callable | None = None,
-            beside: Callable | None = None) -> Iterator[tuple[list, object]]:
+    def run(
+        self, work: Callable, open_source: Callable | None = None, beside: Callable | None = None
+    ) -> Iterator[tuple[list, object]]:
         """As Schedule.run; ``beside()`` is called once every lane has its first call ready (a
         context made), not before: what it starts (numba's import and cache load) holds the
         interpreter for long stretches, and held the lanes' way into their first decodes."""
@@ -67,11 +70,24 @@ class LaneSchedule(Schedule):
             yield from super().run(work, open_source, beside)
             return
         lanes, calls, n = self.lanes, self.calls, self.parallel
-        run = _Run(threading.Event(), threading.Barrier(n), len(calls) % n, sum(lane.threads for lane in lanes),
-                   self.alone_at_the_end(), threading.Semaphore(0))
+        run = _Run(
+            threading.Event(),
+            threading.Barrier(n),
+            len(calls) % n,
+            sum(lane.threads for lane in lanes),
+            self.alone_at_the_end(),
+            threading.Semaphore(0),
+        )
         outs = [queue.Queue(maxsize=AHEAD) for _ in lanes]
-        threads = [threading.Thread(target=_lane, args=(i, lane, calls[i::n], open_source, work, outs[i], run),
-                                    name=f"kldtool-lane-{i}", daemon=True) for i, lane in enumerate(lanes)]
+        threads = [
+            threading.Thread(
+                target=_lane,
+                args=(i, lane, calls[i::n], open_source, work, outs[i], run),
+                name=f"kldtool-lane-{i}",
+                daemon=True,
+            )
+            for i, lane in enumerate(lanes)
+        ]
         for t in threads:
             t.start()
         try:
@@ -104,8 +120,9 @@ class _Run:
     ready: threading.Semaphore  # released once by each lane when its first call is ready (or it failed)
 
 
-def _lane(i: int, engine, batches: list[list], open_source: Callable, work: Callable, out: queue.Queue,
-          run: _Run) -> None:
+def _lane(
+    i: int, engine, batches: list[list], open_source: Callable, work: Callable, out: queue.Queue, run: _Run
+) -> None:
     source = None
     tail = batches[-1:] if i < run.tail else []
     ready = False
@@ -116,7 +133,7 @@ def _lane(i: int, engine, batches: list[list], open_source: Callable, work: Call
                 engine.prepare(batches[0])
             run.ready.release()
             ready = True
-            for batch in batches[:len(batches) - len(tail)]:
+            for batch in batches[: len(batches) - len(tail)]:
                 if run.stop.is_set():
                     return
                 _hand_on(out, (True, work(engine, batch, source)), run.stop)
@@ -126,7 +143,7 @@ def _lane(i: int, engine, batches: list[list], open_source: Callable, work: Call
             if not tail or run.stop.is_set():
                 return
             engine.set_threads(run.threads // run.tail + (i < run.threads % run.tail))
-            with (all_cores() if run.alone else nullcontext()):
+            with all_cores() if run.alone else nullcontext():
                 _hand_on(out, (True, work(engine, tail[0], source)), run.stop)
     except threading.BrokenBarrierError:  # the consumer stopped
         return

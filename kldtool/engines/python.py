@@ -107,8 +107,10 @@ class PythonEngine(Engine):
 
         if not isinstance(out, torch.Tensor) or out.dim() != 3 or tuple(out.shape[:2]) != tuple(ids.shape):
             got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
-            raise EngineError(f"--model {self.spec}: {what}(ids of shape {tuple(ids.shape)}) returned {got}, "
-                              f"expected (batch, seq, vocab)")
+            raise EngineError(
+                f"--model {self.spec}: {what}(ids of shape {tuple(ids.shape)}) returned {got}, "
+                f"expected (batch, seq, vocab)"
+            )
         return out
 
     def tokenize(self, text: bytes) -> np.ndarray:
@@ -137,7 +139,7 @@ class PythonEngine(Engine):
         ids = torch.from_numpy(np.stack([w.tokens for w in windows]).astype(np.int64))
         out = self._forward(ids)
         first, n_scored = windows[0].first, windows[0].n_scored
-        return [out[i, first:first + n_scored] for i in range(len(windows))]
+        return [out[i, first : first + n_scored] for i in range(len(windows))]
 
     def logit_blocks(self, windows: list[Window]):
         w = windows[0]
@@ -152,11 +154,12 @@ class PythonEngine(Engine):
             for a, b, lo in carried_blocks(w, self.batch_tokens):
                 got = self.step(ids[:, a:b], state)
                 if not isinstance(got, tuple) or len(got) != 2:
-                    raise EngineError(f"--model {self.spec}: step(ids, state) returned {type(got).__name__}, "
-                                      f"expected (logits, state)")
+                    raise EngineError(
+                        f"--model {self.spec}: step(ids, state) returned {type(got).__name__}, expected (logits, state)"
+                    )
                 lg, state = self._checked(got[0], ids[:, a:b], "step")[0], got[1]
                 if lo < b:
-                    yield 0, lo - w.first, lg[lo - a:]
+                    yield 0, lo - w.first, lg[lo - a :]
 
     def hidden_blocks(self, windows: list[Window], probe_rows=None):
         import torch
@@ -169,11 +172,12 @@ class PythonEngine(Engine):
             h, out = hidden(ids), self._forward(ids)
         if not isinstance(h, torch.Tensor) or h.dim() != 3 or tuple(h.shape[:2]) != tuple(ids.shape):
             got = tuple(h.shape) if isinstance(h, torch.Tensor) else type(h).__name__
-            raise EngineError(f"--model {self.spec}: hidden(ids of shape {tuple(ids.shape)}) returned {got}, "
-                              f"expected (batch, seq, d)")
+            raise EngineError(
+                f"--model {self.spec}: hidden(ids of shape {tuple(ids.shape)}) returned {got}, expected (batch, seq, d)"
+            )
         first, n_scored = windows[0].first, windows[0].n_scored
         for i in range(len(windows)):
-            yield i, 0, h[i, first:first + n_scored], out[i, first:first + n_scored], None
+            yield i, 0, h[i, first : first + n_scored], out[i, first : first + n_scored], None
 
     def output_head(self):
         from kldtool.logitsfile.hidden import OutputHead
@@ -183,15 +187,27 @@ class PythonEngine(Engine):
         if not callable(getattr(self.obj, "hidden", None)) or weight is None:
             raise UsageError(self._no_hidden())
         bias = getattr(head, "bias", None)
-        return OutputHead(weight.detach().cpu(), None if bias is None else bias.detach().cpu(),
-                          getattr(self.obj, "logit_multiplier", None), getattr(self.obj, "logit_softcap", None))
+        return OutputHead(
+            weight.detach().cpu(),
+            None if bias is None else bias.detach().cpu(),
+            getattr(self.obj, "logit_multiplier", None),
+            getattr(self.obj, "logit_softcap", None),
+        )
 
     def _no_hidden(self) -> str:
-        return (f"--store hidden: the factory's object of --model {self.spec} has no hidden(ids) and head "
-                f"(see --engine python in docs/protocols.md); use --store logprobs")
+        return (
+            f"--store hidden: the factory's object of --model {self.spec} has no hidden(ids) and head "
+            f"(see --engine python in docs/protocols.md); use --store logprobs"
+        )
 
     def describe(self) -> dict:
         import torch
 
-        return {"engine": self.name, "model": self.spec, "name": self.model_name, "dtype": "python",
-                "device": self.device, "versions": {"torch": torch.__version__}}
+        return {
+            "engine": self.name,
+            "model": self.spec,
+            "name": self.model_name,
+            "dtype": "python",
+            "device": self.device,
+            "versions": {"torch": torch.__version__},
+        }

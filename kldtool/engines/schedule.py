@@ -30,8 +30,9 @@ class Schedule:
         """Make ready what ``engine``'s first call needs, so the call goes straight to the model
         (nothing, unless the engine's schedule says otherwise)."""
 
-    def run(self, work: Callable, open_source: Callable | None = None,
-            beside: Callable | None = None) -> Iterator[tuple[list, object]]:
+    def run(
+        self, work: Callable, open_source: Callable | None = None, beside: Callable | None = None
+    ) -> Iterator[tuple[list, object]]:
         """(call, work(engine, call, source)) for every call in order. ``open_source(chunks)``
         makes the base-row feed over the chunk indices the calls will ask for, in that order
         (closed after the last call); ``beside()`` is called once the first call is ready

@@ -22,11 +22,22 @@ class TransformersEngine(Engine):
     def from_options(cls, opts, n_ctx: int) -> "TransformersEngine":
         from kldtool.engines import defaults
 
-        return cls(opts.model or defaults.default_transformers_model(), dtype=opts.dtype or "float32",
-                   device=opts.device or "cpu", threads=opts.threads, batch_tokens=opts.batch_tokens)
+        return cls(
+            opts.model or defaults.default_transformers_model(),
+            dtype=opts.dtype or "float32",
+            device=opts.device or "cpu",
+            threads=opts.threads,
+            batch_tokens=opts.batch_tokens,
+        )
 
-    def __init__(self, model: str, dtype: str = "float32", device: str = "cpu", threads: int | None = None,
-                 batch_tokens: int = 2048):
+    def __init__(
+        self,
+        model: str,
+        dtype: str = "float32",
+        device: str = "cpu",
+        threads: int | None = None,
+        batch_tokens: int = 2048,
+    ):
         import torch
         import transformers
         from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -115,8 +126,9 @@ class TransformersEngine(Engine):
         cache = DynamicCache()
         with torch.inference_mode():
             for a, b, lo in carried_blocks(w, self.batch_tokens):
-                out = self.model(input_ids=ids[:, a:b], past_key_values=cache, use_cache=True,
-                                 logits_to_keep=max(b - lo, 1))
+                out = self.model(
+                    input_ids=ids[:, a:b], past_key_values=cache, use_cache=True, logits_to_keep=max(b - lo, 1)
+                )
                 if lo < b:
                     yield 0, lo - w.first, out.logits[0]
                 del out
@@ -129,7 +141,7 @@ class TransformersEngine(Engine):
         try:
             for i, off, lg in self.logit_blocks(windows):
                 del caught[:-1]  # only the forward that made these logits
-                yield i, off, caught[-1][i, :len(lg)], lg, None
+                yield i, off, caught[-1][i, : len(lg)], lg, None
         finally:
             hook.remove()
 
@@ -138,9 +150,17 @@ class TransformersEngine(Engine):
         from kldtool.logitsfile.hidden import OutputHead
 
         lm = self.model.get_output_embeddings()
-        return OutputHead(lm.weight.detach().cpu(), None if lm.bias is None else lm.bias.detach().cpu(),
-                          *head_transforms(self.model.config))
+        return OutputHead(
+            lm.weight.detach().cpu(),
+            None if lm.bias is None else lm.bias.detach().cpu(),
+            *head_transforms(self.model.config),
+        )
 
     def describe(self) -> dict:
-        return {"engine": self.name, "model": self.model_path, "dtype": self.dtype, "device": self.device,
-                "versions": self._versions}
+        return {
+            "engine": self.name,
+            "model": self.model_path,
+            "dtype": self.dtype,
+            "device": self.device,
+            "versions": self._versions,
+        }

@@ -52,15 +52,29 @@ class BaseFile(Protocol):
 
     def close(self) -> None: ...
 
-__all__ = ["BaseFile", "BaseHeader", "open_base_file", "create_writer", "check_layout", "iter_chunks", "frame_facts", "FORMATS"]
+
+__all__ = [
+    "BaseFile",
+    "BaseHeader",
+    "open_base_file",
+    "create_writer",
+    "check_layout",
+    "iter_chunks",
+    "frame_facts",
+    "FORMATS",
+]
 
 
 def frame_facts(reader) -> dict:
     """How a reader cuts the file's rows: what one frame in flight costs on the host (and,
     for a GPU engine, on the device)."""
     f = reader.frames
-    return {"frames": f.n_frames, "rows_per_frame": f.per_frame or "window",
-            "largest_frame_rows": f.max_rows, "largest_frame_bytes": reader.frame_nbytes}
+    return {
+        "frames": f.n_frames,
+        "rows_per_frame": f.per_frame or "window",
+        "largest_frame_rows": f.max_rows,
+        "largest_frame_bytes": reader.frame_nbytes,
+    }
 
 
 def open_base_file(path: str | os.PathLike) -> BaseFile:
@@ -84,8 +98,9 @@ def open_base_file(path: str | os.PathLike) -> BaseFile:
     return raw.RawReader(p)
 
 
-def check_layout(fmt: str, protocol: str, keep: int | None = None, clamp: float = DEFAULT_CLAMP,
-                 frame_rows: int | None = None) -> None:
+def check_layout(
+    fmt: str, protocol: str, keep: int | None = None, clamp: float = DEFAULT_CLAMP, frame_rows: int | None = None
+) -> None:
     """llama.cpp's raw layout has no window table or frames, only full rows and a 16-nat
     window: only the llamacpp protocol's chunks of such rows fit it."""
     if frame_rows is not None and not 0 <= frame_rows <= container.MAX_FRAME_ROWS:
@@ -93,17 +108,27 @@ def check_layout(fmt: str, protocol: str, keep: int | None = None, clamp: float 
     if fmt == "llamacpp" and frame_rows is not None:
         raise UsageError("--frame-rows: llama.cpp's raw layout stores rows unframed; use --format kldtool")
     if fmt == "llamacpp" and protocol != "llamacpp":
-        raise UsageError(f"--format llamacpp holds only --protocol llamacpp's chunks, not {protocol}; "
-                         f"use --format kldtool")
+        raise UsageError(
+            f"--format llamacpp holds only --protocol llamacpp's chunks, not {protocol}; use --format kldtool"
+        )
     if fmt == "llamacpp" and keep:
         raise UsageError(f"--format llamacpp holds full rows only, not the top-{keep} entries; use --format kldtool")
     if fmt == "llamacpp" and clamp != DEFAULT_CLAMP:
-        raise UsageError(f"--format llamacpp holds a {DEFAULT_CLAMP:g}-nat clamp window only, not {clamp:g}; "
-                         f"use --format kldtool")
+        raise UsageError(
+            f"--format llamacpp holds a {DEFAULT_CLAMP:g}-nat clamp window only, not {clamp:g}; use --format kldtool"
+        )
 
 
-def create_writer(path, fmt: str, header: BaseHeader, tokens, metadata: dict | None = None,
-                  settings: dict | None = None, resume: bool = False, frame_rows: int | None = None):
+def create_writer(
+    path,
+    fmt: str,
+    header: BaseHeader,
+    tokens,
+    metadata: dict | None = None,
+    settings: dict | None = None,
+    resume: bool = False,
+    frame_rows: int | None = None,
+):
     """A writer on the locked partial file beside ``path``. Started afresh (with ``settings``
     journaled for a later resume) unless ``resume``: then the caller recovers and keeps.
     ``frame_rows``: the container's rows per frame (None: about 8 MiB; 0: one per chunk)."""

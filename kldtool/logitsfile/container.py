@@ -49,16 +49,20 @@ def preamble(header: BaseHeader, transform: int, token_bytes: bytes, framed: boo
     """Magic, version, sizes, the transform, the token table and the window table, if any."""
     h = header
     version = 3 if framed else (1 if h.windows is None else 2)
-    pre = np.array([version, h.n_ctx, h.n_vocab, h.n_chunk, transform, 0 if h.windows is None else h.n_stream],
-                   dtype="<u4")
+    pre = np.array(
+        [version, h.n_ctx, h.n_vocab, h.n_chunk, transform, 0 if h.windows is None else h.n_stream], dtype="<u4"
+    )
     table = b"" if h.windows is None else np.array(h.windows, dtype="<i8").tobytes()
     return MAGIC + pre.tobytes() + token_bytes + table
 
 
 def trailer(index_offset: int, meta_len: int, crc: int, frame_rows: int) -> bytes:
     """The completion marker, written last."""
-    return (np.array([index_offset, meta_len], dtype="<u8").tobytes()
-            + np.array([crc, frame_rows], dtype="<u4").tobytes() + END_MAGIC)
+    return (
+        np.array([index_offset, meta_len], dtype="<u8").tobytes()
+        + np.array([crc, frame_rows], dtype="<u4").tobytes()
+        + END_MAGIC
+    )
 
 
 def parse_trailer(data: bytes) -> tuple[int, int, int, int]:
@@ -79,5 +83,17 @@ def form_for_writing(header: BaseHeader, metadata: dict, rows: type[Transform] =
     return TopKRecords(header) if header.keep else rows(header)
 
 
-__all__ = ["MAGIC", "END_MAGIC", "VERSIONS", "PREAMBLE", "TRAILER", "DEFAULT_LEVEL", "MAX_FRAME_ROWS", "ROWS",
-           "preamble", "trailer", "parse_trailer", "form_for_writing"]
+__all__ = [
+    "MAGIC",
+    "END_MAGIC",
+    "VERSIONS",
+    "PREAMBLE",
+    "TRAILER",
+    "DEFAULT_LEVEL",
+    "MAX_FRAME_ROWS",
+    "ROWS",
+    "preamble",
+    "trailer",
+    "parse_trailer",
+    "form_for_writing",
+]

@@ -28,8 +28,14 @@ class ContainerReader(BaseFileReader):
         index_offset = self._trailer(tokens_end)
         self._metadata()
         frames_end = int((self.index[:, 0] + self.index[:, 1]).max()) if len(self.index) else tokens_end
-        self.form = _forms()[transform].opened(self.header, self.metadata, lambda offset, n: os.pread(self.fd, n, offset),
-                                               self._fail, frames_end, index_offset)
+        self.form = _forms()[transform].opened(
+            self.header,
+            self.metadata,
+            lambda offset, n: os.pread(self.fd, n, offset),
+            self._fail,
+            frames_end,
+            index_offset,
+        )
         self.header = self.form.header  # a top-K file's K comes from its metadata
         self.tokens = self._read_tokens(PREAMBLE)
 
@@ -40,10 +46,14 @@ class ContainerReader(BaseFileReader):
         if len(head) < PREAMBLE:
             self._fail(f"truncated header: {len(head)} bytes, need {PREAMBLE}", TruncatedHeader)
         version, n_ctx, n_vocab, n_chunk, transform, n_stream = (
-            int(x) for x in np.frombuffer(head, dtype="<u4", count=6, offset=8))
+            int(x) for x in np.frombuffer(head, dtype="<u4", count=6, offset=8)
+        )
         if version not in VERSIONS:
-            self._fail(f"container version {version} at offset 8 is not supported (this kldtool reads "
-                       f"{', '.join(map(str, VERSIONS))})", NotABaseFile)
+            self._fail(
+                f"container version {version} at offset 8 is not supported (this kldtool reads "
+                f"{', '.join(map(str, VERSIONS))})",
+                NotABaseFile,
+            )
         self.version = version
         self.header = h = BaseHeader(n_ctx, n_vocab, n_chunk)
         if h.problems():
@@ -56,16 +66,20 @@ class ContainerReader(BaseFileReader):
             table_end = tokens_end + 32 * n_chunk
             table = os.pread(self.fd, 32 * n_chunk, tokens_end) if size >= table_end else b""
             if len(table) < 32 * n_chunk:
-                self._fail(f"truncated window table at offset {tokens_end}: {n_chunk} windows, file has {size} bytes",
-                           TruncatedHeader)
+                self._fail(
+                    f"truncated window table at offset {tokens_end}: {n_chunk} windows, file has {size} bytes",
+                    TruncatedHeader,
+                )
             rows = tuple(tuple(int(x) for x in r) for r in np.frombuffer(table, "<i8").reshape(n_chunk, 4))
             self.header = h = BaseHeader(n_ctx, n_vocab, n_chunk, rows, n_stream)
             if h.problems():
                 self._fail(f"invalid window table at offset {tokens_end}: {'; '.join(h.problems())}", CorruptData)
             tokens_end = table_end
         if size < tokens_end:
-            self._fail(f"truncated token table: {h.n_tokens} tokens end at offset {tokens_end}, file has {size} bytes",
-                       TruncatedHeader)
+            self._fail(
+                f"truncated token table: {h.n_tokens} tokens end at offset {tokens_end}, file has {size} bytes",
+                TruncatedHeader,
+            )
         return transform, tokens_end
 
     def _trailer(self, tokens_end: int) -> int:
@@ -73,12 +87,18 @@ class ContainerReader(BaseFileReader):
         size = self.file_size
         trailer = os.pread(self.fd, TRAILER, size - TRAILER) if size >= tokens_end + TRAILER else b""
         if trailer[-8:] != END_MAGIC:
-            self._fail(f"incomplete container: no completion marker at offset {max(size - 8, 0)} "
-                       f"(the run that wrote it did not finish)", IncompleteFile)
+            self._fail(
+                f"incomplete container: no completion marker at offset {max(size - 8, 0)} "
+                f"(the run that wrote it did not finish)",
+                IncompleteFile,
+            )
         index_offset, meta_len, crc, per_frame = parse_trailer(trailer)
         if (self.version == 3) != (per_frame > 0) or per_frame > MAX_FRAME_ROWS:
-            self._fail(f"corrupt trailer at offset {size - 12}: {per_frame} rows per frame in a version "
-                       f"{self.version} container", CorruptData)
+            self._fail(
+                f"corrupt trailer at offset {size - 12}: {per_frame} rows per frame in a version "
+                f"{self.version} container",
+                CorruptData,
+            )
         self.frames = self._layout(per_frame)
         index_len = 16 * self.frames.n_frames
         if index_offset < tokens_end or index_offset + index_len + meta_len + TRAILER != size:
@@ -90,8 +110,7 @@ class ContainerReader(BaseFileReader):
         ends = index[:, 0] + index[:, 1]
         if (index[:, 0] < tokens_end).any() or (ends > index_offset).any():
             bad = int(np.nonzero((index[:, 0] < tokens_end) | (ends > index_offset))[0][0])
-            self._fail(f"corrupt index entry for {self._where(bad)} at offset {index_offset + 16 * bad}",
-                       CorruptData)
+            self._fail(f"corrupt index entry for {self._where(bad)} at offset {index_offset + 16 * bad}", CorruptData)
         self.index = index
         self._meta_bytes, self._meta_offset = tail[index_len:], index_offset + index_len
         return index_offset
@@ -139,8 +158,11 @@ class ContainerReader(BaseFileReader):
         except zstandard.ZstdError as e:
             self._fail(f"corrupt zstd frame for {where} at offset {offset}: {e}", CorruptData)
         if not lo <= declared <= hi:
-            self._fail(f"corrupt zstd frame for {where} at offset {offset}: declares {declared} bytes, "
-                       f"n_ctx={h.n_ctx}, n_vocab={h.n_vocab} allow {lo}..{hi}", CorruptData)
+            self._fail(
+                f"corrupt zstd frame for {where} at offset {offset}: declares {declared} bytes, "
+                f"n_ctx={h.n_ctx}, n_vocab={h.n_vocab} allow {lo}..{hi}",
+                CorruptData,
+            )
         try:
             raw = zstandard.ZstdDecompressor().decompress(data, max_output_size=hi)
         except zstandard.ZstdError as e:

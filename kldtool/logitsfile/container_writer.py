@@ -26,9 +26,17 @@ class ContainerWriter(ResumableWriter):
 
     format_name = "kldtool"
 
-    def __init__(self, path, header: BaseHeader, tokens: np.ndarray, metadata: dict | None = None,
-                 level: int = DEFAULT_LEVEL, rows: type[Transform] = MaskedPlanes, threads: int = 2,
-                 frame_rows: int | None = None):
+    def __init__(
+        self,
+        path,
+        header: BaseHeader,
+        tokens: np.ndarray,
+        metadata: dict | None = None,
+        level: int = DEFAULT_LEVEL,
+        rows: type[Transform] = MaskedPlanes,
+        threads: int = 2,
+        frame_rows: int | None = None,
+    ):
         # Hidden states (metadata "hidden") or rows: top-K records, else ``rows``.
         self.level = level
         self.form = form_for_writing(header, metadata or {}, rows)

@@ -60,7 +60,7 @@ class FrameLayout:
         parts = []
         for k in self.covering(chunk, start, stop):
             _, row0, n = self.span(k)
-            parts.append(frame_rows(k)[max(start - row0, 0):min(stop - row0, n)])
+            parts.append(frame_rows(k)[max(start - row0, 0) : min(stop - row0, n)])
         return parts
 
     @property

@@ -21,17 +21,25 @@ from kldtool.errors import EngineError
 
 # ggml type: (weights per block, bytes per block, the activations' vec_dot type)
 TYPES = {
-    "f32": (1, 4, "f32"), "f16": (1, 2, "f16"), "bf16": (1, 2, "bf16"),
-    "q8_0": (32, 34, "q8_0"), "q4_0": (32, 18, "q8_0"), "q5_0": (32, 22, "q8_0"),
-    "q4_1": (32, 20, "q8_1"), "q5_1": (32, 24, "q8_1"),
-    "q2_k": (256, 84, "q8_k"), "q3_k": (256, 110, "q8_k"), "q4_k": (256, 144, "q8_k"),
-    "q5_k": (256, 176, "q8_k"), "q6_k": (256, 210, "q8_k"),
+    "f32": (1, 4, "f32"),
+    "f16": (1, 2, "f16"),
+    "bf16": (1, 2, "bf16"),
+    "q8_0": (32, 34, "q8_0"),
+    "q4_0": (32, 18, "q8_0"),
+    "q5_0": (32, 22, "q8_0"),
+    "q4_1": (32, 20, "q8_1"),
+    "q5_1": (32, 24, "q8_1"),
+    "q2_k": (256, 84, "q8_k"),
+    "q3_k": (256, 110, "q8_k"),
+    "q4_k": (256, 144, "q8_k"),
+    "q5_k": (256, 176, "q8_k"),
+    "q6_k": (256, 210, "q8_k"),
 }
 PREFIX = "ggml-"  # a head dtype "ggml-q8_0" is llama.cpp's tensor, not a torch dtype
 
 
 def is_ggml(dtype: str) -> bool:
-    return dtype.startswith(PREFIX) and dtype[len(PREFIX):] in TYPES
+    return dtype.startswith(PREFIX) and dtype[len(PREFIX) :] in TYPES
 
 
 def row_bytes(ggml_type: str, dim: int) -> int:
@@ -60,7 +68,9 @@ def dequantize(raw: np.ndarray, ggml_type: str, shape: tuple[int, int]) -> np.nd
             from gguf import GGMLQuantizationType
             from gguf.quants import dequantize as gguf_dequantize
         except ImportError:
-            raise EngineError(f"replaying a {ggml_type} output head needs the gguf package (pip install gguf)") from None
+            raise EngineError(
+                f"replaying a {ggml_type} output head needs the gguf package (pip install gguf)"
+            ) from None
         w = gguf_dequantize(raw, GGMLQuantizationType[ggml_type.upper()]).reshape(v, d).astype(np.float32)
     return np.ascontiguousarray(w, dtype=np.float32)
 
@@ -137,8 +147,10 @@ def gguf_head(path: str, arch_hint: str | None = None) -> dict:
         raise EngineError(f"{path}: no output.weight or token_embd.weight tensor")
     ggml_type = t.tensor_type.name.lower()
     if ggml_type not in TYPES:
-        raise EngineError(f"{path}: its output head {t.name} is of type {ggml_type}, which kldtool cannot replay "
-                          f"({', '.join(TYPES)}); use --store logprobs")
+        raise EngineError(
+            f"{path}: its output head {t.name} is of type {ggml_type}, which kldtool cannot replay "
+            f"({', '.join(TYPES)}); use --store logprobs"
+        )
     d, v = (int(x) for x in t.shape[:2])  # GGUF lists the fastest dimension first
     fields = reader.fields
 
@@ -153,5 +165,11 @@ def gguf_head(path: str, arch_hint: str | None = None) -> dict:
     multiplier = None
     if scale not in (None, 0, 1.0):
         multiplier = 1.0 / scale if arch.startswith("granite") else float(scale)
-    return {"name": t.name, "type": ggml_type, "shape": (v, d), "data": np.asarray(t.data).view(np.uint8).reshape(-1),
-            "multiplier": multiplier, "softcap": float(softcap) if softcap else None}
+    return {
+        "name": t.name,
+        "type": ggml_type,
+        "shape": (v, d),
+        "data": np.asarray(t.data).view(np.uint8).reshape(-1),
+        "multiplier": multiplier,
+        "softcap": float(softcap) if softcap else None,
+    }

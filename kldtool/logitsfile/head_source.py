@@ -36,16 +36,20 @@ def load_head(source: str, meta: dict):
 
     path = Path(source)
     if not path.exists():
-        raise EngineError(f"{source}: the base model that holds this file's output head is not there "
-                          f"(--head-from PATH names where it is now)")
+        raise EngineError(
+            f"{source}: the base model that holds this file's output head is not there "
+            f"(--head-from PATH names where it is now)"
+        )
     if ggml_head.is_ggml(meta["dtype"]):
         if path.suffix != ".gguf":
             raise EngineError(f"{source}: the file's head is a GGUF tensor ({meta['dtype']}); this is not a GGUF file")
         h = ggml_head.gguf_head(str(path))
         return OutputHead(h["data"], None, h["multiplier"], h["softcap"], h["type"], h["shape"])
     if not path.is_dir():
-        raise EngineError(f"{source}: the file's head ({meta['dtype']}) comes from a transformers checkpoint "
-                          f"directory; this is not one")
+        raise EngineError(
+            f"{source}: the file's head ({meta['dtype']}) comes from a transformers checkpoint "
+            f"directory; this is not one"
+        )
     return _checkpoint_head(path, meta["dtype"])
 
 

@@ -93,10 +93,18 @@ class BaseHeader:
             for i, (start, length, first, n) in enumerate(self.windows):
                 # Offsets first .. length-2 are scored, or through length-1 (rolling), whose
                 # target is the stream token after the window.
-                if not (0 <= start and start + max(length, first + n + 1) <= (self.n_stream or 0)
-                        and 1 <= length <= self.n_ctx and 0 <= first and n >= 1 and length - 1 <= first + n <= length):
-                    out.append(f"window {i} (start {start}, length {length}, first {first}, rows {n}) does not "
-                               f"fit the stream of {self.n_stream} tokens and n_ctx {self.n_ctx}, or does not "
-                               f"score offsets first .. length-2 (or length-1)")
+                if not (
+                    0 <= start
+                    and start + max(length, first + n + 1) <= (self.n_stream or 0)
+                    and 1 <= length <= self.n_ctx
+                    and 0 <= first
+                    and n >= 1
+                    and length - 1 <= first + n <= length
+                ):
+                    out.append(
+                        f"window {i} (start {start}, length {length}, first {first}, rows {n}) does not "
+                        f"fit the stream of {self.n_stream} tokens and n_ctx {self.n_ctx}, or does not "
+                        f"score offsets first .. length-2 (or length-1)"
+                    )
                     break
         return out

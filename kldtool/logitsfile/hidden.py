@@ -92,14 +92,23 @@ class OutputHead:
         head, else the weight's dtype)."""
         parts = [np.asarray(self.weight).tobytes() if self.ggml else raw_array(self.weight).tobytes()]
         if self.bias is not None:
-            parts.append(np.asarray(self.bias, dtype="<f4").tobytes() if self.ggml
-                         else raw_array(self.bias.to(self.weight.dtype)).tobytes())
+            parts.append(
+                np.asarray(self.bias, dtype="<f4").tobytes()
+                if self.ggml
+                else raw_array(self.bias.to(self.weight.dtype)).tobytes()
+            )
         return b"".join(parts)
 
     def describe(self, section: bytes) -> dict:
-        return {"dtype": self.dtype, "shape": list(self.shape), "bias": self.bias is not None,
-                "multiplier": self.multiplier, "softcap": self.softcap, "length": len(section),
-                "sha256": hashlib.sha256(section).hexdigest()}
+        return {
+            "dtype": self.dtype,
+            "shape": list(self.shape),
+            "bias": self.bias is not None,
+            "multiplier": self.multiplier,
+            "softcap": self.softcap,
+            "length": len(section),
+            "sha256": hashlib.sha256(section).hexdigest(),
+        }
 
     @classmethod
     def from_section(cls, data: bytes, meta: dict) -> "OutputHead":
@@ -107,7 +116,7 @@ class OutputHead:
         dtype = meta["dtype"]
         n = weight_bytes(dtype, v, d)
         if ggml_head.is_ggml(dtype):
-            weight, ggml = np.frombuffer(data, dtype=np.uint8, count=n), dtype[len(ggml_head.PREFIX):]
+            weight, ggml = np.frombuffer(data, dtype=np.uint8, count=n), dtype[len(ggml_head.PREFIX) :]
             bias = np.frombuffer(data, dtype="<f4", count=v, offset=n) if meta["bias"] else None
         else:
             weight, ggml = from_raw(data[:n], dtype, (v, d)), None
@@ -137,7 +146,7 @@ class OutputHead:
 
 def weight_bytes(dtype: str, v: int, d: int) -> int:
     if ggml_head.is_ggml(dtype):
-        return v * ggml_head.row_bytes(dtype[len(ggml_head.PREFIX):], d)
+        return v * ggml_head.row_bytes(dtype[len(ggml_head.PREFIX) :], d)
     return v * d * DTYPES[dtype][1]
 
 

@@ -57,8 +57,10 @@ class PartialFile:
 
     def _fail(self, e: OSError, doing: str):
         if e.errno == errno.ENOSPC:
-            raise OutputError(f"{self.path}: disk full while {doing}; what was written is kept in "
-                              f"{self.tmp_path} (free space, then run again with --resume)") from None
+            raise OutputError(
+                f"{self.path}: disk full while {doing}; what was written is kept in "
+                f"{self.tmp_path} (free space, then run again with --resume)"
+            ) from None
         raise OutputError(f"{self.path}: {doing} failed ({e.strerror})") from None
 
     def write(self, data) -> None:

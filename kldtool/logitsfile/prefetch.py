@@ -15,8 +15,9 @@ from kldtool.logitsfile.reader_base import stage_frame
 CACHE_BYTES = 256 << 20  # rows a ChunkFeed keeps on its device for requests that ask again
 
 
-def iter_chunks(reader, indices: Iterable[int], ahead: int = 4, threads: int = 2,
-                read=None) -> Iterator[tuple[int, np.ndarray]]:
+def iter_chunks(
+    reader, indices: Iterable[int], ahead: int = 4, threads: int = 2, read=None
+) -> Iterator[tuple[int, np.ndarray]]:
     """Yield (index, read(index)) in order, keeping up to ``ahead`` reads in flight; ``read``
     (default ``reader.read_chunk``: whole chunks) is what the threads call per index."""
     for i, fut in submitted(indices, ahead, threads, read or reader.read_chunk):
@@ -89,8 +90,14 @@ class PrefetchedChunks:
     window's blocks in order), its frames read ahead. For an engine on a GPU the threads only
     decompress; the rows are rebuilt on the device."""
 
-    def __init__(self, reader, indices: Iterable[int], ahead: int | None = None, threads: int | None = None,
-                 device: str | None = None):
+    def __init__(
+        self,
+        reader,
+        indices: Iterable[int],
+        ahead: int | None = None,
+        threads: int | None = None,
+        device: str | None = None,
+    ):
         self.path = reader.path
         self.header = reader.header
         self.frames = reader.frames

@@ -46,16 +46,25 @@ class RawReader(BaseFileReader):
         self.rows_offset = PREAMBLE + 4 * h.n_tokens
         size = self.file_size
         if size < self.rows_offset:
-            self._fail(f"truncated token table: header promises {h.n_tokens} tokens ending at offset "
-                       f"{self.rows_offset}, file has {size} bytes", TruncatedHeader)
+            self._fail(
+                f"truncated token table: header promises {h.n_tokens} tokens ending at offset "
+                f"{self.rows_offset}, file has {size} bytes",
+                TruncatedHeader,
+            )
         expected = self.rows_offset + h.n_chunk * h.chunk_nbytes
         if size < expected:
             have = (size - self.rows_offset) // h.chunk_nbytes
-            self._fail(f"truncated rows: header promises {h.n_chunk} chunks ({expected} bytes), file has {size} "
-                       f"bytes, i.e. {have} complete chunks; chunk {have} is cut at offset {size}", TruncatedRows)
+            self._fail(
+                f"truncated rows: header promises {h.n_chunk} chunks ({expected} bytes), file has {size} "
+                f"bytes, i.e. {have} complete chunks; chunk {have} is cut at offset {size}",
+                TruncatedRows,
+            )
         if size > expected:
-            self._fail(f"{size - expected} unexpected bytes after the last chunk (offset {expected}); "
-                       f"row layout does not match n_ctx={h.n_ctx}, n_vocab={h.n_vocab}", RowLayoutError)
+            self._fail(
+                f"{size - expected} unexpected bytes after the last chunk (offset {expected}); "
+                f"row layout does not match n_ctx={h.n_ctx}, n_vocab={h.n_vocab}",
+                RowLayoutError,
+            )
         self.tokens = self._read_tokens(PREAMBLE)
         self.metadata = {"protocol": {"name": "llamacpp", "n_ctx": h.n_ctx}}
         # Stored whole, read in frames: any rows can be read where they lie.

@@ -76,8 +76,10 @@ class BaseFileReader:
         if bad.size:
             i = int(bad[0])
             where = f" (chunk {i // h.n_ctx})" if h.windows is None else ""
-            self._fail(f"token {int(tokens[i])} at offset {offset + 4 * i}{where} "
-                       f"is outside the vocabulary of {h.n_vocab}", CorruptData)
+            self._fail(
+                f"token {int(tokens[i])} at offset {offset + 4 * i}{where} is outside the vocabulary of {h.n_vocab}",
+                CorruptData,
+            )
         return tokens
 
     def _layout(self, per_frame: int) -> FrameLayout:

@@ -74,8 +74,10 @@ class HiddenStates(Transform):
                 raise ValueError(f"dim {dim}, dtype {dtype!r}")
             v, d = (int(x) for x in head["shape"])
             if not is_head_dtype(head["dtype"]) or d != dim or v < header.n_vocab:
-                raise ValueError(f"head of shape {head['shape']} and dtype {head['dtype']!r} for hidden states of "
-                                 f"{dim} and a vocabulary of {header.n_vocab}")
+                raise ValueError(
+                    f"head of shape {head['shape']} and dtype {head['dtype']!r} for hidden states of "
+                    f"{dim} and a vocabulary of {header.n_vocab}"
+                )
             external = head.get("external")
             offset, length = (frames_end if external else int(head["offset"])), int(head["length"])
             if length != expected_head_length(head):
@@ -86,8 +88,11 @@ class HiddenStates(Transform):
         except (KeyError, TypeError, ValueError) as e:
             fail(f"hidden-state container with unusable 'hidden'/'head' metadata: {e}", MetadataError)
         if offset < frames_end or offset + (0 if external else length) != index_offset:
-            fail(f"head section at offset {offset}, {length} bytes, does not lie between the last frame "
-                 f"({frames_end}) and the index ({index_offset})", CorruptData)
+            fail(
+                f"head section at offset {offset}, {length} bytes, does not lie between the last frame "
+                f"({frames_end}) and the index ({index_offset})",
+                CorruptData,
+            )
         form = cls(header, dim, dtype)
         form.meta, form.read_at, form.fail = head, read_at, fail
         form.coding = Coding(metadata.get("codec", "grid"), header.clamp)
@@ -112,14 +117,20 @@ class HiddenStates(Transform):
             loaded = load_head(source, head)
             got = loaded.describe(loaded.section())
             if (got["sha256"], got["dtype"], got["shape"]) != (head["sha256"], head["dtype"], head["shape"]):
-                self.fail(f"the output head of {source} ({got['dtype']} {got['shape']}, sha256 {got['sha256'][:16]}...) "
-                          f"is not the one this file was written with ({head['dtype']} {head['shape']}, sha256 "
-                          f"{head['sha256'][:16]}...)", HeadMismatch)
+                self.fail(
+                    f"the output head of {source} ({got['dtype']} {got['shape']}, sha256 {got['sha256'][:16]}...) "
+                    f"is not the one this file was written with ({head['dtype']} {head['shape']}, sha256 "
+                    f"{head['sha256'][:16]}...)",
+                    HeadMismatch,
+                )
             return loaded
         data = self.read_at(head["offset"], head["length"])
         if len(data) != head["length"] or hashlib.sha256(data).hexdigest() != head["sha256"]:
-            self.fail(f"output head at offset {head['offset']} does not match its sha256 in the metadata "
-                      f"(damaged or truncated)", CorruptData)
+            self.fail(
+                f"output head at offset {head['offset']} does not match its sha256 in the metadata "
+                f"(damaged or truncated)",
+                CorruptData,
+            )
         return OutputHead.from_section(data, head)
 
     def warm(self) -> None:
@@ -130,7 +141,7 @@ class HiddenStates(Transform):
         array (a GGUF head on the host, without torch), else int16 rows on ``hidden``'s device."""
         from kldtool.codec import encode_torch
 
-        logits = self.replayer.logits(hidden)[:, :self.header.n_vocab]  # a padded head's extra rows
+        logits = self.replayer.logits(hidden)[:, : self.header.n_vocab]  # a padded head's extra rows
         if isinstance(logits, np.ndarray):
             from kldtool.codec.rows_compiled import encode_compiled as encode
         else:
@@ -192,8 +203,9 @@ class Replayer:
         key = str(hidden.device)
         with self._lock:
             if key not in self._on:
-                self._on[key] = tuple(None if t is None else torch.as_tensor(t).to(hidden.device)
-                                      for t in (head.matrix(), head.bias))
+                self._on[key] = tuple(
+                    None if t is None else torch.as_tensor(t).to(hidden.device) for t in (head.matrix(), head.bias)
+                )
             w, b = self._on[key]
         return head.apply(hidden, w, b)
 
@@ -238,5 +250,10 @@ class ReplayProbe:
 
     def result(self) -> dict:
         mean = self.sum / self.count if self.count else math.nan
-        return {"chunks": len(self.windows), "tokens": self.count, "kld_mean": mean, "kld_max": self.kld_max,
-                "max_abs_dlogit": self.dlogit_max}
+        return {
+            "chunks": len(self.windows),
+            "tokens": self.count,
+            "kld_mean": mean,
+            "kld_max": self.kld_max,
+            "max_abs_dlogit": self.dlogit_max,
+        }

@@ -46,8 +46,9 @@ class Transform:
         return {}
 
     @classmethod
-    def opened(cls, header: BaseHeader, metadata: dict, read_at, fail, frames_end: int,
-               index_offset: int) -> "Transform":
+    def opened(
+        cls, header: BaseHeader, metadata: dict, read_at, fail, frames_end: int, index_offset: int
+    ) -> "Transform":
         """The form of a file being read, from its header and metadata (``read_at(offset, n)``
         reads the file, ``fail(message, error class)`` raises; ``frames_end`` and
         ``index_offset`` bound what may lie between the frames and the index)."""
@@ -98,8 +99,14 @@ class MaskedPlanes(Transform):
         codes = rows[:, HEADER_SLOTS:]
         mask = codes != 0
         nz = codes[mask]
-        return b"".join([rows[:, :HEADER_SLOTS].tobytes(), np.packbits(mask).tobytes(),
-                         (nz >> 8).astype(np.uint8).tobytes(), (nz & 0xFF).astype(np.uint8).tobytes()])
+        return b"".join(
+            [
+                rows[:, :HEADER_SLOTS].tobytes(),
+                np.packbits(mask).tobytes(),
+                (nz >> 8).astype(np.uint8).tobytes(),
+                (nz & 0xFF).astype(np.uint8).tobytes(),
+            ]
+        )
 
     def size_range(self, n_rows: int) -> tuple[int, int]:
         head_len, mask_len, n_codes = self._lengths(n_rows)
@@ -117,14 +124,14 @@ class MaskedPlanes(Transform):
         buf = np.frombuffer(data, dtype=np.uint8)
         head_len, mask_len, n_codes = self._lengths(n_rows)
         # Each step below is one pass over the frame with no temporary copies.
-        mask = np.unpackbits(buf[head_len:head_len + mask_len], count=n_codes).view(bool)
+        mask = np.unpackbits(buf[head_len : head_len + mask_len], count=n_codes).view(bool)
         nnz = int(np.count_nonzero(mask))
         if len(buf) != head_len + mask_len + 2 * nnz:
             raise ValueError(f"masked frame of {len(buf)} bytes, expected {head_len + mask_len + 2 * nnz}")
         values = np.empty(nnz, dtype="<u2")
         pairs = values.view(np.uint8).reshape(nnz, 2)  # little-endian: low byte first
-        pairs[:, 1] = buf[head_len + mask_len:head_len + mask_len + nnz]
-        pairs[:, 0] = buf[head_len + mask_len + nnz:]
+        pairs[:, 1] = buf[head_len + mask_len : head_len + mask_len + nnz]
+        pairs[:, 0] = buf[head_len + mask_len + nnz :]
         out = np.empty((n_rows, self.width), dtype="<u2")
         out[:, :HEADER_SLOTS] = buf[:head_len].view("<u2").reshape(n_rows, HEADER_SLOTS)
         # Scattered through index arrays (faster than through the boolean mask), a block of
@@ -135,10 +142,10 @@ class MaskedPlanes(Transform):
         done = 0
         for a in range(0, n_rows, step):
             b = min(a + step, n_rows)
-            codes = block[:(b - a) * n_row_codes]
+            codes = block[: (b - a) * n_row_codes]
             codes[:] = 0
-            idx = np.flatnonzero(mask[a * n_row_codes:b * n_row_codes])
-            codes[idx] = values[done:done + len(idx)]
+            idx = np.flatnonzero(mask[a * n_row_codes : b * n_row_codes])
+            codes[idx] = values[done : done + len(idx)]
             done += len(idx)
             out[a:b, HEADER_SLOTS:] = codes.reshape(b - a, n_row_codes)
         return out
@@ -152,8 +159,8 @@ class MaskedPlanes(Transform):
         head_len, mask_len, n_codes = self._lengths(n_rows)
         nnz = (buf.numel() - head_len - mask_len) // 2
         shifts = torch.arange(7, -1, -1, dtype=torch.uint8, device=device)  # packbits: first code = high bit
-        mask = ((buf[head_len:head_len + mask_len, None] >> shifts) & 1).reshape(-1)[:n_codes].bool()
-        planes = buf[head_len + mask_len:].view(2, nnz).to(torch.int32)
+        mask = ((buf[head_len : head_len + mask_len, None] >> shifts) & 1).reshape(-1)[:n_codes].bool()
+        planes = buf[head_len + mask_len :].view(2, nnz).to(torch.int32)
         values = (planes[0] << 8) | planes[1]
         values = torch.where(values > 32767, values - 65536, values).to(torch.int16)  # same bits, int16
         codes = torch.zeros(n_codes, dtype=torch.int16, device=device)
@@ -171,12 +178,14 @@ class TopKRecords(Transform):
         return {"keep": self.header.keep}
 
     @classmethod
-    def opened(cls, header: BaseHeader, metadata: dict, read_at, fail, frames_end: int,
-               index_offset: int) -> "Transform":
+    def opened(
+        cls, header: BaseHeader, metadata: dict, read_at, fail, frames_end: int, index_offset: int
+    ) -> "Transform":
         keep = metadata.get("keep")
         if isinstance(keep, bool) or not isinstance(keep, int) or not MIN_KEEP <= keep <= header.n_vocab:
-            fail(f"top-K container with keep={keep!r} in its metadata (need {MIN_KEEP}..{header.n_vocab})",
-                 MetadataError)
+            fail(
+                f"top-K container with keep={keep!r} in its metadata (need {MIN_KEEP}..{header.n_vocab})", MetadataError
+            )
         return cls(dataclasses.replace(header, keep=keep))
 
 

@@ -70,14 +70,19 @@ class ResumableWriter:
             return []
         where = self.out.tmp_path
         if stored != settings:
-            diff = ", ".join(f"{k}: {stored.get(k)!r} then, {settings.get(k)!r} now"
-                             for k in sorted(set(stored) | set(settings)) if stored.get(k) != settings.get(k))
-            raise UsageError(f"cannot resume {where}: it was written with other settings ({diff}); "
-                             f"run without --resume to start over")
+            diff = ", ".join(
+                f"{k}: {stored.get(k)!r} then, {settings.get(k)!r} now"
+                for k in sorted(set(stored) | set(settings))
+                if stored.get(k) != settings.get(k)
+            )
+            raise UsageError(
+                f"cannot resume {where}: it was written with other settings ({diff}); "
+                f"run without --resume to start over"
+            )
         if self.out.read(0, len(self.preamble)) != self.preamble:
             raise UsageError(f"cannot resume {where}: its header or tokens differ from this run's")
         self._ends = self._chunk_ends(len(self.preamble), size)
-        return records[:len(self._ends)]
+        return records[: len(self._ends)]
 
     def keep(self, records: list[np.ndarray], settings: dict) -> None:
         """Continue after the first ``len(records)`` recovered chunks."""
@@ -95,8 +100,10 @@ class ResumableWriter:
         h = self.header
         room = h.rows_of(self.n_written) - self._rows_in_chunk if self.n_written < h.n_chunk else 0
         if rows.ndim != 2 or rows.shape[1] != self.stored_width() or not 0 < len(rows) <= room:
-            raise ValueError(f"rows of shape {rows.shape} for chunk {self.n_written}, which has room for "
-                             f"{room} rows of {self.stored_width()}")
+            raise ValueError(
+                f"rows of shape {rows.shape} for chunk {self.n_written}, which has room for "
+                f"{room} rows of {self.stored_width()}"
+            )
         self._append_rows(rows)
         self._rows_in_chunk += len(rows)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Iterator
 
+
 def groups(windows: list, size: int) -> Iterator[list]:
     """Consecutive windows of one shape, at most ``size`` at a time: what one engine call takes."""
     group: list = []

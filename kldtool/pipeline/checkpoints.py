@@ -33,7 +33,9 @@ def start_state(ck: Checkpoints, meta: dict, sinks: Sinks) -> RunState:
     state = load_state(ck.path)
     check_fits(state, ck.path, meta["base"], model_identity(meta["model"]), tuple(meta["chunk_range"]))
     if state.meta.get("n_seq") != meta["n_seq"]:
-        sinks.info(f"compare: note: the checkpoint was made with {state.meta.get('n_seq')} chunks per pass, "
-                   f"this run uses {meta['n_seq']}; batching can change the last digits")
+        sinks.info(
+            f"compare: note: the checkpoint was made with {state.meta.get('n_seq')} chunks per pass, "
+            f"this run uses {meta['n_seq']}; batching can change the last digits"
+        )
     sinks.info(f"compare: resuming {ck.path} at chunk {state.next_chunk + 1}")
     return RunState(meta | {"resumed": state.meta.get("resumed", []) + [state.next_chunk]}, state.acc)

@@ -30,10 +30,18 @@ from kldtool.stats import summarize
 from kldtool.stats.bootstrap import Bootstrap
 
 
-def run_compare(engine, reader, force: bool = False, json_path: str | None = None,
-                sinks: Sinks | None = None, chunk_range: tuple[int, int] | None = None,
-                checkpoints: Checkpoints | None = None, per_token_path: str | None = None,
-                bootstrap: Bootstrap = Bootstrap(), floor: dict | None = None) -> dict:
+def run_compare(
+    engine,
+    reader,
+    force: bool = False,
+    json_path: str | None = None,
+    sinks: Sinks | None = None,
+    chunk_range: tuple[int, int] | None = None,
+    checkpoints: Checkpoints | None = None,
+    per_token_path: str | None = None,
+    bootstrap: Bootstrap = Bootstrap(),
+    floor: dict | None = None,
+) -> dict:
     run = CompareRun(engine, reader, sinks or Sinks(), checkpoints or Checkpoints())
     run.start(force, chunk_range, per_token_path)
     run.loop()
@@ -54,20 +62,31 @@ class CompareRun:
         a, b = self.span = chunk_range or (0, h.n_chunk)
         self.n_seq = engine.windows_per_call(h.n_ctx)
         described = engine.describe()
-        self.meta = {"base": base_identity(reader), "base_path": reader.path, "model": described,
-                     "chunk_range": [a, b], "n_seq": self.n_seq, "warnings": self.warnings,
-                     "protocol": file_protocol(reader), "manifest": run_manifest(described, engine.tokenizer_identity())}
+        self.meta = {
+            "base": base_identity(reader),
+            "base_path": reader.path,
+            "model": described,
+            "chunk_range": [a, b],
+            "n_seq": self.n_seq,
+            "warnings": self.warnings,
+            "protocol": file_protocol(reader),
+            "manifest": run_manifest(described, engine.tokenizer_identity()),
+        }
         self.state = start_state(self.ck, self.meta, sinks)
         start = self.state.next_chunk
         self.in_range = base_windows(reader, engine.bos_id)[a:b]
-        self.schedule = engine.schedule(list(groups(self.in_range[start - a:], self.n_seq)))
-        sinks.info(f"compare: chunks {start + 1}..{b} of {h.n_chunk}, n_ctx={h.n_ctx}, n_seq={self.n_seq}, "
-                   f"engine {engine.name}{self.schedule.note}, base {reader.path} ({reader.format_name})")
+        self.schedule = engine.schedule(list(groups(self.in_range[start - a :], self.n_seq)))
+        sinks.info(
+            f"compare: chunks {start + 1}..{b} of {h.n_chunk}, n_ctx={h.n_ctx}, n_seq={self.n_seq}, "
+            f"engine {engine.name}{self.schedule.note}, base {reader.path} ({reader.format_name})"
+        )
         hidden_floor = reader.metadata.get("replay")
         if hidden_floor:
-            sinks.info(f"compare: the base file stores hidden states; its replay floor: mean KLD "
-                       f"{hidden_floor['kld_mean']:.3g} (max {hidden_floor['kld_max']:.3g}, |Δlogit| up to "
-                       f"{hidden_floor['max_abs_dlogit']:.3g})")
+            sinks.info(
+                f"compare: the base file stores hidden states; its replay floor: mean KLD "
+                f"{hidden_floor['kld_mean']:.3g} (max {hidden_floor['kld_max']:.3g}, |Δlogit| up to "
+                f"{hidden_floor['max_abs_dlogit']:.3g})"
+            )
         sinks.line()
         sinks.line(TABLE_HEADER)
         self.acc = self.state.acc = replay(self.state.acc, sinks)
@@ -87,16 +106,21 @@ class CompareRun:
         # identity: a loop over the vocabulary) and the engine's way into its first calls need:
         # it starts once those calls are ready to go.
         warm = (lambda: reduce.warm_up(engine.device, *self.schedule.reducer_loops())) if engine.reduces_here else None
-        scored = self.schedule.run(lambda eng, group, source: eng.score(group, source),
-                                   lambda chunks: engine.rows_source(self.reader, chunks), beside=warm)
+        scored = self.schedule.run(
+            lambda eng, group, source: eng.score(group, source),
+            lambda chunks: engine.rows_source(self.reader, chunks),
+            beside=warm,
+        )
         last_save, saved_at = time.time(), len(acc.chunks)
         t_pass = time.time()
         try:
             for gi, (group, records) in enumerate(scored):
                 if gi == 0:  # the schedule's first calls run side by side
                     per_pass = time.time() - t_pass
-                    sinks.info(f"compare: {per_pass:.2f} seconds per pass - ETA "
-                               f"{per_pass * self.schedule.rounds / 60:.2f} minutes")
+                    sinks.info(
+                        f"compare: {per_pass:.2f} seconds per pass - ETA "
+                        f"{per_pass * self.schedule.rounds / 60:.2f} minutes"
+                    )
                 for w, rec in zip(group, records):
                     # Records first: wherever Ctrl-C lands, they cover every chunk the accumulator
                     # holds, and --resume cuts them back to the checkpoint.
@@ -104,12 +128,18 @@ class CompareRun:
                         self.per_token.add(w.index, w.scored_positions(), w.targets, rec)
                     acc.add(rec, w.index)
                     sinks.line(chunk_line(w.index + 1, summarize(acc, with_quantiles=False)))
-                due = (ck.chunks is not None and len(acc.chunks) - saved_at >= ck.chunks) or \
-                    time.time() - last_save >= ck.seconds
+                due = (
+                    ck.chunks is not None and len(acc.chunks) - saved_at >= ck.chunks
+                ) or time.time() - last_save >= ck.seconds
                 # Only where one of llama-perplexity's batches ends (a schedule may take pieces of
                 # them): a resumed run starts a batch there and evaluates the same batches.
                 done = len(acc.chunks)
-                if ck.path and due and not self.state.complete and whole_batches(self.in_range, self.n_seq, done) == done:
+                if (
+                    ck.path
+                    and due
+                    and not self.state.complete
+                    and whole_batches(self.in_range, self.n_seq, done) == done
+                ):
                     self._checkpoint()
                     last_save, saved_at = time.time(), len(acc.chunks)
         except BaseException:
@@ -118,8 +148,10 @@ class CompareRun:
                 acc.truncate(whole_batches(self.in_range, self.n_seq, len(acc.chunks)))
                 if len(acc.chunks) > saved_at:
                     self._checkpoint()
-                sinks.info(f"compare: stopped after chunk {self.state.next_chunk}; checkpoint in {ck.path}, "
-                           f"--resume continues it")
+                sinks.info(
+                    f"compare: stopped after chunk {self.state.next_chunk}; checkpoint in {ck.path}, "
+                    f"--resume continues it"
+                )
             if self.per_token:
                 self.per_token.close(keep=bool(ck.path))
             raise
@@ -138,12 +170,19 @@ class CompareRun:
             "chunk_range": [a, b],
             "scored_tokens": self.acc.count,
             "base": meta["base"],
-            "base_file": {"path": reader.path, "format": reader.format_name, "n_vocab": h.n_vocab,
-                          **frame_facts(reader), "metadata": reader.metadata},
+            "base_file": {
+                "path": reader.path,
+                "format": reader.format_name,
+                "n_vocab": h.n_vocab,
+                **frame_facts(reader),
+                "metadata": reader.metadata,
+            },
             "model": engine.describe(),
             "model_size": model_size_dict(meta["model"].get("model")),
-            "tokenizer_identity": {"model": engine.tokenizer_identity(),
-                                   "base": reader.metadata.get("tokenizer_identity")},
+            "tokenizer_identity": {
+                "model": engine.tokenizer_identity(),
+                "base": reader.metadata.get("tokenizer_identity"),
+            },
             "manifest": meta["manifest"],
             "base_manifest": reader.metadata.get("manifest"),
             "state": self.ck.path,

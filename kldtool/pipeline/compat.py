@@ -22,15 +22,19 @@ def check_compatible(engine, reader, force: bool) -> list[str]:
         warnings.append("FORCED: " + msg)
     stored = meta.get("tokenizer_identity")
     if stored is not None and stored != engine.tokenizer_identity():
-        msg = (f"{where}: tokenizer differs from the base model's (identity {stored[:19]}... vs "
-               f"{engine.tokenizer_identity()[:19]}...)")
+        msg = (
+            f"{where}: tokenizer differs from the base model's (identity {stored[:19]}... vs "
+            f"{engine.tokenizer_identity()[:19]}...)"
+        )
         if not force:
             raise TokenizerMismatch(msg + "; --force compares anyway")
         warnings.append("FORCED: " + msg)
     stored_bos = meta.get("protocol", {}).get("bos_id", engine.bos_id)
     if stored_bos != engine.bos_id:
-        msg = (f"{where}: the base model {'replaced each chunk start by BOS ' + str(stored_bos) if stored_bos is not None else 'used no BOS'}"
-               f", this model {'wants BOS ' + str(engine.bos_id) if engine.bos_id is not None else 'wants none'}")
+        msg = (
+            f"{where}: the base model {'replaced each chunk start by BOS ' + str(stored_bos) if stored_bos is not None else 'used no BOS'}"
+            f", this model {'wants BOS ' + str(engine.bos_id) if engine.bos_id is not None else 'wants none'}"
+        )
         if not force:
             raise TokenizerMismatch(msg + "; --force compares anyway")
         warnings.append("FORCED: " + msg)

@@ -21,20 +21,29 @@ def replay(source: KldAccumulator, sinks: Sinks) -> KldAccumulator:
     return acc
 
 
-def final_report(acc: KldAccumulator, sinks: Sinks, warnings: list[str], bootstrap: Bootstrap = Bootstrap(),
-                 keep: int | None = None, floor: dict | None = None) -> dict:
+def final_report(
+    acc: KldAccumulator,
+    sinks: Sinks,
+    warnings: list[str],
+    bootstrap: Bootstrap = Bootstrap(),
+    keep: int | None = None,
+    floor: dict | None = None,
+) -> dict:
     """llama.cpp's three statistic blocks, kldtool's extra block (and any --force warning
     again), returning the statistics."""
     sinks.line()
     summary, stats = statistics(acc, bootstrap, keep)
     if floor and acc.count:
-        stats["noise_floor"] = floor | {"multiple": (summary.kld_mean[0] / floor["kld_mean"]
-                                                     if floor["kld_mean"] > 0 else float("inf"))}
+        stats["noise_floor"] = floor | {
+            "multiple": (summary.kld_mean[0] / floor["kld_mean"] if floor["kld_mean"] > 0 else float("inf"))
+        }
     if acc.count >= MIN_TOKENS_FOR_STATS:
         for line in final_blocks(summary) + extra_block(stats):
             sinks.line(line)
     else:
-        sinks.info(f"compare: only {acc.count} tokens scored (< {MIN_TOKENS_FOR_STATS}); no final statistics, as llama.cpp")
+        sinks.info(
+            f"compare: only {acc.count} tokens scored (< {MIN_TOKENS_FOR_STATS}); no final statistics, as llama.cpp"
+        )
     for w in warnings:
         sinks.line("warning: " + w)
     return stats

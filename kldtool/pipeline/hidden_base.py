@@ -18,8 +18,9 @@ PROBE_CHUNKS = 2
 PROBE_ROWS = 128  # per probed window, where the engine's logits must leave its workers for the probe
 
 
-def check_store(store: str, fmt: str, keep: int | None, tolerance: float = DEFAULT_TOLERANCE,
-                head: str = "inline") -> None:
+def check_store(
+    store: str, fmt: str, keep: int | None, tolerance: float = DEFAULT_TOLERANCE, head: str = "inline"
+) -> None:
     """The storage flags on their own, before any model loads."""
     if store not in STORES:
         raise UsageError(f"--store {store!r}: expected one of {', '.join(STORES)}")
@@ -49,8 +50,9 @@ class HiddenStore:
             b = self.head.bias
             self.head = replace(self.head, weight=self.head.weight.float(), bias=None if b is None else b.float())
         if self.head.state_dtype not in DTYPES:
-            raise UsageError(f"--store hidden: the output head's dtype {self.head.dtype} cannot be stored "
-                             f"({', '.join(DTYPES)})")
+            raise UsageError(
+                f"--store hidden: the output head's dtype {self.head.dtype} cannot be stored ({', '.join(DTYPES)})"
+            )
         self.dtype = torch_dtype(self.head.state_dtype)
         self.tolerance = tolerance
         self.probe = ReplayProbe(self.head, PROBE_CHUNKS)
@@ -59,6 +61,7 @@ class HiddenStore:
     def blocks(self, engine, windows):
         """(window number, stored hidden rows, float32 NLL of each target) block by block, the
         first chunks' blocks checked against their logits on the way."""
+
         def probe_rows(w) -> int:  # rows of ``w`` whose logits an engine that keeps them in its workers returns
             return PROBE_ROWS if self.probe.takes(w.index) else 0
 
@@ -66,19 +69,21 @@ class HiddenStore:
             w = windows[i]
             stored = hidden.to(self.dtype)
             if logits is not None:  # the probe keeps only its windows' blocks
-                self.probe.offer(w.index, stored[:len(logits)], logits)
+                self.probe.offer(w.index, stored[: len(logits)], logits)
             if nll is None:
-                nll = target_nll(logits, w.targets[off:off + len(logits)])
+                nll = target_nll(logits, w.targets[off : off + len(logits)])
             yield i, raw_array(stored), nll
         self.check()
 
     def check(self) -> None:
         r = self.probe.result()
         if r["tokens"] and r["kld_mean"] > self.tolerance:
-            raise ReplayMismatch(f"base: the stored hidden states replay the engine's logits with a mean KLD of "
-                                 f"{r['kld_mean']:.3g} nats (max {r['kld_max']:.3g}, |Δlogit| up to "
-                                 f"{r['max_abs_dlogit']:.3g}) over {r['tokens']} tokens, above --replay-tolerance "
-                                 f"{self.tolerance:g}: no file written")
+            raise ReplayMismatch(
+                f"base: the stored hidden states replay the engine's logits with a mean KLD of "
+                f"{r['kld_mean']:.3g} nats (max {r['kld_max']:.3g}, |Δlogit| up to "
+                f"{r['max_abs_dlogit']:.3g}) over {r['tokens']} tokens, above --replay-tolerance "
+                f"{self.tolerance:g}: no file written"
+            )
 
     def finish(self, writer) -> dict:
         writer.set_head(self.head, self.source)

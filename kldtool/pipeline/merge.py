@@ -20,8 +20,14 @@ from kldtool.stats.bootstrap import Bootstrap
 from kldtool.small_files import write_json
 
 
-def run_merge(paths: list[str], json_path: str | None = None, sinks: Sinks | None = None,
-              force: bool = False, bootstrap: Bootstrap = Bootstrap(), mix: bool = False) -> dict:
+def run_merge(
+    paths: list[str],
+    json_path: str | None = None,
+    sinks: Sinks | None = None,
+    force: bool = False,
+    bootstrap: Bootstrap = Bootstrap(),
+    mix: bool = False,
+) -> dict:
     sinks = sinks or Sinks()
     if not paths:
         raise StateError("merge needs at least one state file (compare --state FILE)")
@@ -31,13 +37,17 @@ def run_merge(paths: list[str], json_path: str | None = None, sinks: Sinks | Non
     for s, p in shards:
         a, b = s.chunk_range
         if not s.complete:
-            raise StateError(f"{p}: shard {a}:{b} is unfinished (holds chunks {a}:{s.next_chunk}); "
-                             f"finish it with `compare --resume --state {p}`")
+            raise StateError(
+                f"{p}: shard {a}:{b} is unfinished (holds chunks {a}:{s.next_chunk}); "
+                f"finish it with `compare --resume --state {p}`"
+            )
         if s.meta["base"] != first.meta["base"]:
             raise StateError(f"{p}: computed on another base file than {first_path} (header/tokens differ)")
         if model_identity(s.meta["model"], False) != model_identity(first.meta["model"], False):
-            msg = (f"{p}: model {model_identity(s.meta['model'], False)} differs from {first_path}'s "
-                   f"{model_identity(first.meta['model'], False)}")
+            msg = (
+                f"{p}: model {model_identity(s.meta['model'], False)} differs from {first_path}'s "
+                f"{model_identity(first.meta['model'], False)}"
+            )
             if not force:
                 raise StateError(msg + "; --force merges anyway")
             warnings.append("FORCED: " + msg)
@@ -46,8 +56,9 @@ def run_merge(paths: list[str], json_path: str | None = None, sinks: Sinks | Non
         check_manifests([(p, s.meta.get("manifest")) for s, p in shards], ONE_RUN, per_engine=False)
     for (s, p), (t, q) in zip(shards, shards[1:]):
         if t.chunk_range[0] < s.chunk_range[1]:
-            raise StateError(f"{q}: chunks {t.chunk_range[0]}:{t.chunk_range[1]} overlap {p}'s "
-                             f"{s.chunk_range[0]}:{s.chunk_range[1]}")
+            raise StateError(
+                f"{q}: chunks {t.chunk_range[0]}:{t.chunk_range[1]} overlap {p}'s {s.chunk_range[0]}:{s.chunk_range[1]}"
+            )
         if t.chunk_range[0] > s.chunk_range[1]:
             sinks.info(f"merge: note: chunks {s.chunk_range[1]}:{t.chunk_range[0]} are in no shard")
     whole = KldAccumulator()

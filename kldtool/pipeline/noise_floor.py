@@ -22,19 +22,29 @@ def numeric_path(model: dict, n_seq) -> dict:
     return {k: model.get(k) for k in MODEL_KEYS} | {"n_seq": n_seq}
 
 
-def run_noise_floor(engine, reader, json_path: str | None = None, sinks: Sinks | None = None,
-                    chunk_range: tuple[int, int] | None = None, **compare_args) -> dict:
+def run_noise_floor(
+    engine,
+    reader,
+    json_path: str | None = None,
+    sinks: Sinks | None = None,
+    chunk_range: tuple[int, int] | None = None,
+    **compare_args,
+) -> dict:
     sinks = sinks or Sinks()
     meta = reader.metadata
     this = numeric_path(engine.describe(), engine.windows_per_call(reader.header.n_ctx))
     base = numeric_path(meta["model"], meta.get("n_seq")) if "model" in meta else None
     if base is None:
-        sinks.info(f"noise-floor: note: {reader.path} does not record how its logits were computed; "
-                   f"make sure this run's engine, dtype or batch size differ from that run's")
+        sinks.info(
+            f"noise-floor: note: {reader.path} does not record how its logits were computed; "
+            f"make sure this run's engine, dtype or batch size differ from that run's"
+        )
     elif this == base:
-        raise UsageError(f"noise-floor: this run would compute the logits exactly as {reader.path}'s base run "
-                         f"({', '.join(f'{k} {v}' for k, v in this.items())}): the floor would be 0; change "
-                         f"--dtype, --batch-size, --device or --engine")
+        raise UsageError(
+            f"noise-floor: this run would compute the logits exactly as {reader.path}'s base run "
+            f"({', '.join(f'{k} {v}' for k, v in this.items())}): the floor would be 0; change "
+            f"--dtype, --batch-size, --device or --engine"
+        )
     result = run_compare(engine, reader, sinks=sinks, chunk_range=chunk_range, **compare_args)
     result["command"] = KIND
     result["noise_floor"] = {"kld_mean": result["statistics"]["kld_mean"], "base_path": base, "this_path": this}
@@ -55,7 +65,11 @@ def read_floor(path: str, base: dict | None, base_name: str) -> dict:
     if not isinstance(floor, dict) or floor.get("command") != KIND or "noise_floor" not in floor:
         raise UsageError(f"--noise-floor {path}: not a `kldtool noise-floor --json` result")
     if floor.get("base") != base:
-        raise UsageError(f"--noise-floor {path}: measured on another base file than {base_name} "
-                         f"(header or tokens differ)")
-    return {"kld_mean": floor["noise_floor"]["kld_mean"]["value"], "source": path,
-            "path": floor["noise_floor"]["this_path"]}
+        raise UsageError(
+            f"--noise-floor {path}: measured on another base file than {base_name} (header or tokens differ)"
+        )
+    return {
+        "kld_mean": floor["noise_floor"]["kld_mean"]["value"],
+        "source": path,
+        "path": floor["noise_floor"]["this_path"],
+    }

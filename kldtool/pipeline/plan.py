@@ -9,8 +9,17 @@ import numpy as np
 
 from kldtool.corpus import Corpus
 from kldtool.errors import ContextTooLong, UsageError
-from kldtool.protocols import (Protocol, Window, document_windows, exl3_windows, limit, llamacpp_chunk_count,
-                               llamacpp_windows, rolling_windows, stride_windows)
+from kldtool.protocols import (
+    Protocol,
+    Window,
+    document_windows,
+    exl3_windows,
+    limit,
+    llamacpp_chunk_count,
+    llamacpp_windows,
+    rolling_windows,
+    stride_windows,
+)
 
 # lm-eval's max_length when neither the model's config nor its tokenizer names one.
 LMEVAL_DEFAULT_LENGTH = 2048
@@ -55,12 +64,17 @@ def _documents_plan(engine, corpus: Corpus, p: Protocol, chunks: int | None) -> 
     windows = limit(docs.windows, chunks)
     end = windows[-1].end
     lens = docs.doc_lengths
-    counts = {"total": docs.n_documents, "per_length": {
-        str(n): {"used": sum(1 for w in windows if len(w.tokens) >= n), "shorter": int((lens < n).sum())}
-        for n in p.lengths}}
+    counts = {
+        "total": docs.n_documents,
+        "per_length": {
+            str(n): {"used": sum(1 for w in windows if len(w.tokens) >= n), "shorter": int((lens < n).sum())}
+            for n in p.lengths
+        },
+    }
     whole = p.counts_once and len(windows) == len(corpus.documents)
-    return Plan(p, docs.stream[:end], windows, int(lens.sum()), counts,
-                corpus.size(whole_stream=False) if whole else None)
+    return Plan(
+        p, docs.stream[:end], windows, int(lens.sum()), counts, corpus.size(whole_stream=False) if whole else None
+    )
 
 
 def rolling_protocol(engine, p: Protocol) -> Protocol:
@@ -69,8 +83,10 @@ def rolling_protocol(engine, p: Protocol) -> Protocol:
     n_ctx = p.n_ctx or engine.n_ctx_train or LMEVAL_DEFAULT_LENGTH
     prefix = p.prefix if p.prefix is not None else engine.prefix_id
     if prefix is None:
-        raise UsageError(f"--protocol rolling: {engine.describe().get('model')} has no BOS or EOS token to put "
-                         "before each document; give --prefix-token ID")
+        raise UsageError(
+            f"--protocol rolling: {engine.describe().get('model')} has no BOS or EOS token to put "
+            "before each document; give --prefix-token ID"
+        )
     if prefix >= engine.n_vocab:
         raise UsageError(f"--prefix-token {prefix}: outside the vocabulary of {engine.n_vocab}")
     return replace(p, n_ctx=n_ctx, prefix=prefix)
@@ -80,8 +96,14 @@ def _rolling_plan(engine, corpus: Corpus, p: Protocol, chunks: int | None) -> Pl
     docs = rolling_windows(corpus.document_tokens(engine), p.n_ctx, p.prefix)
     windows = limit(docs.windows, chunks)
     whole = len(windows) == len(docs.windows)
-    return Plan(p, docs.stream[:windows[-1].end], windows, int(docs.doc_lengths.sum()),
-                {"total": docs.n_documents}, corpus.size(whole_stream=False) if whole else None)
+    return Plan(
+        p,
+        docs.stream[: windows[-1].end],
+        windows,
+        int(docs.doc_lengths.sum()),
+        {"total": docs.n_documents},
+        corpus.size(whole_stream=False) if whole else None,
+    )
 
 
 def _stream_plan(engine, corpus: Corpus, p: Protocol, chunks: int | None) -> Plan:
@@ -100,5 +122,6 @@ def _stream_plan(engine, corpus: Corpus, p: Protocol, chunks: int | None) -> Pla
 def _check_context(engine, n_ctx: int, what: str, force: bool) -> None:
     n_train = engine.n_ctx_train
     if n_train and n_ctx > n_train and not force:
-        raise ContextTooLong(f"{what}: windows of {n_ctx} tokens exceed the model's context of {n_train} "
-                             f"(--force runs them anyway)")
+        raise ContextTooLong(
+            f"{what}: windows of {n_ctx} tokens exceed the model's context of {n_train} (--force runs them anyway)"
+        )

@@ -25,26 +25,39 @@ from kldtool.stats import PplAccumulator
 
 def length_line(n: int, row: dict) -> str:
     ppl = f"{row['ppl']:.4f} +/- {row['ppl_uncertainty']:.5f}" if row["tokens"] else "n/a"
-    return (f"length {n:6d}: PPL = {ppl}  ({row['tokens']} tokens, {row['documents_used']} documents, "
-            f"{row['documents_shorter']} shorter than {n})")
+    return (
+        f"length {n:6d}: PPL = {ppl}  ({row['tokens']} tokens, {row['documents_used']} documents, "
+        f"{row['documents_shorter']} shorter than {n})"
+    )
 
 
 def text_measures(nll_sum: float, size: dict) -> dict:
     """lm-eval's definitions: word and byte perplexity, bits per byte, from the summed NLL (nats)."""
-    return {"bytes": size["bytes"], "words": size["words"],
-            "word_perplexity": math.exp(nll_sum / size["words"]),
-            "byte_perplexity": math.exp(nll_sum / size["bytes"]),
-            "bits_per_byte": nll_sum / size["bytes"] / math.log(2)}
+    return {
+        "bytes": size["bytes"],
+        "words": size["words"],
+        "word_perplexity": math.exp(nll_sum / size["words"]),
+        "byte_perplexity": math.exp(nll_sum / size["bytes"]),
+        "bits_per_byte": nll_sum / size["bytes"] / math.log(2),
+    }
 
 
-def run_ppl(engine: Engine, corpus: Corpus, protocol: Protocol, chunks: int | None = None,
-            sinks: Sinks | None = None, force: bool = False) -> dict:
+def run_ppl(
+    engine: Engine,
+    corpus: Corpus,
+    protocol: Protocol,
+    chunks: int | None = None,
+    sinks: Sinks | None = None,
+    force: bool = False,
+) -> dict:
     sinks = sinks or Sinks()
     t0 = time.time()
     plan = make_plan(engine, corpus, protocol, chunks, force)
     schedule = engine.schedule(list(groups(plan.windows, engine.windows_per_call(plan.n_ctx))))
-    sinks.info(f"ppl: protocol {protocol.name}, {len(plan.windows)} windows of up to {plan.n_ctx} tokens "
-               f"({plan.n_source_tokens} tokens in {corpus.name}), engine {engine.name}{schedule.note}")
+    sinks.info(
+        f"ppl: protocol {protocol.name}, {len(plan.windows)} windows of up to {plan.n_ctx} tokens "
+        f"({plan.n_source_tokens} tokens in {corpus.name}), engine {engine.name}{schedule.note}"
+    )
     total = PplAccumulator()
     per_length = {n: PplAccumulator() for n in protocol.lengths}
     with closing(schedule.run(lambda eng, group, _: eng.nll(group))) as scored:
@@ -53,29 +66,45 @@ def run_ppl(engine: Engine, corpus: Corpus, protocol: Protocol, chunks: int | No
                 total.add(nll)
                 for n, acc in per_length.items():
                     if len(w.tokens) >= n:
-                        acc.add(nll[:n - 1])
+                        acc.add(nll[: n - 1])
                 sinks.out(ppl_progress(w.index + 1, total.ppl))
     sinks.line()
     value, unc = total.estimate()
     sinks.info(final_estimate(value, unc))
     result = run_metadata("ppl") | {
-        "protocol": plan.describe(engine.bos_id), "corpus": {"path": corpus.name, "format": corpus.format},
-        "model": engine.describe(), "ppl": value, "ppl_uncertainty": unc, "ln_ppl": total.nll / total.count,
-        "nll_sum": total.nll, "scored_tokens": total.count, "windows": len(plan.windows),
+        "protocol": plan.describe(engine.bos_id),
+        "corpus": {"path": corpus.name, "format": corpus.format},
+        "model": engine.describe(),
+        "ppl": value,
+        "ppl_uncertainty": unc,
+        "ln_ppl": total.nll / total.count,
+        "nll_sum": total.nll,
+        "scored_tokens": total.count,
+        "windows": len(plan.windows),
     }
     if per_length:
         rows = []
         for n, acc in per_length.items():
             counts = plan.documents["per_length"][str(n)]
             est = acc.estimate() if acc.count else (float("nan"), float("nan"))
-            rows.append({"length": n, "ppl": est[0], "ppl_uncertainty": est[1], "tokens": acc.count,
-                         "documents_used": counts["used"], "documents_shorter": counts["shorter"]})
+            rows.append(
+                {
+                    "length": n,
+                    "ppl": est[0],
+                    "ppl_uncertainty": est[1],
+                    "tokens": acc.count,
+                    "documents_used": counts["used"],
+                    "documents_shorter": counts["shorter"],
+                }
+            )
             sinks.info(length_line(n, rows[-1]))
         result["per_length"] = rows
     if plan.text_size:
         result["text"] = text_measures(total.nll, plan.text_size)
         t = result["text"]
-        sinks.info(f"bits per byte = {t['bits_per_byte']:.5f}, byte perplexity = {t['byte_perplexity']:.5f}, "
-                   f"word perplexity = {t['word_perplexity']:.4f} ({t['bytes']} bytes, {t['words']} words)")
+        sinks.info(
+            f"bits per byte = {t['bits_per_byte']:.5f}, byte perplexity = {t['byte_perplexity']:.5f}, "
+            f"word perplexity = {t['word_perplexity']:.4f} ({t['bytes']} bytes, {t['words']} words)"
+        )
     result["wall_time_s"] = round(time.time() - t0, 3)
     return result

@@ -40,21 +40,25 @@ def plan_header(plan: Plan, n_vocab: int, coding: Coding) -> BaseHeader:
     """llama.cpp's uniform chunks keep its header; other protocols carry their window table."""
     if plan.protocol.name == "llamacpp":
         return BaseHeader(plan.protocol.n_ctx, n_vocab, len(plan.windows), keep=coding.keep, clamp=coding.clamp)
-    return BaseHeader(plan.n_ctx, n_vocab, len(plan.windows), window_table(plan.windows), len(plan.stream),
-                      coding.keep, coding.clamp)
+    return BaseHeader(
+        plan.n_ctx, n_vocab, len(plan.windows), window_table(plan.windows), len(plan.stream), coding.keep, coding.clamp
+    )
 
 
 def _open_writer(out_path, fmt, header, tokens, metadata, settings, windows, n_seq, resume, sinks, ppl):
-    writer = create_writer(out_path, fmt, header, tokens, metadata, settings, resume=resume,
-                           frame_rows=settings["frame_rows"])
+    writer = create_writer(
+        out_path, fmt, header, tokens, metadata, settings, resume=resume, frame_rows=settings["frame_rows"]
+    )
     if not resume:
         if writer.found_stale:
-            sinks.info(f"base: note: replaced an interrupted earlier run's partial file {writer.out.tmp_path} "
-                       f"(--resume would have continued it)")
+            sinks.info(
+                f"base: note: replaced an interrupted earlier run's partial file {writer.out.tmp_path} "
+                f"(--resume would have continued it)"
+            )
         return writer, 0
     try:
         records = writer.recover(settings)
-        records = records[:whole_batches(windows, n_seq, len(records))]  # same batches: same logits
+        records = records[: whole_batches(windows, n_seq, len(records))]  # same batches: same logits
         writer.keep(records, settings)
     except BaseException:
         writer.abort(keep=True)
@@ -90,11 +94,24 @@ def _end_window(writer, parts: list) -> np.ndarray:
     return nll
 
 
-def run_base(engine: Engine, corpus: Corpus, protocol: Protocol, chunks: int | None,
-             out_path: str | None, fmt: str = "kldtool", sinks: Sinks | None = None, codec: str | None = None,
-             resume: bool = False, force: bool = False, keep: int | None = None,
-             clamp: float = DEFAULT_CLAMP, frame_rows: int | None = None, store: str = "logprobs",
-             replay_tolerance: float = DEFAULT_TOLERANCE, head: str = "inline") -> dict:
+def run_base(
+    engine: Engine,
+    corpus: Corpus,
+    protocol: Protocol,
+    chunks: int | None,
+    out_path: str | None,
+    fmt: str = "kldtool",
+    sinks: Sinks | None = None,
+    codec: str | None = None,
+    resume: bool = False,
+    force: bool = False,
+    keep: int | None = None,
+    clamp: float = DEFAULT_CLAMP,
+    frame_rows: int | None = None,
+    store: str = "logprobs",
+    replay_tolerance: float = DEFAULT_TOLERANCE,
+    head: str = "inline",
+) -> dict:
     sinks = sinks or Sinks()
     codec = codec or default_codec(fmt)
     coding = Coding(codec, clamp, keep)
@@ -107,28 +124,46 @@ def run_base(engine: Engine, corpus: Corpus, protocol: Protocol, chunks: int | N
         raise UsageError(f"--keep top-{keep}: the vocabulary has only {engine.n_vocab} entries")
     header = plan_header(plan, engine.n_vocab, coding)
     n_seq = engine.windows_per_call(plan.n_ctx)
-    what = (f"{n_chunk} chunks of {protocol.n_ctx} tokens" if protocol.name == "llamacpp"
-            else f"{n_chunk} windows of up to {plan.n_ctx} tokens (protocol {protocol.name})")
+    what = (
+        f"{n_chunk} chunks of {protocol.n_ctx} tokens"
+        if protocol.name == "llamacpp"
+        else f"{n_chunk} windows of up to {plan.n_ctx} tokens (protocol {protocol.name})"
+    )
     sinks.info(f"base: {what} ({plan.n_source_tokens} tokens in {corpus.name}), {n_seq} per pass, engine {engine.name}")
     described = plan.describe(engine.bos_id)
     model = engine.describe()
-    metadata = run_metadata("base") | {
-        "protocol": described,
-        "corpus": corpus.name,
-        "model": model,
-        "tokenizer_identity": engine.tokenizer_identity(),
-        "manifest": run_manifest(model, engine.tokenizer_identity()),
-        "n_vocab": engine.n_vocab,
+    metadata = (
+        run_metadata("base")
+        | {
+            "protocol": described,
+            "corpus": corpus.name,
+            "model": model,
+            "tokenizer_identity": engine.tokenizer_identity(),
+            "manifest": run_manifest(model, engine.tokenizer_identity()),
+            "n_vocab": engine.n_vocab,
+            "codec": codec,
+            "n_seq": n_seq,
+        }
+        | (hidden.metadata if hidden else {})
+    )
+    settings = {
+        "format": fmt,
         "codec": codec,
+        "keep": keep,
+        "clamp": clamp,
+        "frame_rows": frame_rows,
+        **({"store": "hidden", "head": head} if hidden else {}),
+        "protocol": described,
         "n_seq": n_seq,
-    } | (hidden.metadata if hidden else {})
-    settings = {"format": fmt, "codec": codec, "keep": keep, "clamp": clamp, "frame_rows": frame_rows,
-                **({"store": "hidden", "head": head} if hidden else {}),
-                "protocol": described, "n_seq": n_seq,
-                "model": model_identity(model), "tokenizer_identity": engine.tokenizer_identity()}
+        "model": model_identity(model),
+        "tokenizer_identity": engine.tokenizer_identity(),
+    }
     ppl = PplAccumulator()
-    writer, done = (_open_writer(out_path, fmt, header, plan.stream, metadata, settings, windows, n_seq,
-                                 resume, sinks, ppl) if out_path else (None, 0))
+    writer, done = (
+        _open_writer(out_path, fmt, header, plan.stream, metadata, settings, windows, n_seq, resume, sinks, ppl)
+        if out_path
+        else (None, 0)
+    )
     try:
         for group in groups(windows[done:], n_seq):
             blocks = hidden.blocks(engine, group) if hidden else engine.encode(group, coding)
@@ -138,8 +173,13 @@ def run_base(engine: Engine, corpus: Corpus, protocol: Protocol, chunks: int | N
         sinks.line()
         value, unc = ppl.estimate()
         sinks.info(final_estimate(value, unc))
-        result = {"ppl": value, "ppl_uncertainty": unc, "scored_tokens": ppl.count, "chunks": n_chunk,
-                  "wall_time_s": round(time.time() - t0, 3)}
+        result = {
+            "ppl": value,
+            "ppl_uncertainty": unc,
+            "scored_tokens": ppl.count,
+            "chunks": n_chunk,
+            "wall_time_s": round(time.time() - t0, 3),
+        }
         if writer:
             extra = hidden.finish(writer) if hidden else {}
             writer.finish(extra | ({"result": result, "resumed_after_chunk": done} if done else {"result": result}))
@@ -151,7 +191,8 @@ def run_base(engine: Engine, corpus: Corpus, protocol: Protocol, chunks: int | N
             kept = writer.n_written > 0 and not isinstance(sys.exc_info()[1], ReplayMismatch)
             writer.abort(keep=kept)
             if kept:
-                sinks.info(f"base: stopped; {writer.n_written} chunks kept in {writer.out.tmp_path}; "
-                           f"--resume continues it")
+                sinks.info(
+                    f"base: stopped; {writer.n_written} chunks kept in {writer.out.tmp_path}; --resume continues it"
+                )
         raise
     return result

@@ -54,8 +54,9 @@ def reduce_rows(logits, base_rows, targets, floor: float = KLD_FLOOR) -> TokenRe
 
         if not host:
             logits, base_rows = logits.to("cpu").float().numpy(), base_rows.cpu().numpy()
-        return to_records(reduce_rows_cpu(np.asarray(logits, np.float32), base_rows, np.asarray(targets, np.int64),
-                                          floor))
+        return to_records(
+            reduce_rows_cpu(np.asarray(logits, np.float32), base_rows, np.asarray(targets, np.int64), floor)
+        )
     if host:
         from kldtool.codec.rows import rows_to_torch
 
@@ -89,8 +90,9 @@ def warm_up(device, one_core: bool = False, all_cores: bool = True) -> None:
     core: an engine's schedule says which) on a thread while the engine computes its first
     batch, instead of after it (numba's import and its disk cache); a no-op elsewhere."""
     if reducer_for(device) == "numba":
-        threading.Thread(target=_load_numba, args=(one_core, all_cores), name="kldtool-reducer-warm-up",
-                         daemon=True).start()
+        threading.Thread(
+            target=_load_numba, args=(one_core, all_cores), name="kldtool-reducer-warm-up", daemon=True
+        ).start()
 
 
 def _load_numba(one_core: bool, all_cores: bool) -> None:

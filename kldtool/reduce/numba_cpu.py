@@ -49,23 +49,43 @@ def _exp(x):
     x = min(max(x, _X_MIN), _X_MAX)
     k = np.rint(x * _LOG2E)
     r = (x - k * _LN2_HI) - k * _LN2_LO
-    poly = _ONE + r * (_ONE + r * (_F(1 / 2) + r * (_F(1 / 6) + r * (_F(1 / 24) + r * (
-        _F(1 / 120) + r * (_F(1 / 720) + r * _F(1 / 5040)))))))
+    poly = _ONE + r * (
+        _ONE
+        + r
+        * (_F(1 / 2) + r * (_F(1 / 6) + r * (_F(1 / 24) + r * (_F(1 / 120) + r * (_F(1 / 720) + r * _F(1 / 5040))))))
+    )
     return poly * np.int32((np.int32(k) + np.int32(127)) << np.int32(23)).view(np.float32)
 
 
 @njit(cache=True, inline="always")
 def _expm1_series(d):
-    return d * (_ONE + d * (_F(1 / 2) + d * (_F(1 / 6) + d * (_F(1 / 24) + d * (_F(1 / 120) + d * (
-        _F(1 / 720) + d * _F(1 / 5040)))))))
+    return d * (
+        _ONE
+        + d
+        * (_F(1 / 2) + d * (_F(1 / 6) + d * (_F(1 / 24) + d * (_F(1 / 120) + d * (_F(1 / 720) + d * _F(1 / 5040))))))
+    )
 
 
 @njit(cache=True, inline="always")
 def _atanh2_series(z):
     """2 atanh(z) = log((1 + z) / (1 - z)) for |z| <= 1/3, series to z^15."""
     z2 = z * z
-    return _TWO * z * (_ONE + z2 * (_F(1 / 3) + z2 * (_F(1 / 5) + z2 * (_F(1 / 7) + z2 * (_F(1 / 9) + z2 * (
-        _F(1 / 11) + z2 * (_F(1 / 13) + z2 * _F(1 / 15))))))))
+    return (
+        _TWO
+        * z
+        * (
+            _ONE
+            + z2
+            * (
+                _F(1 / 3)
+                + z2
+                * (
+                    _F(1 / 5)
+                    + z2 * (_F(1 / 7) + z2 * (_F(1 / 9) + z2 * (_F(1 / 11) + z2 * (_F(1 / 13) + z2 * _F(1 / 15)))))
+                )
+            )
+        )
+    )
 
 
 @njit(cache=True, inline="always")
@@ -112,7 +132,7 @@ def _top_lists(x, c, scale, lowest, qv, qi, bv, bi):
     nq = 0
     nb = 0
     for a in range(0, len(x), SPAN):
-        xa, ca = x[a:a + SPAN], c[a:a + SPAN]
+        xa, ca = x[a : a + SPAN], c[a : a + SPAN]
         kmax = _order_key(xa[0])
         cmax = ca[0]
         for j in range(len(xa)):
@@ -170,7 +190,7 @@ def _records(x, c, e, big_m, inv_s, scale, lowest, floor):
 def _reduce_row(r, logits, rows, heads, targets, floor, out64, out32, outi):
     n_vocab = logits.shape[1]
     x = logits[r]
-    c = rows[r, HEADER_SLOTS:HEADER_SLOTS + n_vocab]  # a row of a C-contiguous array: unit stride, SIMD loads
+    c = rows[r, HEADER_SLOTS : HEADER_SLOTS + n_vocab]  # a row of a C-contiguous array: unit stride, SIMD loads
     scale, lowest = heads[r, 0], heads[r, 1]
     qv = np.empty(TOP_N, np.float32)
     qi = np.empty(TOP_N, np.int64)
@@ -222,10 +242,30 @@ def reduce_rows_cpu(logits: np.ndarray, rows: np.ndarray, targets: np.ndarray, f
     out32 = np.empty((n_rows, 4), np.float32)
     outi = np.empty((n_rows, 5), np.int64)
     loop = _reduce if spread() else _reduce_one_core
-    loop(np.ascontiguousarray(logits, np.float32), rows, heads, np.ascontiguousarray(targets, np.int64),
-         np.float32(floor), out64, out32, outi)
-    return [out32[:, 0], out32[:, 1], out64[:, 0], out32[:, 2], outi[:, 0].astype(bool),
-            out64[:, 1], out64[:, 2], outi[:, 1], outi[:, 2], out32[:, 3], outi[:, 3], outi[:, 4]]
+    loop(
+        np.ascontiguousarray(logits, np.float32),
+        rows,
+        heads,
+        np.ascontiguousarray(targets, np.int64),
+        np.float32(floor),
+        out64,
+        out32,
+        outi,
+    )
+    return [
+        out32[:, 0],
+        out32[:, 1],
+        out64[:, 0],
+        out32[:, 2],
+        outi[:, 0].astype(bool),
+        out64[:, 1],
+        out64[:, 2],
+        outi[:, 1],
+        outi[:, 2],
+        out32[:, 3],
+        outi[:, 3],
+        outi[:, 4],
+    ]
 
 
 def warm(on_one_core: bool = False, on_all_cores: bool = True) -> None:

@@ -8,9 +8,21 @@ from dataclasses import dataclass
 
 import numpy as np
 
-FIELDS = {"nll": np.float32, "nll_base": np.float32, "kld": np.float64, "dp": np.float32, "same_top": np.bool_,
-          "rkld": np.float64, "jsd": np.float64, "top5": np.uint8, "top10": np.uint8, "ptop_base": np.float32,
-          "kld_tail": np.float64, "top1_q": np.int32, "top1_base": np.int32}
+FIELDS = {
+    "nll": np.float32,
+    "nll_base": np.float32,
+    "kld": np.float64,
+    "dp": np.float32,
+    "same_top": np.bool_,
+    "rkld": np.float64,
+    "jsd": np.float64,
+    "top5": np.uint8,
+    "top10": np.uint8,
+    "ptop_base": np.float32,
+    "kld_tail": np.float64,
+    "top1_q": np.int32,
+    "top1_base": np.int32,
+}
 
 
 @dataclass

@@ -20,8 +20,10 @@ def row_blocks(logits, base_rows, targets):
 
     base_rows = base_rows.to(logits.device)
     targets = torch.as_tensor(targets, dtype=torch.int64, device=logits.device)
-    return [(logits[a:a + ROW_BLOCK], base_rows[a:a + ROW_BLOCK], targets[a:a + ROW_BLOCK])
-            for a in range(0, logits.shape[0], ROW_BLOCK)]
+    return [
+        (logits[a : a + ROW_BLOCK], base_rows[a : a + ROW_BLOCK], targets[a : a + ROW_BLOCK])
+        for a in range(0, logits.shape[0], ROW_BLOCK)
+    ]
 
 
 def prepare(logits, rows, n_vocab):

@@ -56,7 +56,7 @@ def _block(logits, records, targets, k, floor):
     nll = big_m - logits.gather(1, targets[:, None])[:, 0]
     nll_base = -(tcode.to(torch.float32) * scale + low)
     dp = torch.exp(-nll) - torch.exp(-nll_base)
-    tail = rest_p * _band_kld(p[:, k // 2:], q[:, k // 2:], kept[:, k // 2:])
+    tail = rest_p * _band_kld(p[:, k // 2 :], q[:, k // 2 :], kept[:, k // 2 :])
     *overlaps, top1_q = top_overlaps(logits, ids)
     return (nll, nll_base, kld, dp, imax == ids[:, 0], rkld, jsd, *overlaps, p[:, 0], tail, top1_q, ids[:, 0])
 

@@ -86,8 +86,20 @@ def _extras(x, b, valid, big_m, floor, rk, p_all, js):
 
 
 @triton.jit
-def _reduce_kernel(logits_ptr, logits_stride, codes_ptr, codes_stride, head_ptr, targets_ptr, out_ptr,
-                   n_rows, n_vocab, floor, TILE: tl.constexpr, STAGES: tl.constexpr):
+def _reduce_kernel(
+    logits_ptr,
+    logits_stride,
+    codes_ptr,
+    codes_stride,
+    head_ptr,
+    targets_ptr,
+    out_ptr,
+    n_rows,
+    n_vocab,
+    floor,
+    TILE: tl.constexpr,
+    STAGES: tl.constexpr,
+):
     r = tl.program_id(0).to(tl.int64)
     lrow = logits_ptr + r * logits_stride
     crow = codes_ptr + r * codes_stride  # uint16 codes
@@ -117,8 +129,7 @@ def _reduce_kernel(logits_ptr, logits_stride, codes_ptr, codes_stride, head_ptr,
         offs = start + lanes
         valid = offs < n_vocab
         x = tl.load(lrow + offs, mask=valid, other=float("-inf")).to(tl.float32)
-        b = tl.where(valid, tl.load(crow + offs, mask=valid, other=0).to(tl.float32) * scale + lowest,
-                     float("-inf"))
+        b = tl.where(valid, tl.load(crow + offs, mask=valid, other=0).to(tl.float32) * scale + lowest, float("-inf"))
         m, i_max, b_max, i_bmax, s, s1, p_sum = _step(x, b, offs, floor, m, i_max, b_max, i_bmax, s, s1, p_sum)
 
     # Combine lanes: the first index among the lanes holding the row's maximum, and the sums
@@ -168,8 +179,9 @@ def _reduce_kernel(logits_ptr, logits_stride, codes_ptr, codes_stride, head_ptr,
     tl.store(out_ptr + 9 * n_rows + r, first_b.to(tl.float64))
 
 
-def reduce_rows_triton(logits, base_rows, targets, floor: float, tile: int = TILE, num_warps: int = NUM_WARPS,
-                       stages: int = STAGES):
+def reduce_rows_triton(
+    logits, base_rows, targets, floor: float, tile: int = TILE, num_warps: int = NUM_WARPS, stages: int = STAGES
+):
     """The kernel alone, the contract of ``reduce.reduce_rows`` for int16 ``base_rows`` on the logits' device;
     returns the (10, rows) float64 record table on it: nll, nll_base, kld, dp, same_top, rkld, jsd,
     ptop_base, top1_q, top1_base."""
@@ -184,8 +196,21 @@ def reduce_rows_triton(logits, base_rows, targets, floor: float, tile: int = TIL
     out = torch.empty((len(COLUMNS), n_rows), dtype=torch.float64, device=logits.device)
     tile = min(tile, triton.next_power_of_2(n_vocab))
     if n_rows:
-        _reduce_kernel[(n_rows,)](logits, logits.stride(0), codes, codes.stride(0), head, targets, out,
-                                  n_rows, n_vocab, floor, TILE=tile, STAGES=stages, num_warps=num_warps)
+        _reduce_kernel[(n_rows,)](
+            logits,
+            logits.stride(0),
+            codes,
+            codes.stride(0),
+            head,
+            targets,
+            out,
+            n_rows,
+            n_vocab,
+            floor,
+            TILE=tile,
+            STAGES=stages,
+            num_warps=num_warps,
+        )
     return out
 
 
@@ -197,13 +222,13 @@ def triton_records(logits, base_rows, targets, floor: float) -> TokenRecords:
     table = reduce_rows_triton(logits, base_rows, targets, floor)
     overlaps = []
     for a in range(0, logits.shape[0], TOP_ROWS):
-        rows = base_rows[a:a + TOP_ROWS]
-        codes = rows[:, HEADER_SLOTS:HEADER_SLOTS + logits.shape[1]].to(torch.int32) & 0xFFFF
+        rows = base_rows[a : a + TOP_ROWS]
+        codes = rows[:, HEADER_SLOTS : HEADER_SLOTS + logits.shape[1]].to(torch.int32) & 0xFFFF
         # Codes rank as the values they decode to, unless the row's scale is 0 (all equal).
-        codes *= (rows[:, :HEADER_SLOTS].contiguous().view(torch.float32)[:, :1] > 0)
-        overlaps.append(torch.stack(top_overlaps(logits[a:a + TOP_ROWS], top_ids(codes, max(TOP_K)))[:len(TOP_K)]))
+        codes *= rows[:, :HEADER_SLOTS].contiguous().view(torch.float32)[:, :1] > 0
+        overlaps.append(torch.stack(top_overlaps(logits[a : a + TOP_ROWS], top_ids(codes, max(TOP_K)))[: len(TOP_K)]))
     core = table.cpu().numpy()
-    top = torch.cat(overlaps, dim=1).cpu().numpy() if overlaps else core[:len(TOP_K)]
+    top = torch.cat(overlaps, dim=1).cpu().numpy() if overlaps else core[: len(TOP_K)]
     cols = dict(zip(COLUMNS, core))
     return to_records([cols[f] for f in COLUMNS[:7]] + list(top) + [cols[f] for f in COLUMNS[7:]])
 

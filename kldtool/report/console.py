@@ -6,8 +6,10 @@ import math
 
 from kldtool.stats.summary import DP_PERCENTILES, KLD_PERCENTILES, KldSummary
 
-TABLE_HEADER = ("chunk             PPL               ln(PPL(Q)/PPL(base))          KL Divergence"
-                "              Δp RMS            Same top p")
+TABLE_HEADER = (
+    "chunk             PPL               ln(PPL(Q)/PPL(base))          KL Divergence"
+    "              Δp RMS            Same top p"
+)
 
 
 def cf(spec: str, x: float) -> str:
@@ -29,12 +31,14 @@ def final_estimate(ppl: float, unc: float) -> str:
 
 
 def chunk_line(k: int, s: KldSummary) -> str:
-    return (f"{k:4d}"
-            f"    {cf('%9.4f', s.ppl_q[0])} ± {cf('%9.4f', s.ppl_q[1])}"
-            f"    {cf('%10.5f', s.ln_ratio[0])} ± {cf('%10.5f', s.ln_ratio[1])}"
-            f"    {cf('%10.5f', s.kld_mean[0])} ± {cf('%10.5f', s.kld_mean[1])}"
-            f"    {cf('%6.3f', 100 * s.rms_dp[0])} ± {cf('%6.3f', 100 * s.rms_dp[1])} %"
-            f"    {cf('%6.3f', 100 * s.same_top[0])} ± {cf('%6.3f', 100 * s.same_top[1])} %")
+    return (
+        f"{k:4d}"
+        f"    {cf('%9.4f', s.ppl_q[0])} ± {cf('%9.4f', s.ppl_q[1])}"
+        f"    {cf('%10.5f', s.ln_ratio[0])} ± {cf('%10.5f', s.ln_ratio[1])}"
+        f"    {cf('%10.5f', s.kld_mean[0])} ± {cf('%10.5f', s.kld_mean[1])}"
+        f"    {cf('%6.3f', 100 * s.rms_dp[0])} ± {cf('%6.3f', 100 * s.rms_dp[1])} %"
+        f"    {cf('%6.3f', 100 * s.same_top[0])} ± {cf('%6.3f', 100 * s.same_top[1])} %"
+    )
 
 
 def _pm(label: str, pair, fmt: str = "%10.6f") -> str:
@@ -43,37 +47,44 @@ def _pm(label: str, pair, fmt: str = "%10.6f") -> str:
 
 def _distribution(name: str, table, q: dict, fmt: str, scale: float, unit: str) -> list[str]:
     """Maximum, the upper percentiles, median, the lower ones, minimum (llama.cpp's order)."""
+
     def row(label, key):
         return f"{label} {name}: {cf(fmt, scale * q[key])}{unit}"
 
     upper = [(label, f) for label, f in table if f > 0.5]
     lower = [(label, f) for label, f in table if f < 0.5]
-    return [row("Maximum", "max"), *(row(f"{label}  ", label.strip()) for label, _ in upper),
-            row("Median ", "median"), *(row(f"{label}  ", label.strip()) for label, _ in lower),
-            row("Minimum", "min")]
+    return [
+        row("Maximum", "max"),
+        *(row(f"{label}  ", label.strip()) for label, _ in upper),
+        row("Median ", "median"),
+        *(row(f"{label}  ", label.strip()) for label, _ in lower),
+        row("Minimum", "min"),
+    ]
 
 
 def final_blocks(s: KldSummary) -> list[str]:
     """The three statistic blocks, each followed by an empty line."""
     q, d = s.kld_quantiles, s.dp_quantiles
-    lines = ["====== Perplexity statistics ======",
-             _pm("Mean PPL(Q)                   ", s.ppl_q),
-             _pm("Mean PPL(base)                ", s.ppl_base),
-             f"Cor(ln(PPL(Q)), ln(PPL(base))): {cf('%6.2f', 100 * s.cor)}%",
-             _pm("Mean ln(PPL(Q)/PPL(base))     ", s.ln_ratio),
-             _pm("Mean PPL(Q)/PPL(base)         ", s.ratio),
-             _pm("Mean PPL(Q)-PPL(base)         ", s.diff),
-             "",
-             "====== KL divergence statistics ======",
-             _pm("Mean    KLD", s.kld_mean),
-             *_distribution("KLD", KLD_PERCENTILES, q, "%10.6f", 1.0, ""),
-             "",
-             "====== Token probability statistics ======",
-             f"Mean    Δp: {cf('%6.3f', 100 * s.dp_mean[0])} ± {cf('%5.3f', 100 * s.dp_mean[1])} %",
-             *_distribution("Δp", DP_PERCENTILES, d, "%6.3f", 100.0, "%"),
-             f"RMS Δp    : {cf('%6.3f', 100 * s.rms_dp[0])} ± {cf('%5.3f', 100 * s.rms_dp[1])} %",
-             f"Same top p: {cf('%6.3f', 100 * s.same_top[0])} ± {cf('%5.3f', 100 * s.same_top[1])} %",
-             ""]
+    lines = [
+        "====== Perplexity statistics ======",
+        _pm("Mean PPL(Q)                   ", s.ppl_q),
+        _pm("Mean PPL(base)                ", s.ppl_base),
+        f"Cor(ln(PPL(Q)), ln(PPL(base))): {cf('%6.2f', 100 * s.cor)}%",
+        _pm("Mean ln(PPL(Q)/PPL(base))     ", s.ln_ratio),
+        _pm("Mean PPL(Q)/PPL(base)         ", s.ratio),
+        _pm("Mean PPL(Q)-PPL(base)         ", s.diff),
+        "",
+        "====== KL divergence statistics ======",
+        _pm("Mean    KLD", s.kld_mean),
+        *_distribution("KLD", KLD_PERCENTILES, q, "%10.6f", 1.0, ""),
+        "",
+        "====== Token probability statistics ======",
+        f"Mean    Δp: {cf('%6.3f', 100 * s.dp_mean[0])} ± {cf('%5.3f', 100 * s.dp_mean[1])} %",
+        *_distribution("Δp", DP_PERCENTILES, d, "%6.3f", 100.0, "%"),
+        f"RMS Δp    : {cf('%6.3f', 100 * s.rms_dp[0])} ± {cf('%5.3f', 100 * s.rms_dp[1])} %",
+        f"Same top p: {cf('%6.3f', 100 * s.same_top[0])} ± {cf('%5.3f', 100 * s.same_top[1])} %",
+        "",
+    ]
     return lines
 
 
@@ -82,42 +93,60 @@ def extra_block(stats: dict) -> list[str]:
     top-1 probability and the block bootstrap beside the i.i.d. uncertainties."""
     e = stats["extra"]
     top = e["top_k_agreement"]
-    lines = ["====== kldtool: more statistics ======",
-             _pm("Mean    reverse KLD", _pair(e["rkld_mean"])),
-             _pm("Mean    JSD        ", _pair(e["jsd_mean"])),
-             *(f"Top-{k:<2} agreement  : {cf('%6.3f', 100 * top[k]['value'])} ± "
-               f"{cf('%5.3f', 100 * top[k]['uncertainty'])} %" for k in ("1", "5", "10")),
-             "",
-             "Base top-1 p     tokens      mean KLD    99.0% KLD"]
+    lines = [
+        "====== kldtool: more statistics ======",
+        _pm("Mean    reverse KLD", _pair(e["rkld_mean"])),
+        _pm("Mean    JSD        ", _pair(e["jsd_mean"])),
+        *(
+            f"Top-{k:<2} agreement  : {cf('%6.3f', 100 * top[k]['value'])} ± "
+            f"{cf('%5.3f', 100 * top[k]['uncertainty'])} %"
+            for k in ("1", "5", "10")
+        ),
+        "",
+        "Base top-1 p     tokens      mean KLD    99.0% KLD",
+    ]
     for b in e["top1_buckets"]:
         lo, hi = b["range"]
         shown = [cf("%10.6f", b[k]) if b[k] is not None else f"{'-':>10}" for k in ("kld_mean", "kld_99")]
-        lines.append(f"[{lo:.2f}, {hi:.2f}{']' if hi == 1.0 else ')'}    {cf('%6.2f', 100 * b['share'])} %"
-                     f"    {shown[0]}   {shown[1]}")
+        lines.append(
+            f"[{lo:.2f}, {hi:.2f}{']' if hi == 1.0 else ')'}    {cf('%6.2f', 100 * b['share'])} %"
+            f"    {shown[0]}   {shown[1]}"
+        )
     lines.append("")
     floor = stats.get("noise_floor")
     if floor:
-        lines += [f"Mean KLD = {floor['multiple']:.1f} x the noise floor ({floor['kld_mean']:.3g}, {floor['source']})", ""]
+        lines += [
+            f"Mean KLD = {floor['multiple']:.1f} x the noise floor ({floor['kld_mean']:.3g}, {floor['source']})",
+            "",
+        ]
     top = stats.get("compact_base")
     if top:
-        lines += [f"Top-{top['keep']} base file: Mean KLD above is the lower bound (the unstored entries as one bucket)",
-                  f"Tail estimate (ranks {top['keep'] // 2 + 1}..{top['keep']}): {cf('%10.6f', top['tail_estimate'])}"
-                  f"   estimate {cf('%10.6f', top['kld_mean_estimate'])}",
-                  f"Mean KLD within [{top['kld_mean_lower_bound']:.6f}, {top['kld_mean_lower_bound'] + top['bound']:.6f}]"
-                  f" (bound {top['bound']:.6f} = {top['allowance']} x tail estimate, empirical)", ""]
+        lines += [
+            f"Top-{top['keep']} base file: Mean KLD above is the lower bound (the unstored entries as one bucket)",
+            f"Tail estimate (ranks {top['keep'] // 2 + 1}..{top['keep']}): {cf('%10.6f', top['tail_estimate'])}"
+            f"   estimate {cf('%10.6f', top['kld_mean_estimate'])}",
+            f"Mean KLD within [{top['kld_mean_lower_bound']:.6f}, {top['kld_mean_lower_bound'] + top['bound']:.6f}]"
+            f" (bound {top['bound']:.6f} = {top['allowance']} x tail estimate, empirical)",
+            "",
+        ]
     boot = stats.get("bootstrap")
     if boot:
-        lines.append(f"Block bootstrap over {boot['blocks']} chunks ({boot['resamples']} resamples, seed {boot['seed']}): "
-                     f"± standard error [95 % interval], i.i.d. ± beside")
+        lines.append(
+            f"Block bootstrap over {boot['blocks']} chunks ({boot['resamples']} resamples, seed {boot['seed']}): "
+            f"± standard error [95 % interval], i.i.d. ± beside"
+        )
         for label, key, pair, scale, fmt in (
-                ("Mean    KLD              ", "kld_mean", stats["kld_mean"], 1.0, "%10.6f"),
-                ("Mean ln(PPL(Q)/PPL(base))", "ln_ppl_ratio", stats["ln_ppl_ratio"], 1.0, "%10.6f"),
-                ("Same top p               ", "same_top_p", stats["same_top_p"], 100.0, "%10.4f")):
+            ("Mean    KLD              ", "kld_mean", stats["kld_mean"], 1.0, "%10.6f"),
+            ("Mean ln(PPL(Q)/PPL(base))", "ln_ppl_ratio", stats["ln_ppl_ratio"], 1.0, "%10.6f"),
+            ("Same top p               ", "same_top_p", stats["same_top_p"], 100.0, "%10.4f"),
+        ):
             b = boot[key]
             lo, hi = b["interval_95"]
-            lines.append(f"{label}: {cf(fmt, scale * pair['value'])} ± {cf(fmt, scale * b['standard_error'])} "
-                         f"[{cf(fmt, scale * lo).strip()}, {cf(fmt, scale * hi).strip()}]"
-                         f"   (i.i.d. ± {cf(fmt, scale * pair['uncertainty']).strip()})")
+            lines.append(
+                f"{label}: {cf(fmt, scale * pair['value'])} ± {cf(fmt, scale * b['standard_error'])} "
+                f"[{cf(fmt, scale * lo).strip()}, {cf(fmt, scale * hi).strip()}]"
+                f"   (i.i.d. ± {cf(fmt, scale * pair['uncertainty']).strip()})"
+            )
         lines.append("")
     return lines
 

@@ -13,8 +13,10 @@ def print_diff(result: dict) -> None:
     for m in MEASURES:
         r = rows[m.key]
         lo, hi = r["interval_95"]
-        print(f"{m.label:14} {r['a']:>{width}.6g} {r['b']:>{width}.6g} {r['difference']:>+12.6g}  "
-              f"[{lo:>+12.6g}, {hi:>+12.6g}]  {'yes' if r['significant'] else ' no'}  {r['a_wins']}/{r['chunks']}")
+        print(
+            f"{m.label:14} {r['a']:>{width}.6g} {r['b']:>{width}.6g} {r['difference']:>+12.6g}  "
+            f"[{lo:>+12.6g}, {hi:>+12.6g}]  {'yes' if r['significant'] else ' no'}  {r['a_wins']}/{r['chunks']}"
+        )
     print()
     for line in result["summary"]:
         print(line)

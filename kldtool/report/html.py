@@ -42,10 +42,16 @@ def _manifests(rows: list[ResultRow]) -> str:
     """How each run's numbers were computed (kldtool/manifest.py)."""
     fields = ("engine", "versions", "dtype", "device_kind", "tensor_parallel", "runner", "eager", "cpu_isa")
     th = "".join(f"<th>{f}</th>" for f in ("quant", *fields))
+
     def cell(v):
         return html.escape(", ".join(f"{k} {x}" for k, x in v.items()) if isinstance(v, dict) else str(v))
-    trs = "".join(f"<tr><td>{html.escape(r.label)}</td>" + "".join(f"<td>{cell((r.manifest or {}).get(f, '-'))}</td>"
-                                                                  for f in fields) + "</tr>" for r in rows)
+
+    trs = "".join(
+        f"<tr><td>{html.escape(r.label)}</td>"
+        + "".join(f"<td>{cell((r.manifest or {}).get(f, '-'))}</td>" for f in fields)
+        + "</tr>"
+        for r in rows
+    )
     return f'<table id="manifests"><thead><tr>{th}</tr></thead><tbody>{trs}</tbody></table>'
 
 
@@ -64,8 +70,10 @@ def _plots(rows: list[ResultRow]) -> str:
 
 def _token(text: str, kld: float, tip: str) -> str:
     alpha = min(1.0, max(0.0, kld) / FULL_SHADE_KLD)
-    return (f'<span class="tok" data-kld="{kld:.6g}" style="background:rgba(220,40,40,{alpha:.3f})">'
-            f'{html.escape(text)}<span class="tip">{html.escape(tip)}</span></span>')
+    return (
+        f'<span class="tok" data-kld="{kld:.6g}" style="background:rgba(220,40,40,{alpha:.3f})">'
+        f'{html.escape(text)}<span class="tip">{html.escape(tip)}</span></span>'
+    )
 
 
 def _windows(views) -> str:
@@ -75,8 +83,15 @@ def _windows(views) -> str:
         return f"<p>token view unavailable: {html.escape(views)}</p>"
     parts = []
     for chunk, mean, toks in views:
-        spans = [_token(t.text, t.kld, f"target {t.target!r}\np_base {t.p_base:.4f}  p_q {t.p_q:.4f}\nKLD {t.kld:.5f}"
-                                        f"\ntop-1 base {t.top1_base!r}  top-1 q {t.top1_q!r}") for t in toks]
+        spans = [
+            _token(
+                t.text,
+                t.kld,
+                f"target {t.target!r}\np_base {t.p_base:.4f}  p_q {t.p_q:.4f}\nKLD {t.kld:.5f}"
+                f"\ntop-1 base {t.top1_base!r}  top-1 q {t.top1_q!r}",
+            )
+            for t in toks
+        ]
         parts.append(f'<h4>chunk {chunk + 1}: mean KLD {mean:.6f}</h4><div class="tokens">{"".join(spans)}</div>')
     return "".join(parts)
 
@@ -87,13 +102,20 @@ def render(rows: list[ResultRow], pairs: list[str], title: str | None, views: li
     name = html.escape(title or "kldtool report")
     body = [f"<h1>{name}</h1>", _table(rows)]
     if pairs:
-        body.append(f'<h2>Paired comparisons</h2><p>{html.escape(pairs[0])}</p><ul class="pairs">'
-                    + "".join(f"<li>{html.escape(p.strip())}</li>" for p in pairs[1:]) + "</ul>")
+        body.append(
+            f'<h2>Paired comparisons</h2><p>{html.escape(pairs[0])}</p><ul class="pairs">'
+            + "".join(f"<li>{html.escape(p.strip())}</li>" for p in pairs[1:])
+            + "</ul>"
+        )
     body.append(f"<h2>Plots</h2>{_plots(rows)}")
     body.append(f"<h2>How each run was computed</h2>{_manifests(rows)}")
     if views:
-        body.append("<h2>Worst windows</h2><p>Each token shaded by its KLD (darkest at "
-                    f"{FULL_SHADE_KLD:g} nats and above); hover a token for its values.</p>")
+        body.append(
+            "<h2>Worst windows</h2><p>Each token shaded by its KLD (darkest at "
+            f"{FULL_SHADE_KLD:g} nats and above); hover a token for its values.</p>"
+        )
         body += [f'<section class="model"><h3>{html.escape(r.label)}</h3>{_windows(v)}</section>' for r, v in views]
-    return (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>{name}</title>'
-            f"<style>{STYLE}</style></head><body>{''.join(body)}</body></html>")
+    return (
+        f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>{name}</title>'
+        f"<style>{STYLE}</style></head><body>{''.join(body)}</body></html>"
+    )

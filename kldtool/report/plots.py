@@ -52,8 +52,9 @@ def kld_vs_bpw(plt, rows: list[ResultRow], path: str) -> None:
     x = [r.bpw for r in rows]
     mean = [r.statistics["kld_mean"]["value"] for r in rows]
     p99 = [r.statistics["kld_quantiles"]["99.0%"] for r in rows]
-    ax.errorbar(x, mean, yerr=[r.statistics["kld_mean"]["uncertainty"] for r in rows], fmt="o-", capsize=3,
-                label="mean KLD")
+    ax.errorbar(
+        x, mean, yerr=[r.statistics["kld_mean"]["uncertainty"] for r in rows], fmt="o-", capsize=3, label="mean KLD"
+    )
     ax.plot(x, p99, "s--", label="99 % KLD")
     _annotate(ax, x, mean, [r.label for r in rows])
     ax.set_yscale("log")
@@ -70,8 +71,14 @@ def ppl_ratio_vs_bpw(plt, rows: list[ResultRow], path: str) -> None:
     fig, ax = plt.subplots(figsize=(7, 4.5))
     x = [r.bpw for r in rows]
     y = [r.statistics["ppl_ratio"]["value"] for r in rows]
-    ax.errorbar(x, y, yerr=[r.statistics["ppl_ratio"]["uncertainty"] for r in rows], fmt="o-", capsize=3,
-                label="PPL(Q)/PPL(base)")
+    ax.errorbar(
+        x,
+        y,
+        yerr=[r.statistics["ppl_ratio"]["uncertainty"] for r in rows],
+        fmt="o-",
+        capsize=3,
+        label="PPL(Q)/PPL(base)",
+    )
     ax.axhline(1.0, color="grey", lw=0.8, ls=":", label="base (ratio 1)")
     _annotate(ax, x, y, [r.label for r in rows])
     ax.set_xlabel("bits per weight (decoder linear layers)")
@@ -117,9 +124,14 @@ def ppl_vs_length(results: list[dict], path: str) -> None:
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for r in results:
         rows = [x for x in r.get("per_length", []) if x["tokens"]]
-        ax.errorbar([x["length"] for x in rows], [x["ppl"] for x in rows],
-                    yerr=[x["ppl_uncertainty"] for x in rows], fmt="o-", capsize=3,
-                    label=r["model"].get("name") or os.path.basename(str(r["model"].get("model")).rstrip("/")))
+        ax.errorbar(
+            [x["length"] for x in rows],
+            [x["ppl"] for x in rows],
+            yerr=[x["ppl_uncertainty"] for x in rows],
+            fmt="o-",
+            capsize=3,
+            label=r["model"].get("name") or os.path.basename(str(r["model"].get("model")).rstrip("/")),
+        )
     ax.set_xscale("log", base=2)
     ax.set_xlabel("context length N (first N tokens of each document)")
     ax.set_ylabel("perplexity")
@@ -138,9 +150,11 @@ def write_plots(rows: list[ResultRow], out_dir: str) -> list[str]:
     except OSError as e:
         raise OutputError(f"{out_dir}: cannot make the plot directory ({e.strerror})") from None
     written = []
-    plans = [("kld_vs_bpw.png", kld_vs_bpw, len(_sized(rows)) > 0),
-             ("ppl_ratio_vs_bpw.png", ppl_ratio_vs_bpw, len(_sized(rows)) > 0),
-             ("kld_histograms.png", kld_histograms, any("kld_histogram" in r.statistics for r in rows))]
+    plans = [
+        ("kld_vs_bpw.png", kld_vs_bpw, len(_sized(rows)) > 0),
+        ("ppl_ratio_vs_bpw.png", ppl_ratio_vs_bpw, len(_sized(rows)) > 0),
+        ("kld_histograms.png", kld_histograms, any("kld_histogram" in r.statistics for r in rows)),
+    ]
     for name, draw, possible in plans:
         if possible:
             path = os.path.join(out_dir, name)

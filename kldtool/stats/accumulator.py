@@ -16,8 +16,27 @@ import numpy as np
 
 from kldtool.reduce import TokenRecords
 
-SUMS = ("nll", "nll2", "base", "base2", "nll_base", "kld", "kld2", "dp", "dp2", "dp4",
-         "rkld", "rkld2", "jsd", "jsd2", "top5", "top5_2", "top10", "top10_2", "kld_tail")
+SUMS = (
+    "nll",
+    "nll2",
+    "base",
+    "base2",
+    "nll_base",
+    "kld",
+    "kld2",
+    "dp",
+    "dp2",
+    "dp4",
+    "rkld",
+    "rkld2",
+    "jsd",
+    "jsd2",
+    "top5",
+    "top5_2",
+    "top10",
+    "top10_2",
+    "kld_tail",
+)
 N_SAME, COUNT = len(SUMS), len(SUMS) + 1
 VECTOR_LEN = len(SUMS) + 2
 # Per-token values kept for percentiles and top-1 buckets, float32 each.
@@ -46,12 +65,27 @@ def chunk_vector(r: TokenRecords) -> np.ndarray:
         x = np.asarray(x, np.float64)
         return _fsum(x), _fsum(x * x)
 
-    return np.array([
-        _fsum(nll), _fsum(nll * nll), _fsum(nb), _fsum(nb * nb), _fsum(nll * nb),
-        *s_s2(r.kld), _fsum(dp), _fsum(dp2), _fsum(dp2 * dp2),
-        *s_s2(r.rkld), *s_s2(r.jsd), *s_s2(r.top5), *s_s2(r.top10), _fsum(r.kld_tail),
-        float(np.count_nonzero(r.same_top)), float(len(r)),
-    ], dtype=np.float64)
+    return np.array(
+        [
+            _fsum(nll),
+            _fsum(nll * nll),
+            _fsum(nb),
+            _fsum(nb * nb),
+            _fsum(nll * nb),
+            *s_s2(r.kld),
+            _fsum(dp),
+            _fsum(dp2),
+            _fsum(dp2 * dp2),
+            *s_s2(r.rkld),
+            *s_s2(r.jsd),
+            *s_s2(r.top5),
+            *s_s2(r.top10),
+            _fsum(r.kld_tail),
+            float(np.count_nonzero(r.same_top)),
+            float(len(r)),
+        ],
+        dtype=np.float64,
+    )
 
 
 def chunk_values(r: TokenRecords) -> dict[str, np.ndarray]:
@@ -124,14 +158,20 @@ class KldAccumulator:
 
     def chunk_table(self) -> dict:
         """The per-chunk sums as JSON (a result's ``chunk_sums``): what ``report`` pairs runs by."""
-        return {"columns": [*SUMS, "n_same", "count"], "chunks": list(self.chunks),
-                "vectors": np.asarray(self.chunk_vectors, np.float64).reshape(-1, VECTOR_LEN).tolist()}
+        return {
+            "columns": [*SUMS, "n_same", "count"],
+            "chunks": list(self.chunks),
+            "vectors": np.asarray(self.chunk_vectors, np.float64).reshape(-1, VECTOR_LEN).tolist(),
+        }
 
     def arrays(self) -> dict[str, np.ndarray]:
         """Everything needed to rebuild this accumulator exactly (see :meth:`from_arrays`)."""
         vectors = np.array(self.chunk_vectors, np.float64).reshape(-1, VECTOR_LEN)
-        return {"chunks": np.array(self.chunks, np.int64), "chunk_vectors": vectors,
-                **{name: self.per_token(name) for name in VALUES}}
+        return {
+            "chunks": np.array(self.chunks, np.int64),
+            "chunk_vectors": vectors,
+            **{name: self.per_token(name) for name in VALUES},
+        }
 
     @classmethod
     def from_arrays(cls, a: dict[str, np.ndarray]) -> "KldAccumulator":

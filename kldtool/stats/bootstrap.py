@@ -35,8 +35,12 @@ def chunk_statistics(v: np.ndarray) -> dict[str, np.ndarray]:
     one chunk's, or a resample's, or a whole run's sums)."""
     n = v[..., COUNT]
     col = {k: v[..., i] for i, k in enumerate(SUMS)}
-    return {"kld_mean": col["kld"] / n, "ln_ppl_ratio": (col["nll"] - col["base"]) / n,
-            "same_top_p": v[..., N_SAME] / n, "rms_dp": np.sqrt(col["dp2"] / n)}
+    return {
+        "kld_mean": col["kld"] / n,
+        "ln_ppl_ratio": (col["nll"] - col["base"]) / n,
+        "same_top_p": v[..., N_SAME] / n,
+        "rms_dp": np.sqrt(col["dp2"] / n),
+    }
 
 
 def resample_weights(picks: np.ndarray, n_chunks: int) -> np.ndarray:

@@ -25,7 +25,9 @@ def extra_stats(acc: KldAccumulator, same_top: tuple[float, float]) -> dict:
         "jsd_mean": dict(zip(("value", "uncertainty"), mean_unc(s["jsd"], s["jsd2"], n))),
         "top_k_agreement": {
             "1": {"value": same_top[0], "uncertainty": same_top[1]},
-            "5": overlap(5), "10": overlap(10)},
+            "5": overlap(5),
+            "10": overlap(10),
+        },
         "top1_buckets": top1_buckets(acc.per_token("ptop_base"), acc.per_token("kld")),
     }
 
@@ -38,7 +40,13 @@ def top1_buckets(ptop: np.ndarray, kld: np.ndarray) -> list[dict]:
         last = i == len(TOP1_BUCKETS) - 1
         mask = (ptop >= lo) if last else (ptop >= lo) & (ptop < hi)
         v = np.sort(kld[mask])
-        out.append({"range": [lo, hi], "count": int(len(v)), "share": len(v) / n,
-                    "kld_mean": float(np.mean(v, dtype=np.float64)) if len(v) else None,
-                    "kld_99": percentile(v, 0.99) if len(v) else None})
+        out.append(
+            {
+                "range": [lo, hi],
+                "count": int(len(v)),
+                "share": len(v) / n,
+                "kld_mean": float(np.mean(v, dtype=np.float64)) if len(v) else None,
+                "kld_99": percentile(v, 0.99) if len(v) else None,
+            }
+        )
     return out

@@ -14,5 +14,9 @@ def kld_histogram(kld: np.ndarray) -> dict:
     edges = np.logspace(LOW, HIGH, (HIGH - LOW) * PER_DECADE + 1)
     v = np.asarray(kld, np.float64)
     counts, _ = np.histogram(v, edges)
-    return {"edges": edges.tolist(), "counts": counts.tolist(),
-            "below": int(np.count_nonzero(v < edges[0])), "above": int(np.count_nonzero(v > edges[-1]))}
+    return {
+        "edges": edges.tolist(),
+        "counts": counts.tolist(),
+        "below": int(np.count_nonzero(v < edges[0])),
+        "above": int(np.count_nonzero(v > edges[-1])),
+    }

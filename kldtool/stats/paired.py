@@ -28,8 +28,12 @@ class Measure:
     better: str  # "lower", "higher" or "nearer 0"
 
 
-MEASURES = (Measure("kld_mean", "mean KLD", "lower"), Measure("ln_ppl_ratio", "ln PPL ratio", "nearer 0"),
-            Measure("same_top_p", "same top p", "higher"), Measure("rms_dp", "RMS Δp", "lower"))
+MEASURES = (
+    Measure("kld_mean", "mean KLD", "lower"),
+    Measure("ln_ppl_ratio", "ln PPL ratio", "nearer 0"),
+    Measure("same_top_p", "same top p", "higher"),
+    Measure("rms_dp", "RMS Δp", "lower"),
+)
 
 
 def _wins(a: np.ndarray, b: np.ndarray, better: str) -> int:
@@ -46,7 +50,7 @@ def paired_bootstrap(va: np.ndarray, vb: np.ndarray, spec: Bootstrap) -> dict[st
     picks = np.random.default_rng(spec.seed).integers(0, n, size=(spec.resamples, n))
     out: dict[str, list[np.ndarray]] = {m.key: [] for m in MEASURES}
     for r0 in range(0, spec.resamples, ROWS):
-        weights = resample_weights(picks[r0:r0 + ROWS], n)
+        weights = resample_weights(picks[r0 : r0 + ROWS], n)
         sa, sb = chunk_statistics(weights @ va), chunk_statistics(weights @ vb)
         for k in out:
             out[k].append(sa[k] - sb[k])
@@ -65,10 +69,18 @@ def compare_runs(va: np.ndarray, vb: np.ndarray, spec: Bootstrap) -> dict[str, d
     for m in MEASURES:
         lo, hi = np.percentile(draws[m.key], [2.5, 97.5])
         a, b = float(whole_a[m.key]), float(whole_b[m.key])
-        out[m.key] = {"a": a, "b": b, "difference": a - b, "interval_95": [float(lo), float(hi)],
-                      "standard_error": float(np.std(draws[m.key], ddof=1)), "significant": bool(lo > 0 or hi < 0),
-                      "better": m.better, "chunks": len(va), "a_wins": _wins(per_a[m.key], per_b[m.key], m.better),
-                      "b_wins": _wins(per_b[m.key], per_a[m.key], m.better)}
+        out[m.key] = {
+            "a": a,
+            "b": b,
+            "difference": a - b,
+            "interval_95": [float(lo), float(hi)],
+            "standard_error": float(np.std(draws[m.key], ddof=1)),
+            "significant": bool(lo > 0 or hi < 0),
+            "better": m.better,
+            "chunks": len(va),
+            "a_wins": _wins(per_a[m.key], per_b[m.key], m.better),
+            "b_wins": _wins(per_b[m.key], per_a[m.key], m.better),
+        }
     return out
 
 
@@ -79,7 +91,9 @@ def sentence(m: Measure, labels: list[str], row: dict) -> str:
     d = row["difference"]
     wins = f"{a} is {m.better} in {row['a_wins']} of {row['chunks']} chunks, {b} in {row['b_wins']}"
     if not row["significant"]:
-        return (f"{m.label}: no significant difference: {a} − {b} = {d:+.6g} [{lo:+.6g}, {hi:+.6g}], 95 %; {wins}")
+        return f"{m.label}: no significant difference: {a} − {b} = {d:+.6g} [{lo:+.6g}, {hi:+.6g}], 95 %; {wins}"
     side = "higher" if d > 0 else "lower"
-    return (f"{m.label}: {a}'s is {side} than {b}'s by {abs(d):.6g} [{min(abs(lo), abs(hi)):.6g}, "
-            f"{max(abs(lo), abs(hi)):.6g}], 95 %; {wins}")
+    return (
+        f"{m.label}: {a}'s is {side} than {b}'s by {abs(d):.6g} [{min(abs(lo), abs(hi)):.6g}, "
+        f"{max(abs(lo), abs(hi)):.6g}], 95 %; {wins}"
+    )

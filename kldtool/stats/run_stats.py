@@ -28,7 +28,12 @@ def statistics(acc: KldAccumulator, bootstrap: Bootstrap, keep: int | None = Non
         stats["bootstrap"] = block_bootstrap(acc.chunk_vectors, bootstrap)
     if keep and acc.count:
         lower, tail = summary.kld_mean[0], acc.sums["kld_tail"] / acc.count
-        stats["compact_base"] = {"keep": keep, "kld_mean_lower_bound": lower, "tail_estimate": tail,
-                                 "kld_mean_estimate": lower + tail, "bound": TAIL_ALLOWANCE * tail,
-                                 "allowance": TAIL_ALLOWANCE}
+        stats["compact_base"] = {
+            "keep": keep,
+            "kld_mean_lower_bound": lower,
+            "tail_estimate": tail,
+            "kld_mean_estimate": lower + tail,
+            "bound": TAIL_ALLOWANCE * tail,
+            "allowance": TAIL_ALLOWANCE,
+        }
     return summary, stats

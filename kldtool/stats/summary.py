@@ -9,10 +9,28 @@ import numpy as np
 
 from kldtool.stats.accumulator import KldAccumulator
 
-KLD_PERCENTILES = (("99.9%", 0.999), ("99.0%", 0.990), ("95.0%", 0.950), ("90.0%", 0.900),
-                   ("10.0%", 0.100), (" 5.0%", 0.050), (" 1.0%", 0.010), (" 0.1%", 0.001))
-DP_PERCENTILES = (("99.9%", 0.999), ("99.0%", 0.990), ("95.0%", 0.950), ("90.0%", 0.900), ("75.0%", 0.750),
-                  ("25.0%", 0.250), ("10.0%", 0.100), (" 5.0%", 0.050), (" 1.0%", 0.010), (" 0.1%", 0.001))
+KLD_PERCENTILES = (
+    ("99.9%", 0.999),
+    ("99.0%", 0.990),
+    ("95.0%", 0.950),
+    ("90.0%", 0.900),
+    ("10.0%", 0.100),
+    (" 5.0%", 0.050),
+    (" 1.0%", 0.010),
+    (" 0.1%", 0.001),
+)
+DP_PERCENTILES = (
+    ("99.9%", 0.999),
+    ("99.0%", 0.990),
+    ("95.0%", 0.950),
+    ("90.0%", 0.900),
+    ("75.0%", 0.750),
+    ("25.0%", 0.250),
+    ("10.0%", 0.100),
+    (" 5.0%", 0.050),
+    (" 1.0%", 0.010),
+    (" 0.1%", 0.001),
+)
 MIN_TOKENS_FOR_STATS = 100
 
 
@@ -76,12 +94,18 @@ class KldSummary:
 
         return {
             "count": self.count,
-            "ppl_q": pair(self.ppl_q), "ppl_base": pair(self.ppl_base),
+            "ppl_q": pair(self.ppl_q),
+            "ppl_base": pair(self.ppl_base),
             "cor_ln_ppl": self.cor,
-            "ln_ppl_ratio": pair(self.ln_ratio), "ppl_ratio": pair(self.ratio), "ppl_diff": pair(self.diff),
-            "kld_mean": pair(self.kld_mean), "kld_quantiles": self.kld_quantiles,
-            "dp_mean": pair(self.dp_mean), "dp_quantiles": self.dp_quantiles,
-            "rms_dp": pair(self.rms_dp), "same_top_p": pair(self.same_top),
+            "ln_ppl_ratio": pair(self.ln_ratio),
+            "ppl_ratio": pair(self.ratio),
+            "ppl_diff": pair(self.diff),
+            "kld_mean": pair(self.kld_mean),
+            "kld_quantiles": self.kld_quantiles,
+            "dp_mean": pair(self.dp_mean),
+            "dp_quantiles": self.dp_quantiles,
+            "rms_dp": pair(self.rms_dp),
+            "same_top_p": pair(self.same_top),
         }
 
 

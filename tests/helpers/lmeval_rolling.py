@@ -26,13 +26,24 @@ def main(model_dir: str, max_length: str, dtype: str, runs_path: str, out_path: 
     from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
     def layout(n: int, length: int, prefix: int) -> list:
-        return [[a, b] for a, b in map(make_disjoint_window, get_rolling_token_windows(
-            token_list=list(range(100, 100 + n)), prefix_token=prefix, max_seq_len=length, context_len=1))]
+        return [
+            [a, b]
+            for a, b in map(
+                make_disjoint_window,
+                get_rolling_token_windows(
+                    token_list=list(range(100, 100 + n)), prefix_token=prefix, max_seq_len=length, context_len=1
+                ),
+            )
+        ]
 
     runs = json.load(open(runs_path))
     lm = HFLM(pretrained=model_dir, max_length=int(max_length), batch_size=1, device="cpu", dtype=dtype)
-    out = {"prefix_token_id": lm.prefix_token_id, "max_length": lm.max_length,
-           "synthetic_layouts": {str(n): layout(n, 8, lm.prefix_token_id) for n in range(0, 30)}, "runs": {}}
+    out = {
+        "prefix_token_id": lm.prefix_token_id,
+        "max_length": lm.max_length,
+        "synthetic_layouts": {str(n): layout(n, 8, lm.prefix_token_id) for n in range(0, 30)},
+        "runs": {},
+    }
     for name, run in runs.items():
         counted = run["pages"]
         texts = [wikitext_detokenizer({"page": p}) for p in counted] if run["detokenize"] else counted
@@ -40,7 +51,8 @@ def main(model_dir: str, max_length: str, dtype: str, runs_path: str, out_path: 
         lls = [float(x) for x in lm.loglikelihood_rolling(reqs, disable_tqdm=True)]
         per = [process_results({"page": c}, (ll,)) for ll, c in zip(lls, counted)]
         out["runs"][name] = {
-            "loglikelihoods": lls, "ids": [lm.tok_encode(t) for t in texts],
+            "loglikelihoods": lls,
+            "ids": [lm.tok_encode(t) for t in texts],
             "texts": texts,
             "word_perplexity": weighted_perplexity([p["word_perplexity"] for p in per]),
             "byte_perplexity": weighted_perplexity([p["byte_perplexity"] for p in per]),

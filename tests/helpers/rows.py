@@ -16,7 +16,7 @@ def make_base_rows(codes: np.ndarray, scale=SCALE, min_log_prob=None) -> np.ndar
         min_log_prob = -(b.max(1) + np.log(np.exp(b - b.max(1)[:, None]).sum(1)))
     head = np.stack([np.full(n, scale, np.float32), np.asarray(min_log_prob, np.float32) * np.ones(n, np.float32)], 1)
     rows[:, :4] = head.astype(np.float32).view(np.uint16)
-    rows[:, 4:4 + v] = codes
+    rows[:, 4 : 4 + v] = codes
     return rows
 
 

@@ -57,8 +57,9 @@ class Sandbox:
 
 
 class Fuzzer:
-    def __init__(self, box: Sandbox, token: str, n_vocab: int, window: list[int], first: int, n_scored: int,
-                 seed: int = 20261126):
+    def __init__(
+        self, box: Sandbox, token: str, n_vocab: int, window: list[int], first: int, n_scored: int, seed: int = 20261126
+    ):
         self.box, self.token, self.n_vocab = box, token, n_vocab
         self.window, self.first, self.n_scored = window, first, n_scored
         self.rng = random.Random(seed)
@@ -74,58 +75,160 @@ class Fuzzer:
         window = {"first": self.first, "n_scored": self.n_scored, "chunk": 0, "after": 0, "logits_block": 64}
         return {
             "compare": {**common, "mode": "compare", **window, "base": str(self.box.base)},
-            "encode": {**common, "mode": "encode", **window, "row_width": 2 * ((self.n_vocab + 1) // 2) + 4,
-                       "coding": {"codec": "grid", "clamp": 16.0, "keep": None}},
+            "encode": {
+                **common,
+                "mode": "encode",
+                **window,
+                "row_width": 2 * ((self.n_vocab + 1) // 2) + 4,
+                "coding": {"codec": "grid", "clamp": 16.0, "keep": None},
+            },
             "nll": {**common, "mode": "nll", **window},
-            "hidden": {**common, "mode": "hidden", **window, "dim": 576, "hidden_item": "<f4",
-                       "n_vocab": self.n_vocab, "probe_rows": 0},
+            "hidden": {
+                **common,
+                "mode": "hidden",
+                **window,
+                "dim": 576,
+                "hidden_item": "<f4",
+                "n_vocab": self.n_vocab,
+                "probe_rows": 0,
+            },
             "probe": {**common, "mode": "probe"},
         }
 
     def mutations(self) -> list[tuple[str, dict]]:
         """(label, field values that replace the template's; None-valued names are dropped)."""
         b, x = self.box, "\u202e\u0000\ud7ff"
-        huge = [-1, -2**63, 2**63, 10**30, 2**31, 0.5, 1e308, True, False, "7", [1], {"a": 1}, None, x]
+        huge = [-1, -(2**63), 2**63, 10**30, 2**31, 0.5, 1e308, True, False, "7", [1], {"a": 1}, None, x]
         out = []
         # The four attacks the hook once fell to.
-        out += [("key climbs out", {"key": k}) for k in ("../escape-1", "../../escape-2", "run/../../escape-3",
-                                                         "..", ".", "/tmp/escape-4", "escape/x-5")]
-        out += [("client picks out", {"out": o}) for o in (str(b.outside), "/", "/tmp", str(b.root),
-                                                           str(b.exchange / ".." / "outside"), str(b.exchange / "escape"),
-                                                           "exchange/run", "run", "", str(b.run) + "\0", 7, None, [str(b.run)])]
-        out += [("base outside roots", {"base": p}) for p in (
-            "/etc/passwd", str(b.secret), str(b.bases / "to-secret.kldt"), str(b.bases / "to-passwd.kldt"),
-            str(b.bases / "secrets" / "secret.txt"), str(b.bases / ".." / "secrets" / "secret.txt"),
-            str(b.bases / "fifo.kldt"), str(b.bases / "dir.kldt"), str(b.bases), "/dev/zero", "/dev/urandom",
-            "/proc/self/environ", "/proc/self/mem", "bases/base.kldt", "base.kldt", "", str(b.base) + "\0",
-            "file://" + str(b.base), str(b.bases / "absent.kldt"), 3, None, ["/etc/passwd"])]
-        out += [("hidden sized to exhaust memory", {"mode": "hidden", "dim": d, "n_scored": n, "probe_rows": p})
-                for d, n, p in ((1000000, 1000000, 0), (576, 1000000, 0), (1000000, self.n_scored, 0),
-                                (576, self.n_scored, 10**9), (2**40, 2**40, 2**40))]
+        out += [
+            ("key climbs out", {"key": k})
+            for k in ("../escape-1", "../../escape-2", "run/../../escape-3", "..", ".", "/tmp/escape-4", "escape/x-5")
+        ]
+        out += [
+            ("client picks out", {"out": o})
+            for o in (
+                str(b.outside),
+                "/",
+                "/tmp",
+                str(b.root),
+                str(b.exchange / ".." / "outside"),
+                str(b.exchange / "escape"),
+                "exchange/run",
+                "run",
+                "",
+                str(b.run) + "\0",
+                7,
+                None,
+                [str(b.run)],
+            )
+        ]
+        out += [
+            ("base outside roots", {"base": p})
+            for p in (
+                "/etc/passwd",
+                str(b.secret),
+                str(b.bases / "to-secret.kldt"),
+                str(b.bases / "to-passwd.kldt"),
+                str(b.bases / "secrets" / "secret.txt"),
+                str(b.bases / ".." / "secrets" / "secret.txt"),
+                str(b.bases / "fifo.kldt"),
+                str(b.bases / "dir.kldt"),
+                str(b.bases),
+                "/dev/zero",
+                "/dev/urandom",
+                "/proc/self/environ",
+                "/proc/self/mem",
+                "bases/base.kldt",
+                "base.kldt",
+                "",
+                str(b.base) + "\0",
+                "file://" + str(b.base),
+                str(b.bases / "absent.kldt"),
+                3,
+                None,
+                ["/etc/passwd"],
+            )
+        ]
+        out += [
+            ("hidden sized to exhaust memory", {"mode": "hidden", "dim": d, "n_scored": n, "probe_rows": p})
+            for d, n, p in (
+                (1000000, 1000000, 0),
+                (576, 1000000, 0),
+                (1000000, self.n_scored, 0),
+                (576, self.n_scored, 10**9),
+                (2**40, 2**40, 2**40),
+            )
+        ]
         # Every number field: wrong types, negative, huge, fractional.
         for field in ("first", "n_scored", "chunk", "after", "logits_block"):
             out += [(f"{field} out of range", {field: v}) for v in huge + [self.n_vocab, 10**6]]
-        out += [("first past the prompt", {"first": len(self.window)}), ("window past the prompt", {"n_scored": 999}),
-                ("logits block of zero", {"logits_block": 0})]
+        out += [
+            ("first past the prompt", {"first": len(self.window)}),
+            ("window past the prompt", {"n_scored": 999}),
+            ("logits block of zero", {"logits_block": 0}),
+        ]
         # Versions and tokens.
         out += [("version", {"v": v}) for v in (None, 1, 3, "2", 2.0, -1, 2**64, [2], x)]
-        out += [("token", {"token": t}) for t in (None, "", "wrong", self.token + "x", self.token[:-1], 123,
-                                                  [self.token], {"t": self.token}, x, "t" * 5000)]
+        out += [
+            ("token", {"token": t})
+            for t in (
+                None,
+                "",
+                "wrong",
+                self.token + "x",
+                self.token[:-1],
+                123,
+                [self.token],
+                {"t": self.token},
+                x,
+                "t" * 5000,
+            )
+        ]
         # Modes, unknown fields, encode's coding and hidden's sizes.
         out += [("mode", {"mode": m}) for m in ("", "HIDDEN", "eval", "probe ", 1, None, ["nll"], x)]
         out += [("unknown field", {f: 1}) for f in ("evil", "__class__", "path", "row_width2", "")]
-        out += [("coding", {"mode": "encode", "row_width": 24580, "coding": c}) for c in (
-            None, {}, {"codec": "evil", "clamp": 16.0, "keep": None}, {"codec": "grid", "clamp": -1, "keep": None},
-            {"codec": "grid", "clamp": 1e9, "keep": None}, {"codec": "grid", "clamp": 16.0, "keep": 10**9},
-            {"codec": "grid", "clamp": 16.0, "keep": 3}, {"codec": "grid", "clamp": 16.0},
-            {"codec": "grid", "clamp": 16.0, "keep": None, "extra": 1}, "grid")]
-        out += [("row width", {"mode": "encode", "row_width": w, "coding": {"codec": "grid", "clamp": 16.0, "keep": None}})
-                for w in (0, 1, 10**9, -4, "24580")]
-        out += [("hidden sizes", {"mode": "hidden", "dim": 576, "hidden_item": h, "n_vocab": v, "probe_rows": 0})
-                for h, v in (("<f8", self.n_vocab), ("<u2", self.n_vocab), ("<f4", 10**9), ("<f4", 0), (None, None))]
-        out += [("key", {"key": k}) for k in ("", "abc", "0123456789ab", "0123456789ab-", "0123456789AB-1",
-                                              "0123456789ab-1.npz", "0123456789ab-1/x", "0123456789ab-1\n", "ключ-1",
-                                              "0123456789ab-" + "9" * 40, None, 5, ["0123456789ab-1"])]
+        out += [
+            ("coding", {"mode": "encode", "row_width": 24580, "coding": c})
+            for c in (
+                None,
+                {},
+                {"codec": "evil", "clamp": 16.0, "keep": None},
+                {"codec": "grid", "clamp": -1, "keep": None},
+                {"codec": "grid", "clamp": 1e9, "keep": None},
+                {"codec": "grid", "clamp": 16.0, "keep": 10**9},
+                {"codec": "grid", "clamp": 16.0, "keep": 3},
+                {"codec": "grid", "clamp": 16.0},
+                {"codec": "grid", "clamp": 16.0, "keep": None, "extra": 1},
+                "grid",
+            )
+        ]
+        out += [
+            ("row width", {"mode": "encode", "row_width": w, "coding": {"codec": "grid", "clamp": 16.0, "keep": None}})
+            for w in (0, 1, 10**9, -4, "24580")
+        ]
+        out += [
+            ("hidden sizes", {"mode": "hidden", "dim": 576, "hidden_item": h, "n_vocab": v, "probe_rows": 0})
+            for h, v in (("<f8", self.n_vocab), ("<u2", self.n_vocab), ("<f4", 10**9), ("<f4", 0), (None, None))
+        ]
+        out += [
+            ("key", {"key": k})
+            for k in (
+                "",
+                "abc",
+                "0123456789ab",
+                "0123456789ab-",
+                "0123456789AB-1",
+                "0123456789ab-1.npz",
+                "0123456789ab-1/x",
+                "0123456789ab-1\n",
+                "ключ-1",
+                "0123456789ab-" + "9" * 40,
+                None,
+                5,
+                ["0123456789ab-1"],
+            )
+        ]
         return out
 
     def cases(self, n: int) -> list[tuple[str, list[int], object]]:
@@ -135,10 +238,24 @@ class Fuzzer:
             for mode in self.rng.sample(sorted(templates), 2):
                 cases.append((f"{mode}: {label} {changes!r}"[:200], self.window, self._spec(templates[mode], changes)))
         # Texts that are not the spec an object would make.
-        raws = ["not json", "[1, 2]", "null", "\"a string\"", "NaN", "{\"v\": NaN}", "{\"v\": Infinity}",
-                "[" * 20000 + "]" * 20000, "[" * 4000 + "]" * 4000, "{\"a\":" * 5000 + "1" + "}" * 5000, "x" * 100000,
-                json.dumps({**templates["nll"], "key": self.key(), "pad": "p" * 9000}), "", "\u0000", "{}",
-                json.dumps({**templates["probe"], "key": self.key()}).replace(self.token, "wrong")]
+        raws = [
+            "not json",
+            "[1, 2]",
+            "null",
+            '"a string"',
+            "NaN",
+            '{"v": NaN}',
+            '{"v": Infinity}',
+            "[" * 20000 + "]" * 20000,
+            "[" * 4000 + "]" * 4000,
+            '{"a":' * 5000 + "1" + "}" * 5000,
+            "x" * 100000,
+            json.dumps({**templates["nll"], "key": self.key(), "pad": "p" * 9000}),
+            "",
+            "\u0000",
+            "{}",
+            json.dumps({**templates["probe"], "key": self.key()}).replace(self.token, "wrong"),
+        ]
         cases += [(f"raw text {r[:30]!r}", self.window, r) for r in raws]
         cases += [(f"not a string: {v!r}", self.window, v) for v in (5, 2.5, True, [1, "a"])]
         # Random combinations of several mutations at once, and prompts of other lengths.
@@ -148,8 +265,11 @@ class Fuzzer:
             changes = {}
             for _, c in self.rng.sample(mutations, self.rng.randint(2, 4)):
                 changes.update(c)
-            prompt = self.window if self.rng.random() < 0.5 else \
-                [self.rng.randrange(self.n_vocab) for _ in range(self.rng.randint(2, 120))]
+            prompt = (
+                self.window
+                if self.rng.random() < 0.5
+                else [self.rng.randrange(self.n_vocab) for _ in range(self.rng.randint(2, 120))]
+            )
             cases.append((f"{mode}: mixed {changes!r}"[:200], prompt, self._spec(templates[mode], changes)))
         self.rng.shuffle(cases)
         return cases

@@ -51,8 +51,13 @@ def init_groups() -> None:
     from vllm.distributed import init_distributed_environment, initialize_model_parallel
 
     with set_current_vllm_config(VllmConfig()):
-        init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
-                                     distributed_init_method=f"tcp://127.0.0.1:{29500 + os.getpid() % 1000}")
+        init_distributed_environment(
+            world_size=1,
+            rank=0,
+            local_rank=0,
+            backend="gloo",
+            distributed_init_method=f"tcp://127.0.0.1:{29500 + os.getpid() % 1000}",
+        )
         initialize_model_parallel(1, 1)
 
 
@@ -67,19 +72,37 @@ def make_batch(step, InputBatch):
     total = int(qsl[-1])
     zeros_t = torch.zeros(n, dtype=torch.int32)
     return InputBatch(
-        req_ids=[r for r, _, _, _ in step], num_reqs=n, num_reqs_after_padding=n,
-        idx_mapping=torch.from_numpy(slots.astype(np.int64)), idx_mapping_np=slots,
-        expanded_idx_mapping=torch.from_numpy(slots.astype(np.int64)), expanded_local_pos=zeros_t,
-        num_scheduled_tokens=sched, num_tokens=total, num_tokens_after_padding=total,
-        num_draft_tokens=0, num_draft_tokens_per_req=None,
-        query_start_loc=torch.from_numpy(qsl), query_start_loc_np=qsl,
-        seq_lens=torch.from_numpy(done + sched), seq_lens_cpu_upper_bound=torch.from_numpy(done + sched),
-        dcp_local_seq_lens=None, num_computed_tokens_np=done, prefill_len_np=prefill,
-        num_computed_prefill_tokens_np=done, is_prefilling_np=done < prefill, has_prefill=bool((done < prefill).any()),
-        decode_graph_eligible=False, input_ids=torch.zeros(total, dtype=torch.int64),
-        positions=torch.zeros(total, dtype=torch.int64), is_padding=torch.zeros(total, dtype=torch.bool),
-        logits_indices=torch.from_numpy(qsl[1:] - 1), cu_num_logits=torch.arange(n + 1, dtype=torch.int32),
-        cu_num_logits_np=np.arange(n + 1, dtype=np.int32), has_structured_output_reqs=False, prompt_lens=None,
+        req_ids=[r for r, _, _, _ in step],
+        num_reqs=n,
+        num_reqs_after_padding=n,
+        idx_mapping=torch.from_numpy(slots.astype(np.int64)),
+        idx_mapping_np=slots,
+        expanded_idx_mapping=torch.from_numpy(slots.astype(np.int64)),
+        expanded_local_pos=zeros_t,
+        num_scheduled_tokens=sched,
+        num_tokens=total,
+        num_tokens_after_padding=total,
+        num_draft_tokens=0,
+        num_draft_tokens_per_req=None,
+        query_start_loc=torch.from_numpy(qsl),
+        query_start_loc_np=qsl,
+        seq_lens=torch.from_numpy(done + sched),
+        seq_lens_cpu_upper_bound=torch.from_numpy(done + sched),
+        dcp_local_seq_lens=None,
+        num_computed_tokens_np=done,
+        prefill_len_np=prefill,
+        num_computed_prefill_tokens_np=done,
+        is_prefilling_np=done < prefill,
+        has_prefill=bool((done < prefill).any()),
+        decode_graph_eligible=False,
+        input_ids=torch.zeros(total, dtype=torch.int64),
+        positions=torch.zeros(total, dtype=torch.int64),
+        is_padding=torch.zeros(total, dtype=torch.bool),
+        logits_indices=torch.from_numpy(qsl[1:] - 1),
+        cu_num_logits=torch.arange(n + 1, dtype=torch.int32),
+        cu_num_logits_np=np.arange(n + 1, dtype=np.int32),
+        has_structured_output_reqs=False,
+        prompt_lens=None,
     )
 
 
@@ -95,8 +118,11 @@ def main() -> None:
 
     init_groups()
     g = torch.Generator().manual_seed(0)
-    emb, pos_emb, head = (torch.randn(V, D, generator=g), torch.randn(MAX_LEN, D, generator=g),
-                          torch.randn(D, V, generator=g))
+    emb, pos_emb, head = (
+        torch.randn(V, D, generator=g),
+        torch.randn(MAX_LEN, D, generator=g),
+        torch.randn(D, V, generator=g),
+    )
     all_ids = torch.randint(0, V, (SLOTS, MAX_LEN), generator=g)
     prompts = {r: all_ids[s, :n].tolist() for r, (s, n) in PROMPTS.items()}
     logits_calls = []
@@ -106,9 +132,18 @@ def main() -> None:
         return h @ head
 
     def params(r):
-        extra = ({wire.SPEC_KEY: wire.window_spec(KEYS[r], types.SimpleNamespace(first=0, n_scored=PROMPTS[r][1] - 1,
-                                                                                  index=0, targets=[0]),
-                                                  64, {"mode": "nll"})} if r in KLDTOOL else None)
+        extra = (
+            {
+                wire.SPEC_KEY: wire.window_spec(
+                    KEYS[r],
+                    types.SimpleNamespace(first=0, n_scored=PROMPTS[r][1] - 1, index=0, targets=[0]),
+                    64,
+                    {"mode": "nll"},
+                )
+            }
+            if r in KLDTOOL
+            else None
+        )
         return SamplingParams(max_tokens=4, prompt_logprobs={"B": 0, "E": 3}.get(r), extra_args=extra)
 
     state = WorkerState({"n_vocab": V, "hidden_size": D, "dtype": "float32"}, Policy.offline(), seam.tp_rank())
@@ -121,7 +156,7 @@ def main() -> None:
     outputs = {"plain": {}, "hooked": {}}
     for step in STEPS:
         batch = make_batch(step, InputBatch)
-        hidden = torch.cat([emb[all_ids[PROMPTS[r][0], c:c + k]] + pos_emb[c:c + k] for r, c, k, _ in step])
+        hidden = torch.cat([emb[all_ids[PROMPTS[r][0], c : c + k]] + pos_emb[c : c + k] for r, c, k, _ in step])
         num_computed = torch.zeros(SLOTS, dtype=torch.int32)
         for r, c, _, _ in step:
             num_computed[PROMPTS[r][0]] = c
@@ -130,20 +165,30 @@ def main() -> None:
             got = worker.compute_prompt_logprobs(logits_fn, hidden, batch, all_ids, num_computed, prompt_lens)
             for r, t in got.items():
                 outputs[name].setdefault(r, []).append(
-                    [t.logprob_token_ids.tolist(), t.logprobs.tolist(), t.selected_token_ranks.tolist()])
+                    [t.logprob_token_ids.tolist(), t.logprobs.tolist(), t.selected_token_ranks.tolist()]
+                )
     results = {r: v for r, v in zip(KLDTOOL, state.pop([KEYS[r] for r in KLDTOOL]).values())}
     ref = {}
     for r in PROMPTS:  # float64: position p predicts prompt[p + 1]
         n = PROMPTS[r][1]
-        h = (emb[all_ids[PROMPTS[r][0], :n - 1]] + pos_emb[:n - 1]).double() @ head.double()
+        h = (emb[all_ids[PROMPTS[r][0], : n - 1]] + pos_emb[: n - 1]).double() @ head.double()
         ref[r] = (-torch.log_softmax(h, -1).gather(-1, torch.tensor(prompts[r][1:n])[:, None])).flatten().tolist()
     runner.prompt_logprobs_worker.remove_request("A")
-    print(json.dumps({
-        "kind": kind, "rank": state.rank,
-        "results": {r: ({"error": v["error"]} if "error" in v else {"nll": unpack(v)["nll"].tolist()})
-                    for r, v in results.items()},
-        "reference": ref, "outputs": outputs, "logits_rows": logits_calls,
-    }))
+    print(
+        json.dumps(
+            {
+                "kind": kind,
+                "rank": state.rank,
+                "results": {
+                    r: ({"error": v["error"]} if "error" in v else {"nll": unpack(v)["nll"].tolist()})
+                    for r, v in results.items()
+                },
+                "reference": ref,
+                "outputs": outputs,
+                "logits_rows": logits_calls,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -33,19 +33,28 @@ def main() -> None:
     default_block = engine.logits_block
     engine.logits_block = 16
     blocked = engine.score(windows, engine.rows_source(reader, list(range(h.n_chunk))))
-    block_diff = {f: float(max(np.abs(getattr(a, f).astype(np.float64) - getattr(b, f)).max()
-                               for a, b in zip(records, blocked))) for f in ("nll", "kld")}
+    block_diff = {
+        f: float(max(np.abs(getattr(a, f).astype(np.float64) - getattr(b, f)).max() for a, b in zip(records, blocked)))
+        for f in ("nll", "kld")
+    }
     prompts = [TokensPrompt(prompt_token_ids=[int(t) for t in w.tokens]) for w in windows]
     outs = engine.llm.generate(prompts, SamplingParams(max_tokens=1, prompt_logprobs=0), use_tqdm=False)
     diffs = []
     for w, out, rec in zip(windows, outs, records):
-        own = np.array([out.prompt_logprobs[p + 1][int(w.tokens[p + 1])].logprob
-                        for p in range(w.first, w.first + w.n_scored)], dtype=np.float64)
+        own = np.array(
+            [out.prompt_logprobs[p + 1][int(w.tokens[p + 1])].logprob for p in range(w.first, w.first + w.n_scored)],
+            dtype=np.float64,
+        )
         diffs.append(np.abs(-rec.nll.astype(np.float64) - own))
     kld = np.concatenate([r.kld for r in records])
-    out = {"tokens": int(sum(len(r) for r in records)), "max_abs_logprob_diff": float(np.concatenate(diffs).max()),
-           "mean_kld": float(kld.mean()), "hooks": engine.hooks, "default_block": default_block,
-           "block_16_max_diff": block_diff}
+    out = {
+        "tokens": int(sum(len(r) for r in records)),
+        "max_abs_logprob_diff": float(np.concatenate(diffs).max()),
+        "mean_kld": float(kld.mean()),
+        "hooks": engine.hooks,
+        "default_block": default_block,
+        "block_16_max_diff": block_diff,
+    }
     if long_n:
         from kldtool.protocols import Window
 
@@ -55,8 +64,11 @@ def main() -> None:
         for block in (128, long_n):  # 128 rows, or as much of a step as the hook holds at once
             engine.logits_block = block
             runs[block] = engine.nll([w])[0].astype(np.float64)
-        out["long"] = {"tokens": len(runs[128]), "max_nll_diff": float(np.abs(runs[128] - runs[long_n]).max()),
-                       "ppl": float(np.exp(runs[128].mean()))}
+        out["long"] = {
+            "tokens": len(runs[128]),
+            "max_nll_diff": float(np.abs(runs[128] - runs[long_n]).max()),
+            "ppl": float(np.exp(runs[128].mean())),
+        }
     print("PROBE " + json.dumps(out))
     engine.close()
 

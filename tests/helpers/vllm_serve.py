@@ -20,8 +20,11 @@ def operator_env(base_roots, exchange_root, token: str | None = None) -> dict:
     """The settings an operator gives a server whose hook is on (kldtool/engines/vllm/policy.py)."""
     from kldtool.engines.vllm import policy
 
-    env = {policy.HOOK: "1", policy.BASE_ROOTS: os.pathsep.join(map(str, base_roots)),
-           policy.EXCHANGE_ROOT: str(exchange_root)}
+    env = {
+        policy.HOOK: "1",
+        policy.BASE_ROOTS: os.pathsep.join(map(str, base_roots)),
+        policy.EXCHANGE_ROOT: str(exchange_root),
+    }
     if token:
         env[policy.TOKEN] = token
     return env
@@ -41,10 +44,31 @@ def served(model: str, log_dir, max_model_len: int, *extra, operator: dict | Non
     kv = cpu_sizing.kv_cache_bytes(model, dtype, max_model_len, cpu_sizing.host_budget(0.3), None)
     log_path = os.path.join(log_dir, f"server-{port}.log")
     log = open(log_path, "w")
-    p = subprocess.Popen([sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
-                          "--host", "127.0.0.1", "--port", str(port), "--max-model-len", str(max_model_len),
-                          "--dtype", dtype, "--enforce-eager", "--kv-cache-memory-bytes", str(kv), *map(str, extra)],
-                         stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    p = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            model,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--max-model-len",
+            str(max_model_len),
+            "--dtype",
+            dtype,
+            "--enforce-eager",
+            "--kv-cache-memory-bytes",
+            str(kv),
+            *map(str, extra),
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=env,
+        start_new_session=True,
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 300

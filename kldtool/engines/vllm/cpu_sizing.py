@@ -46,8 +46,9 @@ def kv_bytes_per_token(model_dir: str, dtype: str) -> int | None:
     return 2 * layers * kv_heads * head_dim * _DTYPE_BYTES.get(name.replace("torch.", ""), 4)
 
 
-def kv_cache_bytes(model_dir: str, dtype: str, max_model_len: int | None, budget: int,
-                   step_tokens: int | None = None) -> int | None:
+def kv_cache_bytes(
+    model_dir: str, dtype: str, max_model_len: int | None, budget: int, step_tokens: int | None = None
+) -> int | None:
     """The KV cache for windows of up to ``max_model_len`` tokens scheduled ``step_tokens`` at
     a time: a few steps' tokens and at least two whole windows, each rounded up to whole blocks;
     None (vLLM sizes it) when unknown or larger than ``budget``."""

@@ -39,4 +39,6 @@ def publish(directory: str, key: str, kind: str, payload: bytes) -> None:
         finally:
             f.abort()
     except Exception as e:
-        log.error("kldtool: cannot write %s's result to %s: %s", key, directory, wire.one_line(f"{type(e).__name__}: {e}"))
+        log.error(
+            "kldtool: cannot write %s's result to %s: %s", key, directory, wire.one_line(f"{type(e).__name__}: {e}")
+        )

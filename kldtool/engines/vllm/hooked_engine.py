@@ -98,9 +98,16 @@ class HookedEngine(Engine):
 
         dim, dtype = self.output_head().shape[1], self.hidden_dtype
         rows = probe_rows or (lambda w: 0)
-        results = self._run(windows, lambda w: {"mode": "hidden", "dim": dim, "hidden_item": DTYPES[dtype][0],
-                                                "n_vocab": self.n_vocab,
-                                                "probe_rows": min(rows(w), w.n_scored, wire.MAX_PROBE_ROWS)})
+        results = self._run(
+            windows,
+            lambda w: {
+                "mode": "hidden",
+                "dim": dim,
+                "hidden_item": DTYPES[dtype][0],
+                "n_vocab": self.n_vocab,
+                "probe_rows": min(rows(w), w.n_scored, wire.MAX_PROBE_ROWS),
+            },
+        )
         for i, r in enumerate(results):
             hidden = from_raw(r["hidden"].tobytes(), dtype, r["hidden"].shape)
             yield i, 0, hidden, (torch.from_numpy(r["logits"].copy()) if "logits" in r else None), r["nll"]

@@ -38,13 +38,24 @@ class VllmEngine(HookedEngine):
         if opts.device not in (None, "cuda", "cpu"):
             raise UsageError(f"--device {opts.device}: vLLM picks its devices itself (see --tensor-parallel-size)")
         args = dict(opts.vllm)
-        return cls(opts.model or defaults.default_transformers_model(), dtype=opts.dtype,
-                   max_model_len=args.pop("max_model_len", None) or (n_ctx + 1 if n_ctx else None),
-                   windows_per_call=max(4, 65536 // (n_ctx or 2048)), logits_block=args.pop("logits_block", None),
-                   vllm_args=args)
+        return cls(
+            opts.model or defaults.default_transformers_model(),
+            dtype=opts.dtype,
+            max_model_len=args.pop("max_model_len", None) or (n_ctx + 1 if n_ctx else None),
+            windows_per_call=max(4, 65536 // (n_ctx or 2048)),
+            logits_block=args.pop("logits_block", None),
+            vllm_args=args,
+        )
 
-    def __init__(self, model: str, dtype: str | None = None, max_model_len: int | None = None,
-                 windows_per_call: int = 64, vllm_args: dict | None = None, logits_block: int | None = None):
+    def __init__(
+        self,
+        model: str,
+        dtype: str | None = None,
+        max_model_len: int | None = None,
+        windows_per_call: int = 64,
+        vllm_args: dict | None = None,
+        logits_block: int | None = None,
+    ):
         # vLLM logs to stdout by default; stdout carries kldtool's results.
         os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
         # This process's own vLLM gets the hook through collective_rpc under the offline policy; a
@@ -72,9 +83,13 @@ class VllmEngine(HookedEngine):
             # On CPU, compiling the model costs minutes up front and gains little on runs of this size.
             kwargs["enforce_eager"] = True
             if not {"gpu_memory_utilization", "kv_cache_memory_bytes"} & set(vllm_args):
-                kv = cpu_sizing.kv_cache_bytes(model, self.dtype, max_model_len,
-                                               cpu_sizing.host_budget(CPU_MEMORY_UTILIZATION),
-                                               vllm_args.get("max_num_batched_tokens"))
+                kv = cpu_sizing.kv_cache_bytes(
+                    model,
+                    self.dtype,
+                    max_model_len,
+                    cpu_sizing.host_budget(CPU_MEMORY_UTILIZATION),
+                    vllm_args.get("max_num_batched_tokens"),
+                )
                 if kv:
                     kwargs["kv_cache_memory_bytes"] = kv
         kwargs.update(vllm_args)
@@ -128,18 +143,26 @@ class VllmEngine(HookedEngine):
         shards.sort(key=lambda s: s["start"])
         first = shards[0]
         parts = [unpack(s["arrays"]) for s in shards]
-        weight = np.concatenate([p["weight"] for p in parts])[:first["vocab"]]
-        bias = np.concatenate([p["bias"] for p in parts])[:first["vocab"]] if "bias" in parts[0] else None
+        weight = np.concatenate([p["weight"] for p in parts])[: first["vocab"]]
+        bias = np.concatenate([p["bias"] for p in parts])[: first["vocab"]] if "bias" in parts[0] else None
         dtype = first["dtype"]
-        return OutputHead(from_raw(weight.tobytes(), dtype, weight.shape),
-                          None if bias is None else from_raw(bias.tobytes(), dtype, bias.shape),
-                          first["scale"] if first["scale"] != 1.0 else None, first["soft_cap"])
+        return OutputHead(
+            from_raw(weight.tobytes(), dtype, weight.shape),
+            None if bias is None else from_raw(bias.tobytes(), dtype, bias.shape),
+            first["scale"] if first["scale"] != 1.0 else None,
+            first["soft_cap"],
+        )
 
     def describe(self) -> dict:
-        return {"engine": self.name, "model": self.model_path, "dtype": self.dtype,
-                "device": "cuda" if _has_cuda() else "cpu", "hooks": self.hooks,
-                "vllm_args": {k: v for k, v in self.llm_kwargs.items() if k != "model"},
-                "versions": self._versions}
+        return {
+            "engine": self.name,
+            "model": self.model_path,
+            "dtype": self.dtype,
+            "device": "cuda" if _has_cuda() else "cpu",
+            "hooks": self.hooks,
+            "vllm_args": {k: v for k, v in self.llm_kwargs.items() if k != "model"},
+            "versions": self._versions,
+        }
 
     def close(self) -> None:
         llm = getattr(self, "llm", None)

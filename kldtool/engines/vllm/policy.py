@@ -62,17 +62,25 @@ class Policy:
                 if root:
                     roots.append(root)
         if not roots and not problems:
-            problems.append(f"{BASE_ROOTS} is not set: the server's operator names the directories base files "
-                            f"may be read from (dir1{os.pathsep}dir2)")
+            problems.append(
+                f"{BASE_ROOTS} is not set: the server's operator names the directories base files "
+                f"may be read from (dir1{os.pathsep}dir2)"
+            )
         exchange = environ.get(EXCHANGE_ROOT, "").strip() or None
         if exchange:
             exchange = _root(exchange, EXCHANGE_ROOT, problems)
         else:
-            problems.append(f"{EXCHANGE_ROOT} is not set: the server's operator names the directory results are "
-                            f"written below")
+            problems.append(
+                f"{EXCHANGE_ROOT} is not set: the server's operator names the directory results are written below"
+            )
         token = environ.get(TOKEN) or None
-        return cls(True, tuple(roots), exchange, token,
-                   "kldtool's hook is off on this server: " + "; ".join(problems) if problems else None)
+        return cls(
+            True,
+            tuple(roots),
+            exchange,
+            token,
+            "kldtool's hook is off on this server: " + "; ".join(problems) if problems else None,
+        )
 
     def token_ok(self, given) -> bool:
         if self.token is None:

@@ -53,14 +53,29 @@ class VllmServerEngine(HookedEngine):
         server_side = [k for k in opts.vllm if k != "logits_block"]
         if server_side or opts.dtype or opts.device:
             named = [*server_side, *(k for k in ("dtype", "device") if getattr(opts, k))]
-            raise UsageError(f"{', '.join('--' + k.replace('_', '-') for k in named)}: the server's own settings "
-                             f"(give them to `vllm serve`), not kldtool's with --server")
-        return cls(opts.server, tokenizer=opts.model, exchange_dir=opts.exchange_dir, n_ctx=n_ctx,
-                   windows_per_call=max(4, 65536 // (n_ctx or 2048)), logits_block=opts.vllm.get("logits_block"))
+            raise UsageError(
+                f"{', '.join('--' + k.replace('_', '-') for k in named)}: the server's own settings "
+                f"(give them to `vllm serve`), not kldtool's with --server"
+            )
+        return cls(
+            opts.server,
+            tokenizer=opts.model,
+            exchange_dir=opts.exchange_dir,
+            n_ctx=n_ctx,
+            windows_per_call=max(4, 65536 // (n_ctx or 2048)),
+            logits_block=opts.vllm.get("logits_block"),
+        )
 
-    def __init__(self, url: str, tokenizer: str | None = None, exchange_dir: str | None = None,
-                 n_ctx: int = 0, windows_per_call: int = 64, logits_block: int | None = None,
-                 timeout: float = 3600.0):
+    def __init__(
+        self,
+        url: str,
+        tokenizer: str | None = None,
+        exchange_dir: str | None = None,
+        n_ctx: int = 0,
+        windows_per_call: int = 64,
+        logits_block: int | None = None,
+        timeout: float = 3600.0,
+    ):
         self.url = url.rstrip("/").removesuffix("/v1")
         self.timeout = timeout
         self._windows_per_call = windows_per_call
@@ -70,8 +85,10 @@ class VllmServerEngine(HookedEngine):
         self.model_id = models[0]["id"]
         self.max_model_len = models[0].get("max_model_len")
         if n_ctx and self.max_model_len and n_ctx + 1 > self.max_model_len:
-            raise UsageError(f"-c {n_ctx}: the served model's max_model_len is {self.max_model_len}; "
-                             f"a window needs -c + 1 (restart the server with --max-model-len {n_ctx + 1} or more)")
+            raise UsageError(
+                f"-c {n_ctx}: the served model's max_model_len is {self.max_model_len}; "
+                f"a window needs -c + 1 (restart the server with --max-model-len {n_ctx + 1} or more)"
+            )
         self._load_tokenizer(tokenizer or models[0].get("root") or self.model_id)
         # The operator's shared secret, from the environment (a flag would show in ps).
         self.token = os.environ.get(wire.TOKEN) or None
@@ -83,8 +100,10 @@ class VllmServerEngine(HookedEngine):
             try:
                 exchange_dir = tempfile.mkdtemp(prefix="kldtool-exchange-", dir=root)
             except OSError as e:
-                raise UsageError(f"{wire.EXCHANGE_ROOT}={root}: cannot make this run's exchange directory there "
-                                 f"({e.strerror}); give --exchange-dir") from None
+                raise UsageError(
+                    f"{wire.EXCHANGE_ROOT}={root}: cannot make this run's exchange directory there "
+                    f"({e.strerror}); give --exchange-dir"
+                ) from None
         self.exchange = os.path.abspath(exchange_dir)
         if not os.path.isdir(self.exchange):
             raise UsageError(f"--exchange-dir {exchange_dir}: no such directory")
@@ -109,8 +128,10 @@ class VllmServerEngine(HookedEngine):
             self.tokenizer = AutoTokenizer.from_pretrained(path)
             config = AutoConfig.from_pretrained(path)
         except Exception as e:
-            raise EngineError(f"{path}: cannot load the served model's tokenizer here ({type(e).__name__}); "
-                              f"give its directory with -m") from None
+            raise EngineError(
+                f"{path}: cannot load the served model's tokenizer here ({type(e).__name__}); "
+                f"give its directory with -m"
+            ) from None
         text_config = getattr(config, "get_text_config", lambda: config)()
         self.n_ctx_train = getattr(text_config, "max_position_embeddings", None)
         self.tokenizer_path = path
@@ -129,19 +150,31 @@ class VllmServerEngine(HookedEngine):
             raise EngineError(f"{self.url}: cannot reach the vLLM server ({getattr(e, 'reason', e)})") from None
 
     def _complete(self, key: str, prompt: list[int], spec: dict) -> None:
-        self._request("/v1/completions", {
-            "model": self.model_id, "prompt": prompt, "max_tokens": 1, "temperature": 0.0,
-            "cache_salt": key, "vllm_xargs": {wire.SPEC_KEY: wire.served(spec, self.exchange, self.token)}})
+        self._request(
+            "/v1/completions",
+            {
+                "model": self.model_id,
+                "prompt": prompt,
+                "max_tokens": 1,
+                "temperature": 0.0,
+                "cache_salt": key,
+                "vllm_xargs": {wire.SPEC_KEY: wire.served(spec, self.exchange, self.token)},
+            },
+        )
 
     def _probe(self) -> dict:
         key = wire.probe_key(wire.new_run())
         self._complete(key, [0, 0], wire.probe_spec(key))
-        answer = self._wait(wire.exchange_path(self.exchange, key, "json"), wire.exchange_path(self.exchange, key, "err"))
+        answer = self._wait(
+            wire.exchange_path(self.exchange, key, "json"), wire.exchange_path(self.exchange, key, "err")
+        )
         if answer is None:
-            raise EngineError(f"{self.url}: no answer from kldtool's hook: start the server with KLDTOOL_VLLM_HOOK=1, "
-                              f"KLDTOOL_VLLM_BASE_ROOTS and a KLDTOOL_VLLM_EXCHANGE_ROOT that holds --exchange-dir "
-                              f"(now {self.exchange}), with kldtool installed beside vLLM; where the server sets "
-                              f"{wire.TOKEN}, set the same here")
+            raise EngineError(
+                f"{self.url}: no answer from kldtool's hook: start the server with KLDTOOL_VLLM_HOOK=1, "
+                f"KLDTOOL_VLLM_BASE_ROOTS and a KLDTOOL_VLLM_EXCHANGE_ROOT that holds --exchange-dir "
+                f"(now {self.exchange}), with kldtool installed beside vLLM; where the server sets "
+                f"{wire.TOKEN}, set the same here"
+            )
         try:
             with open(answer) as f:
                 text = f.read()
@@ -151,8 +184,10 @@ class VllmServerEngine(HookedEngine):
             raise EngineError(f"{self.url}: {text.strip()}")
         info = json.loads(text)
         if info.get("wire") != wire.VERSION:
-            raise EngineError(f"{self.url}: the server's kldtool speaks wire protocol version {info.get('wire', 1)}, "
-                              f"this one {wire.VERSION}: install the same kldtool on both")
+            raise EngineError(
+                f"{self.url}: the server's kldtool speaks wire protocol version {info.get('wire', 1)}, "
+                f"this one {wire.VERSION}: install the same kldtool on both"
+            )
         return info
 
     @staticmethod
@@ -172,8 +207,12 @@ class VllmServerEngine(HookedEngine):
         # Sent together so the server batches them, as one generate() call does offline.
         try:
             with ThreadPoolExecutor(max_workers=min(len(windows), MAX_IN_FLIGHT)) as pool:
-                list(pool.map(lambda kws: self._complete(*kws),
-                              [(k, [int(t) for t in w.tokens], s) for k, w, s in zip(keys, windows, specs)]))
+                list(
+                    pool.map(
+                        lambda kws: self._complete(*kws),
+                        [(k, [int(t) for t in w.tokens], s) for k, w, s in zip(keys, windows, specs)],
+                    )
+                )
             return [self._collect(k, w) for k, w in zip(keys, windows)]
         except BaseException:
             for k in keys:  # what the other windows of a failed call left in the exchange directory
@@ -197,10 +236,17 @@ class VllmServerEngine(HookedEngine):
             os.unlink(got)
 
     def describe(self) -> dict:
-        return {"engine": self.name, "model": self.model_id, "server": self.url, "dtype": self.info.get("dtype"),
-                "device": "server", "tokenizer": self.tokenizer_path, "hooks": self.info.get("hook"),
-                "parallel": {k: self.info.get(k) for k in ("tensor_parallel_size", "pipeline_parallel_size")},
-                "versions": {"vllm": self.info.get("vllm")}}
+        return {
+            "engine": self.name,
+            "model": self.model_id,
+            "server": self.url,
+            "dtype": self.info.get("dtype"),
+            "device": "server",
+            "tokenizer": self.tokenizer_path,
+            "hooks": self.info.get("hook"),
+            "parallel": {k: self.info.get(k) for k in ("tensor_parallel_size", "pipeline_parallel_size")},
+            "versions": {"vllm": self.info.get("vllm")},
+        }
 
     def close(self) -> None:
         if self._own_exchange and os.path.isdir(self.exchange):

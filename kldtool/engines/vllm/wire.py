@@ -83,8 +83,16 @@ def logits_block_rows(n_vocab: int, itemsize: int, budget: int = LOGITS_BUDGET) 
 
 def window_spec(key: str, w, logits_block: int, mode: dict) -> dict:
     """What the hook needs to score window ``w`` (a protocols.Window) in ``mode``."""
-    return {"v": VERSION, "key": key, "first": int(w.first), "n_scored": int(w.n_scored), "chunk": int(w.index),
-            "after": int(w.targets[-1]), "logits_block": int(logits_block), **mode}
+    return {
+        "v": VERSION,
+        "key": key,
+        "first": int(w.first),
+        "n_scored": int(w.n_scored),
+        "chunk": int(w.index),
+        "after": int(w.targets[-1]),
+        "logits_block": int(logits_block),
+        **mode,
+    }
 
 
 def probe_spec(key: str) -> dict:
@@ -159,24 +167,33 @@ def decode(raw) -> dict:
 def envelope(spec: dict) -> Envelope:
     key = spec.get("key")
     out = spec.get("out")
-    return Envelope(key if isinstance(key, str) and _KEY.match(key) else None,
-                    out if isinstance(out, str) and 0 < len(out) <= MAX_PATH_CHARS and "\0" not in out else None,
-                    spec.get("token"), spec.get("v"))
+    return Envelope(
+        key if isinstance(key, str) and _KEY.match(key) else None,
+        out if isinstance(out, str) and 0 < len(out) <= MAX_PATH_CHARS and "\0" not in out else None,
+        spec.get("token"),
+        spec.get("v"),
+    )
 
 
 _COMMON = {"v", "key", "mode", "out", "token"}
 _WINDOW = {"first", "n_scored", "chunk", "after", "logits_block"}
-_FIELDS = {"probe": set(), "nll": _WINDOW, "compare": _WINDOW | {"base"},
-           "encode": _WINDOW | {"coding", "row_width"},
-           "hidden": _WINDOW | {"dim", "hidden_item", "n_vocab", "probe_rows"}}
+_FIELDS = {
+    "probe": set(),
+    "nll": _WINDOW,
+    "compare": _WINDOW | {"base"},
+    "encode": _WINDOW | {"coding", "row_width"},
+    "hidden": _WINDOW | {"dim", "hidden_item", "n_vocab", "probe_rows"},
+}
 
 
 def parse(spec: dict, prompt_len: int, model: ModelFacts, served_request: bool) -> Spec:
     """The checked spec of a request whose prompt vLLM holds as ``prompt_len`` tokens, for
     ``model``; SpecError (one line) for anything a client of this version would not send."""
     if spec.get("v") != VERSION:
-        raise SpecError(f"wire protocol version {_shown(spec.get('v'))} from the client, {VERSION} in the server's "
-                        f"kldtool: install the same kldtool on both")
+        raise SpecError(
+            f"wire protocol version {_shown(spec.get('v'))} from the client, {VERSION} in the server's "
+            f"kldtool: install the same kldtool on both"
+        )
     mode = spec.get("mode")
     if not isinstance(mode, str) or mode not in MODES:
         raise SpecError(f"mode {_shown(mode)}: expected one of {', '.join(MODES)}")
@@ -194,15 +211,18 @@ def parse(spec: dict, prompt_len: int, model: ModelFacts, served_request: bool) 
         return Spec(mode, env.key, env.out)
     first = _int(spec, "first", 0, prompt_len - 1)
     n_scored = _int(spec, "n_scored", 1, prompt_len - first)
-    fields = dict(first=first, n_scored=n_scored, chunk=_int(spec, "chunk", 0, 2**31 - 1),
-                  # the target after the prompt's last position, which a rolling window scores
-                  after=_int(spec, "after", 0, model.n_vocab - 1),
-                  # a larger block than the hook allows is cut to it: the records do not depend on it
-                  logits_block=min(_int(spec, "logits_block", 1, 2**31 - 1), model.max_logits_block()))
+    fields = dict(
+        first=first,
+        n_scored=n_scored,
+        chunk=_int(spec, "chunk", 0, 2**31 - 1),
+        # the target after the prompt's last position, which a rolling window scores
+        after=_int(spec, "after", 0, model.n_vocab - 1),
+        # a larger block than the hook allows is cut to it: the records do not depend on it
+        logits_block=min(_int(spec, "logits_block", 1, 2**31 - 1), model.max_logits_block()),
+    )
     if mode == "compare":
         base = spec.get("base")
-        if not isinstance(base, str) or not 0 < len(base) <= MAX_PATH_CHARS or "\0" in base \
-                or not os.path.isabs(base):
+        if not isinstance(base, str) or not 0 < len(base) <= MAX_PATH_CHARS or "\0" in base or not os.path.isabs(base):
             raise SpecError(f"base {_shown(base)}: expected an absolute path")
         fields["base"] = base
     elif mode == "encode":
@@ -213,9 +233,11 @@ def parse(spec: dict, prompt_len: int, model: ModelFacts, served_request: bool) 
         if model.dtype not in DTYPES:
             raise SpecError(f"mode hidden: the server's {model.dtype} model has no stored hidden-state type")
         _equal(spec, "n_vocab", model.n_vocab, "the model's vocabulary")
-        fields.update(dim=_equal(spec, "dim", model.hidden_size, "the model's hidden size"),
-                      hidden_item=_equal(spec, "hidden_item", DTYPES[model.dtype][0], f"a {model.dtype} model's"),
-                      probe_rows=_int(spec, "probe_rows", 0, min(n_scored, MAX_PROBE_ROWS)))
+        fields.update(
+            dim=_equal(spec, "dim", model.hidden_size, "the model's hidden size"),
+            hidden_item=_equal(spec, "hidden_item", DTYPES[model.dtype][0], f"a {model.dtype} model's"),
+            probe_rows=_int(spec, "probe_rows", 0, min(n_scored, MAX_PROBE_ROWS)),
+        )
     return Spec(mode, env.key, env.out, **fields)
 
 
@@ -253,7 +275,7 @@ def _no_constant(name: str):
 def one_line(text: str, limit: int = 500) -> str:
     """``text`` as one printable line of at most ``limit`` characters (an error file, a log line)."""
     text = "".join(c if c.isprintable() else "?" for c in text)
-    return text if len(text) <= limit else text[:limit - 3] + "..."
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _shown(value, limit: int = 40) -> str:

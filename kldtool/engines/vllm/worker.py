@@ -123,8 +123,7 @@ class WorkerState:
         for req_id in [r for r in self.requests if not alive(r)]:
             req = self.requests.pop(req_id)
             if not req.done and req.spec is not None and self.keeps:
-                log.warning("kldtool: request %s ended before its last scored position; its result is dropped",
-                            req.key)
+                log.warning("kldtool: request %s ended before its last scored position; its result is dropped", req.key)
 
     # --- admission: everything a request says is checked before anything is allocated -----
 
@@ -212,8 +211,9 @@ class WorkerState:
         if spec.chunk >= h.n_chunk:
             raise Refused(f"{spec.base}: chunk {spec.chunk} of a file of {h.n_chunk}")
         if h.rows_of(spec.chunk) != spec.n_scored:
-            raise Refused(f"{spec.base}: chunk {spec.chunk} scores {h.rows_of(spec.chunk)} positions, "
-                          f"the request {spec.n_scored}")
+            raise Refused(
+                f"{spec.base}: chunk {spec.chunk} scores {h.rows_of(spec.chunk)} positions, the request {spec.n_scored}"
+            )
 
     # --- results -----------------------------------------------------------------------
 
@@ -222,7 +222,7 @@ class WorkerState:
 
         spec = req.spec
         logits = logits.to(torch.float32)
-        ids = list(prompt[lo + 1:hi + 1])
+        ids = list(prompt[lo + 1 : hi + 1])
         if len(ids) < hi - lo:  # the prompt's last position is scored (rolling): its target follows it
             ids.append(spec.after)
         targets = torch.as_tensor(ids, dtype=torch.int64, device=logits.device)
@@ -249,7 +249,7 @@ class WorkerState:
                 arrays["hidden"][j0:j1] = raw_array(hidden_fn(lo, hi))
                 k = min(j1, spec.probe_rows)
                 if j0 < k:
-                    arrays["logits"][j0:k] = logits[:k - j0].cpu().numpy()
+                    arrays["logits"][j0:k] = logits[: k - j0].cpu().numpy()
         req.filled[j0:j1] += 1
 
     def _complete(self, req: _Request) -> None:
@@ -282,8 +282,10 @@ class WorkerState:
         """Offline: the results of ``keys`` (and nothing older stays behind)."""
         if not self.keeps:
             return {}
-        out = {k: self.finished.pop(k, {"error": "no positions were scored (prefix cache hit, or the hook never ran)"})
-               for k in keys}
+        out = {
+            k: self.finished.pop(k, {"error": "no positions were scored (prefix cache hit, or the hook never ran)"})
+            for k in keys
+        }
         self.finished.clear()
         return out
 
@@ -315,8 +317,10 @@ def head_shard(worker) -> dict | None:
     except seam.HookUnavailable as e:
         return {"error": str(e)}
     tensors = {k: part.pop(k) for k in ("weight", "bias")}
-    return part | {"dtype": str(tensors["weight"].dtype).removeprefix("torch."),
-                   "arrays": pack({k: raw_array(t) for k, t in tensors.items() if t is not None})}
+    return part | {
+        "dtype": str(tensors["weight"].dtype).removeprefix("torch."),
+        "arrays": pack({k: raw_array(t) for k, t in tensors.items() if t is not None}),
+    }
 
 
 class KldtoolWorker:

@@ -31,9 +31,37 @@ from kldtool.engines.vllm.seam.base import TESTED_VERSIONS, HookUnavailable, log
 from kldtool.engines.vllm.seam.items import SEAM
 from kldtool.engines.vllm.seam.llm import generate, llm_facts, rpc, start_llm
 from kldtool.engines.vllm.seam.runner import StepHook, head_rows, install, raw_spec
-from kldtool.engines.vllm.seam.workers import (attach, attached, install_on_worker, pp_stage, tp_rank, worker_facts,
-                                               worker_head, wrap_load_model)
+from kldtool.engines.vllm.seam.workers import (
+    attach,
+    attached,
+    install_on_worker,
+    pp_stage,
+    tp_rank,
+    worker_facts,
+    worker_head,
+    wrap_load_model,
+)
 
-__all__ = ["SEAM", "TESTED_VERSIONS", "HookUnavailable", "StepHook", "log", "vllm_version", "install", "raw_spec",
-           "head_rows", "tp_rank", "pp_stage", "wrap_load_model", "worker_facts", "install_on_worker", "worker_head",
-           "attach", "attached", "start_llm", "llm_facts", "generate", "rpc"]
+__all__ = [
+    "SEAM",
+    "TESTED_VERSIONS",
+    "HookUnavailable",
+    "StepHook",
+    "log",
+    "vllm_version",
+    "install",
+    "raw_spec",
+    "head_rows",
+    "tp_rank",
+    "pp_stage",
+    "wrap_load_model",
+    "worker_facts",
+    "install_on_worker",
+    "worker_head",
+    "attach",
+    "attached",
+    "start_llm",
+    "llm_facts",
+    "generate",
+    "rpc",
+]

@@ -14,10 +14,14 @@ def start_llm(kwargs: dict):
 
 def llm_facts(llm) -> dict:
     config = llm.llm_engine.model_config
-    return {"vllm": vllm_version(), "n_vocab": int(config.get_vocab_size()),
-            "n_ctx_train": getattr(config.hf_text_config, "max_position_embeddings", None),
-            "dtype": str(config.dtype).removeprefix("torch."), "itemsize": getattr(config.dtype, "itemsize", 4),
-            "tokenizer": llm.get_tokenizer()}
+    return {
+        "vllm": vllm_version(),
+        "n_vocab": int(config.get_vocab_size()),
+        "n_ctx_train": getattr(config.hf_text_config, "max_position_embeddings", None),
+        "dtype": str(config.dtype).removeprefix("torch."),
+        "itemsize": getattr(config.dtype, "itemsize", 4),
+        "tokenizer": llm.get_tokenizer(),
+    }
 
 
 def generate(llm, prompts: list[list[int]], specs: list[dict]) -> None:
@@ -25,10 +29,13 @@ def generate(llm, prompts: list[list[int]], specs: list[dict]) -> None:
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
-    llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts],
-                 sampling_params=[SamplingParams(max_tokens=1, temperature=0.0, detokenize=False,
-                                                 extra_args={SPEC_KEY: s}) for s in specs],
-                 use_tqdm=False)
+    llm.generate(
+        [TokensPrompt(prompt_token_ids=p) for p in prompts],
+        sampling_params=[
+            SamplingParams(max_tokens=1, temperature=0.0, detokenize=False, extra_args={SPEC_KEY: s}) for s in specs
+        ],
+        use_tqdm=False,
+    )
 
 
 def rpc(llm, method: str, *args) -> list:

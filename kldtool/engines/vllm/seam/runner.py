@@ -12,8 +12,9 @@ from kldtool.engines.vllm.wire import SPEC_KEY
 
 
 class StepHook(Protocol):
-    def step(self, req_id: str, raw_spec, prompt: list, start: int, n_computed: int,
-             logits_fn: Callable, hidden_fn: Callable) -> None:
+    def step(
+        self, req_id: str, raw_spec, prompt: list, start: int, n_computed: int, logits_fn: Callable, hidden_fn: Callable
+    ) -> None:
         """The request's positions start .. start+n_computed-1 were computed this step;
         ``logits_fn(a, b)`` gives the logits of positions a..b-1 (None off rank 0),
         ``hidden_fn(a, b)`` the hidden states compute_logits takes for them (the last norm's
@@ -38,7 +39,8 @@ def _ensure_pp_buffers(runner, first_stage: bool) -> None:
     if getattr(getattr(runner, "device", None), "type", None) != "cpu":
         return  # vLLM's profiling run allocates it on GPUs
     runner.intermediate_tensors = runner.model.make_empty_intermediate_tensors(
-        batch_size=runner.max_num_tokens, dtype=runner.model_config.dtype, device=runner.device)
+        batch_size=runner.max_num_tokens, dtype=runner.model_config.dtype, device=runner.device
+    )
 
 
 def raw_spec(sampling_params):
@@ -67,9 +69,15 @@ def _install_v1(runner, hook: StepHook) -> None:
                 continue
             start = state.num_computed_tokens
             row0 = int(starts[runner.input_batch.req_id_to_index[req_id]]) - start
-            hook.step(req_id, spec, state.prompt_token_ids, start, int(n),
-                      lambda a, b, r=row0: runner.model.compute_logits(hidden_states[r + a:r + b]),
-                      lambda a, b, r=row0: hidden_states[r + a:r + b])
+            hook.step(
+                req_id,
+                spec,
+                state.prompt_token_ids,
+                start,
+                int(n),
+                lambda a, b, r=row0: runner.model.compute_logits(hidden_states[r + a : r + b]),
+                lambda a, b, r=row0: hidden_states[r + a : r + b],
+            )
         hook.sweep(runner.requests.__contains__)
 
     def hooked(hidden_states, num_scheduled_tokens, *args, **kwargs):
@@ -106,16 +114,24 @@ def _install_v2(runner, hook: StepHook) -> None:
             start = int(input_batch.num_computed_prefill_tokens_np[i])
             row0 = int(input_batch.query_start_loc_np[i]) - start
             prompt = all_token_ids[slot, :prompt_len].tolist()
-            hook.step(req_id, spec, prompt, start, int(input_batch.num_scheduled_tokens[i]),
-                      lambda a, b, r=row0: logits_fn(hidden_states[r + a:r + b]),
-                      lambda a, b, r=row0: hidden_states[r + a:r + b])
+            hook.step(
+                req_id,
+                spec,
+                prompt,
+                start,
+                int(input_batch.num_scheduled_tokens[i]),
+                lambda a, b, r=row0: logits_fn(hidden_states[r + a : r + b]),
+                lambda a, b, r=row0: hidden_states[r + a : r + b],
+            )
         hook.sweep(specs.__contains__)
 
-    def compute_prompt_logprobs(logits_fn, hidden_states, input_batch, all_token_ids, num_computed_tokens,
-                                prompt_lens, *args, **kwargs):
+    def compute_prompt_logprobs(
+        logits_fn, hidden_states, input_batch, all_token_ids, num_computed_tokens, prompt_lens, *args, **kwargs
+    ):
         _guarded("the hook's step", step, logits_fn, hidden_states, input_batch, all_token_ids, prompt_lens)
-        return compute(logits_fn, hidden_states, input_batch, all_token_ids, num_computed_tokens, prompt_lens,
-                       *args, **kwargs)
+        return compute(
+            logits_fn, hidden_states, input_batch, all_token_ids, num_computed_tokens, prompt_lens, *args, **kwargs
+        )
 
     worker.add_request, worker.remove_request = add_request, remove_request
     worker.compute_prompt_logprobs = compute_prompt_logprobs
@@ -149,14 +165,26 @@ def head_rows(model) -> dict:
     dtype, where they start, and what the processor does after the product."""
     lm, proc = getattr(model, "lm_head", None), getattr(model, "logits_processor", None)
     weight = getattr(lm, "weight", None)
-    if proc is None or weight is None or weight.dim() != 2 or not weight.dtype.is_floating_point \
-            or proc.logits_as_input:
-        raise HookUnavailable(f"{type(model).__name__}'s output head is not a plain weight matrix "
-                              f"(a quantized lm_head?); use --store logprobs")
+    if (
+        proc is None
+        or weight is None
+        or weight.dim() != 2
+        or not weight.dtype.is_floating_point
+        or proc.logits_as_input
+    ):
+        raise HookUnavailable(
+            f"{type(model).__name__}'s output head is not a plain weight matrix "
+            f"(a quantized lm_head?); use --store logprobs"
+        )
     idx = lm.shard_indices
     rows = idx.org_vocab_end_index - idx.org_vocab_start_index
     dtype = getattr(proc, "head_dtype", None) or weight.dtype  # newer vLLMs may run the head in float32
     bias = getattr(lm, "bias", None)
-    return {"start": int(idx.org_vocab_start_index), "vocab": int(proc.org_vocab_size),
-            "weight": weight[:rows].to(dtype), "bias": None if bias is None else bias[:rows].to(dtype),
-            "scale": float(proc.scale), "soft_cap": None if proc.soft_cap is None else float(proc.soft_cap)}
+    return {
+        "start": int(idx.org_vocab_start_index),
+        "vocab": int(proc.org_vocab_size),
+        "weight": weight[:rows].to(dtype),
+        "bias": None if bias is None else bias[:rows].to(dtype),
+        "scale": float(proc.scale),
+        "soft_cap": None if proc.soft_cap is None else float(proc.soft_cap),
+    }

@@ -42,8 +42,10 @@ def tp_rank() -> int:
 
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank()
-    raise HookUnavailable(f"vLLM {vllm_version()}: no get_tensor_model_parallel_rank in {' or '.join(RANK_MODULES)} "
-                          f"and no torch.distributed group: cannot tell which worker keeps the results")
+    raise HookUnavailable(
+        f"vLLM {vllm_version()}: no get_tensor_model_parallel_rank in {' or '.join(RANK_MODULES)} "
+        f"and no torch.distributed group: cannot tell which worker keeps the results"
+    )
 
 
 def pp_stage() -> tuple[bool, bool]:
@@ -51,8 +53,10 @@ def pp_stage() -> tuple[bool, bool]:
     logits; a wrong answer would let an earlier stage report windows it never saw."""
     found = _distributed("get_pp_group")
     if found is None:
-        raise HookUnavailable(f"vLLM {vllm_version()}: no get_pp_group in {' or '.join(RANK_MODULES)}: "
-                              f"cannot tell the pipeline stage that computes logits")
+        raise HookUnavailable(
+            f"vLLM {vllm_version()}: no get_pp_group in {' or '.join(RANK_MODULES)}: "
+            f"cannot tell the pipeline stage that computes logits"
+        )
     name, fn = found
     try:
         group = fn()
@@ -88,11 +92,16 @@ def worker_facts(worker) -> dict:
     """What the hook needs to know of a worker's loaded model and layout (plain values)."""
     config = worker.vllm_config
     model = config.model_config
-    return {"vllm": vllm_version(), "device": str(worker.model_runner.device), "n_vocab": int(model.get_vocab_size()),
-            "hidden_size": int(model.get_hidden_size()), "dtype": str(model.dtype).removeprefix("torch."),
-            "tensor_parallel_size": int(config.parallel_config.tensor_parallel_size),
-            "pipeline_parallel_size": int(config.parallel_config.pipeline_parallel_size),
-            "prefix_caching": bool(config.cache_config.enable_prefix_caching)}
+    return {
+        "vllm": vllm_version(),
+        "device": str(worker.model_runner.device),
+        "n_vocab": int(model.get_vocab_size()),
+        "hidden_size": int(model.get_hidden_size()),
+        "dtype": str(model.dtype).removeprefix("torch."),
+        "tensor_parallel_size": int(config.parallel_config.tensor_parallel_size),
+        "pipeline_parallel_size": int(config.parallel_config.pipeline_parallel_size),
+        "prefix_caching": bool(config.cache_config.enable_prefix_caching),
+    }
 
 
 def install_on_worker(worker, hook: StepHook, first_stage: bool) -> tuple[str, str]:
