@@ -39,6 +39,7 @@ def run_manifest(described: dict, tokenizer_identity: str | None) -> dict:
         "cpu_isa": described.get("cpu_isa"),
         "head_sha256": described.get("head_sha256"),
         "tokenizer": tokenizer_identity,
+        "source": described.get("source"),
     }
 
 
@@ -50,6 +51,7 @@ def check_manifests(
 ) -> None:
     """Refuse, naming the first field, two manifests that disagree on ``fields`` (between runs
     of one engine when ``per_engine``). Runs without a manifest (older kldtool) are not checked."""
+    _check_revisions(items, hint)
     seen: dict = {}
     for where, m in items:
         if not m:
@@ -65,6 +67,24 @@ def check_manifests(
                     f"{where}: manifest field {f} is {m.get(f)!r}, {first}'s is {ref.get(f)!r}: their "
                     f"numbers are not comparable; {hint} allows it"
                 )
+
+
+def _check_revisions(items: list[tuple[str, dict | None]], hint: str) -> None:
+    """Refuse two runs of one hub model (and file) read at different snapshots: their names
+    say they are the same model, their weights need not be."""
+    seen: dict = {}
+    for where, m in items:
+        source = (m or {}).get("source") or {}
+        if not source.get("hub_id"):
+            continue
+        key = (source["hub_id"], source.get("file"))
+        first, ref = seen.setdefault(key, (where, source))
+        if source.get("snapshot") != ref.get("snapshot"):
+            raise UsageError(
+                f"{where}: {source['hub_id']} at revision {source.get('revision')} (snapshot "
+                f"{source.get('snapshot')}), {first}'s at {ref.get('revision')} ({ref.get('snapshot')}): "
+                f"the same name, other weights; {hint} allows it"
+            )
 
 
 def run_metadata(command: str) -> dict:

@@ -2,7 +2,7 @@
 # Quantize one GGUF into several types with llama-cpp-python and compare each against one base
 # file, then write the report (table + plots). Re-running skips every quant already done.
 #
-#   scripts/sweep_gguf.sh -s MODEL.gguf -b BASE.kldt -o OUTDIR [-q "Q8_0 Q6_K Q4_K_M Q3_K_M Q2_K"]
+#   scripts/sweep_gguf.sh -s MODEL.gguf|org/name:FILE.gguf -b BASE.kldt -o OUTDIR [-q "Q8_0 Q6_K Q4_K_M Q3_K_M Q2_K"]
 #                         [-f TEXT -c CTX -n CHUNKS] [-- extra compare flags]
 #
 # Without BASE.kldt the base file is first written from MODEL.gguf (use an F16/BF16 GGUF as the
@@ -19,7 +19,7 @@ while getopts "s:b:o:q:f:c:n:h" opt; do
 done
 shift $((OPTIND - 1))
 [ -n "$SRC" ] && [ -n "$BASE" ] && [ -n "$OUT" ] || usage
-[ -f "$SRC" ] || { echo "sweep: $SRC: no such GGUF file" >&2; exit 2; }
+[ -f "$SRC" ] || is_hub_id "$SRC" || { echo "sweep: $SRC: no such GGUF file" >&2; exit 2; }
 KLD=$(kldtool_cmd)
 mkdir -p "$OUT"
 if [ ! -f "$BASE" ]; then

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Compare several model directories (compressed-tensors, AWQ, GPTQ, FP8 ... anything vLLM loads)
+# Compare several model directories or hub ids (compressed-tensors, AWQ, GPTQ, FP8 ... anything vLLM loads)
 # with the vLLM engine against one base file, then write the report (table + plots).
 # Re-running skips every model already done. Each row is named after its directory.
 #
-#   scripts/sweep_vllm.sh -b BASE.kldt -o OUTDIR MODEL_DIR... [-- extra compare flags]
+#   scripts/sweep_vllm.sh -b BASE.kldt -o OUTDIR MODEL_DIR_OR_HUB_ID... [-- extra compare flags]
 #
 # Extra flags go to every `kldtool compare`, e.g. -- --gpu-memory-utilization 0.8 --chunks 100
 set -euo pipefail
@@ -21,7 +21,7 @@ while [ $# -gt 0 ] && [ "$1" != "--" ]; do MODELS+=("$1"); shift; done
 KLD=$(kldtool_cmd)
 mkdir -p "$OUT"
 for m in "${MODELS[@]}"; do
-  [ -d "$m" ] || { echo "sweep: $m: not a model directory" >&2; exit 2; }
+  [ -d "$m" ] || is_hub_id "$m" || { echo "sweep: $m: not a model directory or hub id" >&2; exit 2; }
   compare_one "$OUT" "$(basename "${m%/}")" "$BASE" "$m" --engine vllm "$@"
 done
 finish_report "$OUT" "vLLM models vs $(basename "$BASE")"

@@ -263,3 +263,11 @@ def markdown_rows(path) -> dict[str, dict[str, str]]:
     return {
         cells[0]: dict(zip(head, cells)) for cells in ([c.strip() for c in l.strip("|").split("|")] for l in lines[2:])
     }
+
+
+@pytest.fixture(scope="session")
+def hub_env(fp32_dir, q4_1_gguf, tmp_path_factory) -> dict:
+    """The environment of a user whose hub cache holds the built-in model (tests/helpers/hub_cache.py), offline."""
+    from helpers.hub_cache import make_hub_cache
+
+    return make_hub_cache(tmp_path_factory.mktemp("hf-home"), fp32_dir, str(q4_1_gguf))

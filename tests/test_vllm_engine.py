@@ -12,6 +12,7 @@ import sys
 import pytest
 
 from conftest import ROOT, WIKI, compare_json, markdown_rows, printed, run_cli, run_script
+from helpers.hub_cache import MODEL, SNAPSHOTS
 
 pytest.importorskip("vllm")
 pytestmark = [pytest.mark.filterwarnings("ignore"), pytest.mark.long_module]
@@ -28,13 +29,17 @@ def probe(model, base, dtype, *extra):
 
 
 @pytest.fixture(scope="module")
-def fp32_runs(fp32_dir, hf_base, tmp_path_factory):
+def fp32_runs(fp32_dir, hf_base, hub_env, tmp_path_factory):
     """The module's float32 commands on the fp32 checkpoint, on one vLLM engine
     (tests/helpers/vllm_jobs.py): name -> (stdout, stderr, exit code, --json result). Their
     base files come from transformers first."""
     d = tmp_path_factory.mktemp("fp32-runs")
     vllm = ("--engine", "vllm", "-m", fp32_dir, "--dtype", "float32")
     jobs = [("hf", ["compare", *vllm, "--kl-divergence-base", hf_base])]
+    # The same checkpoint by hub id, from the hub cache (tests/helpers/hub_cache.py), offline.
+    jobs.append(
+        ("hub", ["compare", "--engine", "vllm", "-m", MODEL, "--dtype", "float32", "--kl-divergence-base", hf_base])
+    )
     for ctx, chunks in ((64, 1), (32, 100)):  # every scored position exactly once, in batches of many windows
         base = d / f"pos-{ctx}.kldt"
         run_cli(
@@ -88,6 +93,7 @@ def fp32_runs(fp32_dir, hf_base, tmp_path_factory):
         [sys.executable, str(ROOT / "tests" / "helpers" / "vllm_jobs.py"), d / "jobs.json", d, "256"],
         capture_output=True,
         text=True,
+        env=os.environ | hub_env,
     )
     assert p.returncode == 0, p.stderr[-3000:]
     out = {}
@@ -141,6 +147,14 @@ def test_logits_blocks_give_the_records_of_one_block(hf_base, fp32_dir):
     assert r["block_16_max_diff"] == {"nll": 0.0, "kld": 0.0}
     assert r["long"]["tokens"] == 4095 and r["long"]["max_nll_diff"] == 0.0
     assert abs(r["mean_kld"]) < 1e-6
+
+
+def test_vllm_by_hub_id_is_the_directory_behind_it(fp32_runs):
+    by_id, by_path = fp32_runs["hub"][3], fp32_runs["hf"][3]
+    assert by_id["statistics"] == by_path["statistics"]
+    assert by_id["manifest"]["source"] == {"hub_id": MODEL, "revision": "main", "snapshot": SNAPSHOTS["main"]}
+    assert by_id["model"]["model"].endswith(f"snapshots/{SNAPSHOTS['main']}")
+    assert by_path["manifest"]["source"]["path"] == by_path["model"]["model"]
 
 
 def test_transformers_fp32_base_vs_vllm_fp32_in_one_and_three_pipeline_stages(hf_base, fp32_dir, fp32_runs, tmp_path):

@@ -23,6 +23,7 @@ import pytest
 
 from conftest import WIKI, final_block_lines, run_cli
 from helpers.spec_fuzz import Fuzzer, Sandbox
+from helpers.hub_cache import MODEL, SNAPSHOTS
 from helpers.vllm_serve import operator_env, served
 
 pytest.importorskip("vllm")
@@ -44,15 +45,17 @@ class Server:
 
 
 @pytest.fixture(scope="module")
-def fp32_server(fp32_dir, hf_base, tmp_path_factory):
-    """One server for the module: base files are read from box.bases only, results written below
-    box.exchange only, and every request must carry TOKEN."""
+def fp32_server(fp32_dir, hf_base, hub_env, tmp_path_factory):
+    """One server for the module, started as users start one: with the model's hub id (from the
+    hub cache, offline; the client finds its tokenizer there too). Base files are read from
+    box.bases only, results written below box.exchange only, and every request must carry TOKEN."""
     root = tmp_path_factory.mktemp("fp32-server")
     box = Sandbox.make(root / "sandbox", hf_base)
-    operator = operator_env([box.bases], box.exchange, TOKEN)
-    with served(fp32_dir, root, CTX + 1, dtype="float32", operator=operator) as url:
+    operator = operator_env([box.bases], box.exchange, TOKEN) | hub_env
+    with served(MODEL, root, CTX + 1, dtype="float32", operator=operator, config_dir=fp32_dir) as url:
         log = next(root.glob("server-*.log"))
-        yield Server(url, box, {"KLDTOOL_VLLM_EXCHANGE_ROOT": str(box.exchange), "KLDTOOL_VLLM_TOKEN": TOKEN}, log)
+        client = {"KLDTOOL_VLLM_EXCHANGE_ROOT": str(box.exchange), "KLDTOOL_VLLM_TOKEN": TOKEN} | hub_env
+        yield Server(url, box, client, log)
 
 
 def test_served_base_file_is_transformers_fp32_and_ppl_agrees(fp32_server, tmp_path):
@@ -64,6 +67,7 @@ def test_served_base_file_is_transformers_fp32_and_ppl_agrees(fp32_server, tmp_p
     assert final and final == [l for l in ppl.stderr.splitlines() if l.startswith("Final estimate")]
     meta = json.loads(run_cli("info", "--json", base).stdout)["metadata"]
     assert meta["model"]["engine"] == "vllm-server" and meta["model"]["hooks"] == "v1"
+    assert meta["model"]["model"] == MODEL and meta["model"]["tokenizer"].endswith(f"snapshots/{SNAPSHOTS['main']}")
     # Read back by another engine on the same weights: the rows are the fp32 model's.
     j = tmp_path / "t.json"
     run_cli("compare", "--kl-divergence-base", base, "--engine", "transformers", "--dtype", "float32", "--json", j)

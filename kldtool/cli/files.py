@@ -18,15 +18,20 @@ from kldtool.errors import UsageError
 
 @app.command()
 def quantize(
-    src: str = typer.Argument(..., help="GGUF to quantize (F16/F32, or a quant: requantized)."),
+    src: str = typer.Argument(
+        ..., help="GGUF to quantize (F16/F32, or a quant: requantized); org/name:file.gguf for one in the hub cache."
+    ),
     dst: str = typer.Argument(..., help="GGUF to write (atomically)."),
     type_name: str = typer.Argument(..., metavar="TYPE", help="llama.cpp type: Q8_0, Q6_K, Q4_K_M, Q2_K ..."),
     threads: Optional[int] = ENGINE["threads"][1],
 ):
     """llama-quantize through llama-cpp-python, for sweeps."""
+    from kldtool import model_ref
     from kldtool.gguf_tools import quantize as run_quantize
     from kldtool.sizes import model_size
 
+    if not os.path.exists(src) and model_ref.is_hub_id(src):
+        src = model_ref.resolve(src).path
     if not os.path.isfile(src):
         raise UsageError(f"{src}: no such GGUF file")
     run_quantize(src, dst, type_name, threads)

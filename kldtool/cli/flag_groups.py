@@ -8,7 +8,10 @@ from typing import Optional
 
 import typer
 
-MODEL_HELP = "Model: a .gguf file (llamacpp) or a transformers directory. Default: the built-in SmolLM2-135M."
+MODEL_HELP = (
+    "Model: a .gguf file (llamacpp), a checkpoint directory, a hub id (org/name, from the Hugging Face cache; "
+    "org/name:file.gguf for a GGUF in it). Default: the built-in SmolLM2-135M."
+)
 ModelOpt = typer.Option(None, "-m", "--model", help=MODEL_HELP)
 
 # name: (type, option); the names are the builders' keywords.
@@ -20,6 +23,14 @@ ENGINE = {
             "--engine",
             help="transformers, llamacpp, vllm or python (default: from the model path; .gguf -> llamacpp).",
         ),
+    ),
+    "revision": (
+        Optional[str],
+        typer.Option(None, "--revision", help="With a hub id: its branch, tag or commit (default main)."),
+    ),
+    "gguf_file": (
+        Optional[str],
+        typer.Option(None, "--gguf-file", help="With a hub id: the GGUF file in it to run (llamacpp)."),
     ),
     "dtype": (
         Optional[str],

@@ -45,7 +45,16 @@ def start_loading(opts: SimpleNamespace, model: str | None) -> None:
     the command's own start-up (a GGUF: engines/llamacpp_load.py); call it first thing."""
     from kldtool.engines import EngineOptions, start_loading as start
 
-    start(EngineOptions(opts.engine, model, server=opts.server, exchange_dir=opts.exchange_dir))
+    start(
+        EngineOptions(
+            opts.engine,
+            model,
+            server=opts.server,
+            exchange_dir=opts.exchange_dir,
+            revision=opts.revision,
+            gguf_file=opts.gguf_file,
+        )
+    )
 
 
 def open_engine(opts: SimpleNamespace, model: str | None, n_ctx: int):
@@ -73,6 +82,8 @@ def open_engine(opts: SimpleNamespace, model: str | None, n_ctx: int):
             opts.server,
             opts.exchange_dir,
             opts.contexts,
+            opts.revision,
+            opts.gguf_file,
         ),
         n_ctx,
     )

@@ -5,9 +5,11 @@ a class is imported only when its engine is built (start_loading runs before num
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass, field
+import os
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from kldtool import model_ref
 from kldtool.errors import EngineError, UsageError
 
 ENGINES = ("transformers", "llamacpp", "vllm", "python")  # what --engine takes
@@ -32,10 +34,12 @@ class EngineOptions:
     server: str | None = None  # a running vLLM server's URL
     exchange_dir: str | None = None
     contexts: int | None = None  # llamacpp: contexts decoding side by side
+    revision: str | None = None  # a hub id's branch, tag or commit
+    gguf_file: str | None = None  # a GGUF inside the hub repository -m names
 
 
-def guess_engine(model: str | None) -> str:
-    if model is None or Path(model).suffix.lower() == ".gguf":
+def guess_engine(model: str | None, gguf_file: str | None = None) -> str:
+    if model is None or gguf_file or Path(model).suffix.lower() == ".gguf":
         return "llamacpp"
     if ":" in model and not Path(model).exists():  # package.module:factory
         return "python"
@@ -45,7 +49,9 @@ def guess_engine(model: str | None) -> str:
 def engine_name(opts: EngineOptions) -> str:
     """The engine ``opts`` ask for: a server or exchange directory means vLLM's client, else the
     named engine, else the one the model path suggests."""
-    return "vllm-server" if opts.server or opts.exchange_dir else opts.engine or guess_engine(opts.model)
+    return (
+        "vllm-server" if opts.server or opts.exchange_dir else opts.engine or guess_engine(opts.model, opts.gguf_file)
+    )
 
 
 def start_loading(opts: EngineOptions) -> None:
@@ -55,9 +61,19 @@ def start_loading(opts: EngineOptions) -> None:
         from kldtool.engines import defaults, llamacpp_load
 
         try:
-            llamacpp_load.start(opts.model or defaults.default_gguf())
-        except EngineError:  # make_engine reports it, after the command's own checks
+            ref = _model_ref(opts)
+            llamacpp_load.start(ref.path if ref else defaults.default_gguf())
+        except (EngineError, UsageError):  # make_engine reports it, after the command's own checks
             pass
+
+
+def _model_ref(opts: EngineOptions) -> model_ref.ModelRef | None:
+    """Where the model ``opts`` name is on this machine (a hub id resolved); None: the default."""
+    if opts.model is None:
+        if opts.revision or opts.gguf_file:
+            raise UsageError(f"--{'revision' if opts.revision else 'gguf-file'}: only with -m naming a hub id")
+        return None
+    return model_ref.resolve(opts.model, opts.revision, opts.gguf_file)
 
 
 def make_engine(opts: EngineOptions, n_ctx: int):
@@ -75,7 +91,17 @@ def make_engine(opts: EngineOptions, n_ctx: int):
         )
     if opts.vllm and not cls.takes_vllm_args:
         raise UsageError(f"{', '.join('--' + k.replace('_', '-') for k in opts.vllm)}: only for --engine vllm")
-    return cls.from_options(opts, n_ctx)
+    if name == "python":  # a factory's spec names code, not weights
+        return cls.from_options(opts, n_ctx)
+    ref = _model_ref(opts)
+    engine = cls.from_options(replace(opts, model=ref.path if ref else None), n_ctx)
+    if name == "vllm-server":  # -m names only the tokenizer; the server's model is its own
+        return engine
+    if ref is None:  # the built-in default: recorded by the path the engine chose
+        default = engine.describe().get("model")
+        ref = model_ref.ModelRef(default, default) if default and os.path.exists(default) else None
+    engine.source = ref.record() if ref else None
+    return engine
 
 
 __all__ = ["EngineOptions", "ENGINES", "REGISTRY", "engine_name", "guess_engine", "make_engine", "start_loading"]

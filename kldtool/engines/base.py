@@ -26,6 +26,7 @@ class Engine(ABC):
     reduces_here: bool = True  # False where the engine's own workers reduce (vLLM)
     takes_contexts = False  # --contexts: contexts side by side (llama.cpp)
     takes_vllm_args = False  # vLLM's own flags
+    source: dict | None = None  # where the model came from (model_ref.ModelRef.record), set by make_engine
 
     @classmethod
     def from_options(cls, opts, n_ctx: int) -> "Engine":

@@ -318,6 +318,7 @@ class LlamaCppEngine(Engine):
         return {
             "engine": self.name,
             "model": self.model_path,
+            "source": self.source,
             "dtype": "gguf",
             "device": "cpu",
             "threads": self.threads,

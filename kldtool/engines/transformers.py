@@ -160,6 +160,7 @@ class TransformersEngine(Engine):
         return {
             "engine": self.name,
             "model": self.model_path,
+            "source": self.source,
             "dtype": self.dtype,
             "device": self.device,
             "versions": self._versions,

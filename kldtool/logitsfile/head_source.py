@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from kldtool import model_ref
 from kldtool.errors import EngineError
 
 
@@ -35,6 +36,8 @@ def load_head(source: str, meta: dict):
     from kldtool.logitsfile.hidden import OutputHead
 
     path = Path(source)
+    if not path.exists() and model_ref.is_hub_id(source):
+        path = Path(model_ref.resolve(source).path)
     if not path.exists():
         raise EngineError(
             f"{source}: the base model that holds this file's output head is not there "

@@ -16,7 +16,7 @@ from kldtool.corpus import Corpus
 from kldtool.engines.base import Engine
 from kldtool.pipeline.sinks import Sinks
 from kldtool.pipeline.batching import groups
-from kldtool.manifest import run_metadata
+from kldtool.manifest import run_manifest, run_metadata
 from kldtool.pipeline.plan import make_plan
 from kldtool.protocols import Protocol
 from kldtool.report.console import final_estimate, ppl_progress
@@ -71,10 +71,12 @@ def run_ppl(
     sinks.line()
     value, unc = total.estimate()
     sinks.info(final_estimate(value, unc))
+    described = engine.describe()
     result = run_metadata("ppl") | {
         "protocol": plan.describe(engine.bos_id),
         "corpus": {"path": corpus.name, "format": corpus.format},
-        "model": engine.describe(),
+        "model": described,
+        "manifest": run_manifest(described, engine.tokenizer_identity()),
         "ppl": value,
         "ppl_uncertainty": unc,
         "ln_ppl": total.nll / total.count,

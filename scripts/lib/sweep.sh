@@ -18,6 +18,11 @@ kldtool_cmd() {
   fi
 }
 
+# is_hub_id NAME: org/name (or org/name:file.gguf), as kldtool resolves it through the hub cache.
+is_hub_id() {
+  [[ ! -e "$1" && "$1" =~ ^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9_.-]+(:.+)?$ ]]
+}
+
 # compare_one OUTDIR LABEL BASEFILE MODEL [compare args...]
 compare_one() {
   local out=$1 label=$2 base=$3 model=$4; shift 4

@@ -6,7 +6,8 @@ __main__ guard).
 
 JOBS.json is a list of {"name": ..., "argv": [kldtool's arguments]}; each job's stdout, stderr
 and exit code go to OUT_DIR/NAME.out, .err and .rc. Every ``--engine vllm`` command of the same
-model, dtype and vLLM arguments gets the same engine, built for windows of up to MAX_CTX tokens
+weights (a hub snapshot linking to a directory's files counts as that directory), dtype and vLLM
+arguments gets the same engine, built for windows of up to MAX_CTX tokens
 (what the command would have built for its own window is the same engine with a shorter
 ``max_model_len``: the scored numbers do not depend on it); the windows per call are still the
 command's own. The commands are kldtool's real CLI, run through its entry point.
@@ -27,12 +28,15 @@ def main() -> None:
     build = VllmEngine.from_options.__func__
 
     def shared(cls, opts, n_ctx):
-        key = (opts.model, opts.dtype, json.dumps(opts.vllm, sort_keys=True))
+        # Keyed by where the weights really are: a hub snapshot's files link to a directory's.
+        weights = os.path.realpath(os.path.join(opts.model, "config.json")) if opts.model else None
+        key = (weights, opts.dtype, json.dumps(opts.vllm, sort_keys=True))
         if key not in engines:
             engine = build(cls, opts, max_ctx)
             engine.close, engine.close_at_the_end = (lambda: None), engine.close
             engines[key] = engine
         engine = engines[key]
+        engine.model_path = opts.model  # as this command named it
         engine._windows_per_call = max(4, 65536 // (n_ctx or 2048))  # as the command's own engine
         return engine
 

