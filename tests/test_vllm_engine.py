@@ -13,6 +13,7 @@ import pytest
 
 from conftest import ROOT, WIKI, compare_json, markdown_rows, printed, run_cli, run_script
 from helpers.hub_cache import MODEL, SNAPSHOTS
+from helpers.vocab_models import corpus_flags, model_dir
 
 pytest.importorskip("vllm")
 pytestmark = [pytest.mark.filterwarnings("ignore"), pytest.mark.long_module]
@@ -34,6 +35,27 @@ def fp32_runs(fp32_dir, hf_base, hub_env, tmp_path_factory):
     (tests/helpers/vllm_jobs.py): name -> (stdout, stderr, exit code, --json result). Their
     base files come from transformers first."""
     d = tmp_path_factory.mktemp("fp32-runs")
+    # Gemma 3's 262,144-token vocabulary, soft-capped (tests/helpers/vocab_models.py): a second engine.
+    gemma = model_dir("gemma3")
+    run_cli(
+        "base", "-m", gemma, *corpus_flags("gemma3"), "-c", 64, "--chunks", 2, "--kl-divergence-base", d / "v262k.kldt"
+    )
+    vocab = [
+        (
+            "vocab-262k",
+            [
+                "compare",
+                "--engine",
+                "vllm",
+                "-m",
+                gemma,
+                "--dtype",
+                "float32",
+                "--kl-divergence-base",
+                d / "v262k.kldt",
+            ],
+        )
+    ]
     vllm = ("--engine", "vllm", "-m", fp32_dir, "--dtype", "float32")
     jobs = [("hf", ["compare", *vllm, "--kl-divergence-base", hf_base])]
     # The same checkpoint by hub id, from the hub cache (tests/helpers/hub_cache.py), offline.
@@ -87,6 +109,7 @@ def fp32_runs(fp32_dir, hf_base, hub_env, tmp_path_factory):
         d / "rolling-base.json",
     )
     jobs.append(("rolling", ["compare", *vllm, "--kl-divergence-base", d / "rolling.kldt"]))
+    jobs += vocab
     spec = [{"name": n, "argv": [*argv, "--json", d / f"{n}.json"]} for n, argv in jobs]
     (d / "jobs.json").write_text(json.dumps(spec, default=str))
     p = subprocess.run(
@@ -147,6 +170,17 @@ def test_logits_blocks_give_the_records_of_one_block(hf_base, fp32_dir):
     assert r["block_16_max_diff"] == {"nll": 0.0, "kld": 0.0}
     assert r["long"]["tokens"] == 4095 and r["long"]["max_nll_diff"] == 0.0
     assert abs(r["mean_kld"]) < 1e-6
+
+
+def test_vllm_at_262k_vocabulary_is_transformers(fp32_runs):
+    """A Gemma-3-shaped model (soft-capped logits, ids past 65,535) through vLLM's hook against
+    the base file transformers wrote of it, both float32."""
+    r = fp32_runs["vocab-262k"][3]
+    s = r["statistics"]
+    print("vLLM vs transformers at 262,144:", s["kld_mean"], s["same_top_p"])
+    assert r["base_file"]["n_vocab"] == 262_144 and s["count"] == 2 * 31
+    assert abs(s["kld_mean"]["value"]) < 1e-4 and abs(s["ln_ppl_ratio"]["value"]) < 1e-4
+    assert s["same_top_p"]["value"] > 0.95
 
 
 def test_vllm_by_hub_id_is_the_directory_behind_it(fp32_runs):

@@ -8,6 +8,11 @@ import numpy as np
 from kldtool.codec.rows import Coding, encode_torch, normalizer_torch, rows_to_numpy
 from kldtool.codec.topk_records import encode_topk_torch
 
+# Float32 logits encoded at once. The encoder's temporaries are a few times its input, so a
+# block of 1,023 rows of a 262,144-token vocabulary (1 GiB) would need ~5 GiB more beside the
+# model; rows are independent, so slices of this size give the same bytes.
+ENCODE_BYTES = 256 << 20
+
 
 def encode_base_rows(logits, targets, coding: Coding) -> tuple[np.ndarray, np.ndarray]:
     """Base mode for one window on any device: (uint16 host rows, float32 NLL of each target),
@@ -15,7 +20,18 @@ def encode_base_rows(logits, targets, coding: Coding) -> tuple[np.ndarray, np.nd
     ``coding.keep`` the rows are top-K records (codec/topk_records.py), made on the device."""
     import torch
 
-    logits = torch.as_tensor(logits).to(torch.float32)
+    logits = torch.as_tensor(logits)
+    step = max(1, ENCODE_BYTES // (4 * logits.shape[-1]))
+    if len(logits) <= step:
+        return _encode(logits, targets, coding)
+    parts = [_encode(logits[a : a + step], targets[a : a + step], coding) for a in range(0, len(logits), step)]
+    return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
+
+
+def _encode(logits, targets, coding: Coding) -> tuple[np.ndarray, np.ndarray]:
+    import torch
+
+    logits = logits.to(torch.float32)
     if coding.keep:
         rows, norm = encode_topk_torch(logits, targets, coding)
     else:

@@ -1,0 +1,125 @@
+"""Random-weight models of the architectures users quantize, at their real vocabularies and at a
+size a CPU runs in seconds: transformers' own configs (Llama 3, Qwen 2 with tied embeddings,
+Qwen 3 at Qwen 3.5's vocabulary, Gemma 3 with final-logit soft-capping), each saved with a
+tokenizer of the full vocabulary so every engine loads the directory as it would a downloaded
+one, and a corpus whose token ids cover the whole vocabulary (most of them above 65,535). The weights
+are the configs' own initialisation (std 0.02), so predictions are near uniform and every target
+lies within the base file's clamp (a random corpus is far less likely under a peaked random
+model than under a uniform one, and targets below the clamp would make PPL(base) differ from
+PPL(Q) for a model against itself).
+
+Built once and cached beside the other generated models (kldtool's cache directory), under a
+lock: tests and benchmarks share them.
+
+    python tests/helpers/vocab_models.py [NAME ...]     # build (or find) and print their paths
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+
+# name: (transformers model_type, vocabulary, what is special about it)
+SHAPES = {
+    "llama3": ("llama", 128_256, {}),
+    "qwen2": ("qwen2", 151_936, {"tie_word_embeddings": True}),
+    "qwen3.5-vocab": ("qwen3", 248_320, {}),
+    "gemma3": ("gemma3_text", 262_144, {"final_logit_softcapping": 30.0, "query_pre_attn_scalar": 64}),
+}
+SMALL = dict(
+    hidden_size=256,
+    intermediate_size=512,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=64,
+    max_position_embeddings=32768,
+)
+SPECIALS = ["<unk>", "<s>", "</s>"]  # ids 0, 1, 2; every other id i is the word "w{i}"
+CORPUS_WORDS = 40_000
+VERSION = 3  # bump when what is built changes: the cache key
+
+
+def cache_root() -> Path:
+    from kldtool.engines.defaults import cache_dir
+
+    return cache_dir() / f"vocab-models-v{VERSION}"
+
+
+def model_dir(name: str) -> Path:
+    """The model's directory (config, safetensors, tokenizer), built on first use."""
+    target = cache_root() / name
+    if (target / ".complete").exists():
+        return target
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from conftest import machine_lock
+
+    with machine_lock(cache_root() / f".{name}.lock"):
+        if not (target / ".complete").exists():
+            _build(name, target)
+    return target
+
+
+def corpus(name: str, ids: bool = False) -> Path:
+    """CORPUS_WORDS ids drawn over the model's whole vocabulary, 50 to a line: as text (the words
+    "w{id}", which the model's tokenizer maps back to the ids) or, with ``ids``, as the ids."""
+    import numpy as np
+
+    path = model_dir(name) / ("corpus.ids" if ids else "corpus.txt")
+    if not path.exists():
+        vocab = SHAPES[name][1]
+        drawn = np.random.default_rng(vocab).integers(len(SPECIALS), vocab, CORPUS_WORDS)
+        word = "{}" if ids else "w{}"
+        lines = [" ".join(word.format(i) for i in drawn[k : k + 50]) for k in range(0, len(drawn), 50)]
+        tmp = path.with_suffix(f".partial-{os.getpid()}")
+        tmp.write_text("\n".join(lines) + "\n")
+        os.replace(tmp, path)
+    return path
+
+
+def corpus_flags(name: str) -> list:
+    """kldtool's flags for the model's corpus. transformers loads a qwen2 directory's tokenizer as
+    its own Qwen2Tokenizer, a byte-level BPE rebuilt from the vocabulary and merges, which a
+    word-level tokenizer has none of: that model reads the ids themselves (--corpus-format ids)."""
+    if SHAPES[name][0] == "qwen2":
+        return ["-f", corpus(name, ids=True), "--corpus-format", "ids"]
+    return ["-f", corpus(name)]
+
+
+def tokenizer(vocab: int):
+    from tokenizers import Tokenizer, models, pre_tokenizers, decoders
+    from transformers import PreTrainedTokenizerFast
+
+    words = {t: i for i, t in enumerate(SPECIALS)} | {f"w{i}": i for i in range(len(SPECIALS), vocab)}
+    tok = Tokenizer(models.WordLevel(words, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
+    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>")
+
+
+def _build(name: str, target: Path) -> None:
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    model_type, vocab, special = SHAPES[name]
+    config = AutoConfig.for_model(
+        model_type, vocab_size=vocab, bos_token_id=1, eos_token_id=2, pad_token_id=0, **SMALL, **special
+    )
+    config.architectures = [AutoModelForCausalLM._model_mapping[type(config)].__name__]
+    torch.manual_seed(vocab)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    tmp = target.with_name(f".{target.name}.partial-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    tokenizer(vocab).save_pretrained(tmp)
+    (tmp / ".complete").write_text(json.dumps({"shape": name, "vocab": vocab}) + "\n")
+    shutil.rmtree(target, ignore_errors=True)
+    os.replace(tmp, target)
+
+
+if __name__ == "__main__":
+    for n in sys.argv[1:] or SHAPES:
+        print(n, model_dir(n), corpus(n))

@@ -1,0 +1,119 @@
+"""Every vocabulary users quantize, end to end through transformers: random-weight models of the
+real architectures (Llama 3 at 128,256, Qwen 2 at 151,936 with tied embeddings, Qwen 3 at Qwen
+3.5's 248,320, Gemma 3 at 262,144 with soft-capping; tests/helpers/vocab_models.py) over a corpus
+whose ids run past 65,535. Each model against itself, its first window against a float64
+forward computed here, and at the largest vocabulary every stored form (raw layout, container,
+top-K, hidden states), convert, ppl and shards merged. vLLM at 262,144: test_vllm_engine.py."""
+
+from __future__ import annotations
+
+import json
+
+import h5py
+import numpy as np
+import pytest
+
+from conftest import compare_json, run_cli
+from helpers.vocab_models import SHAPES, corpus_flags, model_dir
+
+CTX = 64
+
+
+def base_of(name: str, path, *args, chunks: int = 2):
+    m = model_dir(name)
+    run_cli("base", "-m", m, *corpus_flags(name), "-c", CTX, "--chunks", chunks, "--kl-divergence-base", path, *args)
+    return m
+
+
+def float64_nll(model: str, base) -> np.ndarray:
+    """The first window's NLL of its scored targets from a float64 forward of the same weights
+    (transformers' modules, log-softmax and gather in numpy float64)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from kldtool.logitsfile import open_base_file
+    from kldtool.pipeline.compat import base_windows
+
+    reader = open_base_file(str(base))
+    w = base_windows(reader, reader.metadata["protocol"].get("bos_id"))[0]
+    reader.close()
+    m = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float64).eval()
+    with torch.inference_mode():
+        logits = m(input_ids=torch.from_numpy(np.asarray(w.tokens, np.int64))[None]).logits[0].numpy()
+    rows = logits[w.first : w.first + w.n_scored]
+    top = rows.max(axis=1, keepdims=True)
+    logp = rows - top - np.log(np.exp(rows - top).sum(axis=1, keepdims=True))
+    return -logp[np.arange(w.n_scored), np.asarray(w.targets, np.int64)]
+
+
+@pytest.mark.parametrize("name", list(SHAPES))
+def test_a_model_against_itself_and_a_float64_forward(name, tmp_path):
+    base = tmp_path / "base.kldt"
+    model = base_of(name, base)
+    r = compare_json(base, tmp_path, "-m", model, "--per-token", tmp_path / "t.h5")
+    s = r["statistics"]
+    print(name, SHAPES[name][1], s["kld_mean"], s["same_top_p"])
+    assert r["base_file"]["n_vocab"] == SHAPES[name][1]
+    assert abs(s["kld_mean"]["value"]) < 1e-6 and abs(s["ln_ppl_ratio"]["value"]) < 1e-5
+    # Near-uniform predictions: the uint16 codes' step decides a few near-ties of the top.
+    assert s["same_top_p"]["value"] > 0.98
+    with h5py.File(tmp_path / "t.h5") as f:
+        first = f["chunk"][:] == 0
+        targets, nll = f["target"][:], f["nll_q"][:]
+    assert targets.max() > 65_535 and (targets > 65_535).mean() > 0.4
+    np.testing.assert_allclose(nll[first], float64_nll(model, base), atol=1e-4)
+
+
+def test_the_largest_vocabulary_in_every_stored_form(tmp_path):
+    name = "gemma3"
+    raw, container = tmp_path / "raw.kld", tmp_path / "converted.kldt"
+    model = base_of(name, raw, "--format", "llamacpp")
+    # llama.cpp's layout: a row is the vocabulary's uint16 codes plus two float32 (scale, min).
+    n_rows = 2 * (CTX - 1 - CTX // 2)
+    tokens = 2 * CTX
+    assert raw.stat().st_size == 20 + 4 * tokens + n_rows * (2 * SHAPES[name][1] + 8)
+    run_cli("convert", raw, container)
+    whole = compare_json(raw, tmp_path, "-m", model)["statistics"]
+    assert compare_json(container, tmp_path, "-m", model)["statistics"] == whole
+    for form in (("--keep", 32), ("--store", "hidden")):
+        other = tmp_path / f"{form[1]}.kldt"
+        base_of(name, other, *form)
+        s = compare_json(other, tmp_path, "-m", model)["statistics"]
+        assert abs(s["kld_mean"]["value"]) < 1e-6, form
+    facts = json.loads(run_cli("info", "--json", tmp_path / "hidden.kldt").stdout)
+    assert facts["replay_floor_kld_mean"] < 1e-7  # Gemma's soft-cap, replayed from the hidden states
+    # Shards of the raw file merge into the whole run.
+    for k in (0, 1):
+        compare_json(raw, tmp_path, "-m", model, "--chunk-range", f"{k}:{k + 1}", "--state", tmp_path / f"s{k}.npz")
+    merged = tmp_path / "merged.json"
+    run_cli("merge", tmp_path / "s0.npz", tmp_path / "s1.npz", "--json", merged)
+    assert json.loads(merged.read_text())["statistics"]["kld_mean"] == whole["kld_mean"]
+    ppl = run_cli("ppl", "-m", model, *corpus_flags(name), "-c", CTX, "--chunks", 2).stderr
+    assert "Final estimate: PPL = " in ppl
+
+
+def test_a_tied_head_replayed_from_hidden_states(tmp_path):
+    hidden = tmp_path / "hidden.kldt"
+    model = base_of("qwen2", hidden, "--store", "hidden")
+    facts = json.loads(run_cli("info", "--json", hidden).stdout)
+    assert facts["replay_floor_kld_mean"] < 1e-7 and facts["hidden"] == "256 x float32"
+    assert abs(compare_json(hidden, tmp_path, "-m", model)["statistics"]["kld_mean"]["value"]) < 1e-6
+
+
+def test_a_block_is_encoded_in_slices_with_the_same_bytes(monkeypatch):
+    """The base encoder takes a block's rows a slice at a time (its temporaries are a few times
+    its input: 5 GiB beside a 1,023-row block of a 262,144 vocabulary). Rows are independent, so
+    slices of 3 rows give what one call gives, for every coding."""
+    import torch
+
+    from kldtool.codec import encode
+    from kldtool.codec.rows import Coding
+
+    logits = torch.randn(10, 262_144, generator=torch.Generator().manual_seed(0)) * 3
+    targets = np.random.default_rng(0).integers(0, 262_144, 10)
+    for coding in (Coding(), Coding(codec="llamacpp"), Coding(keep=32)):
+        whole = encode.encode_base_rows(logits, targets, coding)
+        monkeypatch.setattr(encode, "ENCODE_BYTES", 3 * 4 * 262_144)
+        sliced = encode.encode_base_rows(logits, targets, coding)
+        monkeypatch.undo()
+        assert np.array_equal(whole[0], sliced[0]) and np.array_equal(whole[1], sliced[1]), coding
