@@ -3,7 +3,8 @@ real architectures (Llama 3 at 128,256, Qwen 2 at 151,936 with tied embeddings, 
 3.5's 248,320, Gemma 3 at 262,144 with soft-capping; tests/helpers/vocab_models.py) over a corpus
 whose ids run past 65,535. Each model against itself, its first window against a float64
 forward computed here, and at the largest vocabulary every stored form (raw layout, container,
-top-K, hidden states), convert, ppl and shards merged. vLLM at 262,144: test_vllm_engine.py."""
+top-K, hidden states), convert, ppl and shards merged; llama.cpp at 128,256 from a GGUF written
+here. vLLM at 262,144: test_vllm_engine.py."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import numpy as np
 import pytest
 
 from conftest import compare_json, run_cli
-from helpers.vocab_models import SHAPES, corpus_flags, model_dir
+from helpers.vocab_models import SHAPES, corpus, corpus_flags, llama_gguf, model_dir
 
 CTX = 64
 
@@ -90,6 +91,31 @@ def test_the_largest_vocabulary_in_every_stored_form(tmp_path):
     assert json.loads(merged.read_text())["statistics"]["kld_mean"] == whole["kld_mean"]
     ppl = run_cli("ppl", "-m", model, *corpus_flags(name), "-c", CTX, "--chunks", 2).stderr
     assert "Final estimate: PPL = " in ppl
+
+
+def test_llama_cpp_at_128k_both_ways_and_its_quants_in_order(tmp_path):
+    """The Llama 3 shape as an F16 GGUF (the gguf package's writer) and quantized by llama.cpp:
+    against transformers' float32 base file, F16 is the same model and Q8_0 < Q4_K_M in KLD;
+    a base file llama.cpp writes in its own layout reads back through transformers."""
+    model, gguf = model_dir("llama3"), llama_gguf()
+    ids = ("-f", corpus("llama3", ids=True), "--corpus-format", "ids", "-c", CTX, "--chunks", 2)
+    base = tmp_path / "transformers.kldt"
+    run_cli("base", "-m", model, *ids, "--kl-divergence-base", base)
+    klds = []
+    for t in ("F16", "Q8_0", "Q4_K_M"):
+        q = gguf if t == "F16" else tmp_path / f"{t}.gguf"
+        if t != "F16":
+            run_cli("quantize", gguf, q, t)
+        s = compare_json(base, tmp_path, "-m", q)["statistics"]
+        print("llama.cpp", t, "at 128,256:", s["kld_mean"], s["same_top_p"])
+        klds.append(s["kld_mean"]["value"])
+        if t == "F16":
+            assert abs(klds[0]) < 1e-5 and s["same_top_p"]["value"] > 0.97
+    assert klds[0] < klds[1] < klds[2] and klds[2] > 10 * klds[1]
+    raw = tmp_path / "llamacpp.kld"
+    run_cli("base", "-m", gguf, *ids, "--format", "llamacpp", "--kl-divergence-base", raw)
+    back = compare_json(raw, tmp_path, "-m", model)["statistics"]
+    assert abs(back["kld_mean"]["value"]) < 1e-5 and back["same_top_p"]["value"] > 0.97
 
 
 def test_a_tied_head_replayed_from_hidden_states(tmp_path):

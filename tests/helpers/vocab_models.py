@@ -120,6 +120,78 @@ def _build(name: str, target: Path) -> None:
     os.replace(tmp, target)
 
 
+def llama_gguf(name: str = "llama3") -> Path:
+    """The Llama-architecture model as an F16 GGUF written with the gguf package's writer (the
+    tensor names and the rotary layout llama.cpp expects), its word-level vocabulary as a
+    byte-level BPE whose merges build each word "w{id}" from its prefix (llama.cpp's byte-level
+    pre-tokenizer keeps the space before a word, so its text tokenizes otherwise: give llama.cpp
+    the ids, ``corpus(name, ids=True)``). Quantize it with `kldtool quantize`."""
+    path = cache_root() / f"{name}-F16.gguf"
+    if path.exists():
+        return path
+    import numpy as np
+    import gguf
+    from safetensors.numpy import load_file
+
+    model_type, vocab, _ = SHAPES[name]
+    if model_type != "llama":
+        raise ValueError(f"{name}: only the llama architecture is written as a GGUF here")
+    cfg = json.loads((model_dir(name) / "config.json").read_text())
+    w = load_file(str(model_dir(name) / "model.safetensors"))
+    heads, kv, dim = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["hidden_size"]
+
+    def rotary(t, n):  # transformers' rotate-half layout to llama.cpp's interleaved pairs
+        return t.reshape(n, 2, t.shape[0] // n // 2, *t.shape[1:]).swapaxes(1, 2).reshape(t.shape)
+
+    tmp = path.with_suffix(f".partial-{os.getpid()}")
+    out = gguf.GGUFWriter(str(tmp), "llama")
+    out.add_context_length(cfg["max_position_embeddings"])
+    out.add_embedding_length(dim)
+    out.add_block_count(cfg["num_hidden_layers"])
+    out.add_feed_forward_length(cfg["intermediate_size"])
+    out.add_rope_dimension_count(dim // heads)
+    out.add_head_count(heads)
+    out.add_head_count_kv(kv)
+    out.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    out.add_rope_freq_base(cfg["rope_parameters"]["rope_theta"] if "rope_parameters" in cfg else cfg["rope_theta"])
+    out.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
+    tokens = SPECIALS + [f"w{i}" for i in range(len(SPECIALS), vocab)]
+    out.add_tokenizer_model("gpt2")
+    out.add_tokenizer_pre("default")
+    out.add_token_list(tokens)
+    out.add_token_types([gguf.TokenType.CONTROL] * len(SPECIALS) + [gguf.TokenType.NORMAL] * (vocab - len(SPECIALS)))
+    # "w1" and "w2" are no tokens (ids 1 and 2 are <s> and </s>) but lead to "w10".."w29999":
+    # llama.cpp merges through symbols that are not in the vocabulary.
+    out.add_token_merges(["w 1", "w 2"] + [f"{t[:-1]} {t[-1]}" for t in tokens[len(SPECIALS) :]])
+    out.add_bos_token_id(1)
+    out.add_eos_token_id(2)
+    out.add_add_bos_token(False)
+
+    def f16(t):
+        return t.astype(np.float16)
+
+    out.add_tensor("token_embd.weight", f16(w["model.embed_tokens.weight"]))
+    out.add_tensor("output_norm.weight", w["model.norm.weight"].astype(np.float32))
+    out.add_tensor("output.weight", f16(w.get("lm_head.weight", w["model.embed_tokens.weight"])))
+    for i in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        out.add_tensor(f"blk.{i}.attn_norm.weight", w[p + "input_layernorm.weight"].astype(np.float32))
+        out.add_tensor(f"blk.{i}.attn_q.weight", f16(rotary(w[p + "self_attn.q_proj.weight"], heads)))
+        out.add_tensor(f"blk.{i}.attn_k.weight", f16(rotary(w[p + "self_attn.k_proj.weight"], kv)))
+        out.add_tensor(f"blk.{i}.attn_v.weight", f16(w[p + "self_attn.v_proj.weight"]))
+        out.add_tensor(f"blk.{i}.attn_output.weight", f16(w[p + "self_attn.o_proj.weight"]))
+        out.add_tensor(f"blk.{i}.ffn_norm.weight", w[p + "post_attention_layernorm.weight"].astype(np.float32))
+        out.add_tensor(f"blk.{i}.ffn_gate.weight", f16(w[p + "mlp.gate_proj.weight"]))
+        out.add_tensor(f"blk.{i}.ffn_up.weight", f16(w[p + "mlp.up_proj.weight"]))
+        out.add_tensor(f"blk.{i}.ffn_down.weight", f16(w[p + "mlp.down_proj.weight"]))
+    out.write_header_to_file()
+    out.write_kv_data_to_file()
+    out.write_tensors_to_file()
+    out.close()
+    os.replace(tmp, path)
+    return path
+
+
 if __name__ == "__main__":
     for n in sys.argv[1:] or SHAPES:
         print(n, model_dir(n), corpus(n))
