@@ -59,9 +59,11 @@ def fp32_runs(fp32_dir, hf_base, hub_env, tmp_path_factory):
     vllm = ("--engine", "vllm", "-m", fp32_dir, "--dtype", "float32")
     jobs = [("hf", ["compare", *vllm, "--kl-divergence-base", hf_base])]
     # The same checkpoint by hub id, from the hub cache (tests/helpers/hub_cache.py), offline.
-    jobs.append(
-        ("hub", ["compare", "--engine", "vllm", "-m", MODEL, "--dtype", "float32", "--kl-divergence-base", hf_base])
-    )
+    hub = ("--engine", "vllm", "-m", MODEL, "--dtype", "float32")
+    jobs.append(("hub", ["compare", *hub, "--kl-divergence-base", hf_base]))
+    window = ("-f", WIKI, "-c", 128, "--chunks", 2)
+    jobs.append(("hub-base", ["base", *hub, *window, "--kl-divergence-base", d / "hub.kldt"]))
+    jobs.append(("hub-ppl", ["ppl", *hub, *window]))
     for ctx, chunks in ((64, 1), (32, 100)):  # every scored position exactly once, in batches of many windows
         base = d / f"pos-{ctx}.kldt"
         run_cli(
@@ -189,6 +191,17 @@ def test_vllm_by_hub_id_is_the_directory_behind_it(fp32_runs):
     assert by_id["manifest"]["source"] == {"hub_id": MODEL, "revision": "main", "snapshot": SNAPSHOTS["main"]}
     assert by_id["model"]["model"].endswith(f"snapshots/{SNAPSHOTS['main']}")
     assert by_path["manifest"]["source"]["path"] == by_path["model"]["model"]
+    # base and ppl by hub id: the same estimate, the base file recording the snapshot.
+    from kldtool.logitsfile import open_base_file
+
+    base, ppl = fp32_runs["hub-base"], fp32_runs["hub-ppl"]
+    final = [line for line in base[1].splitlines() if line.startswith("Final estimate")]
+    assert final and final == [line for line in ppl[1].splitlines() if line.startswith("Final estimate")]
+    assert ppl[3]["manifest"]["source"] == by_id["manifest"]["source"]
+    written = next(line for line in base[1].splitlines() if line.startswith("base: wrote "))
+    reader = open_base_file(written.split()[2])
+    assert reader.metadata["manifest"]["source"] == by_id["manifest"]["source"]
+    reader.close()
 
 
 def test_transformers_fp32_base_vs_vllm_fp32_in_one_and_three_pipeline_stages(hf_base, fp32_dir, fp32_runs, tmp_path):
