@@ -74,6 +74,24 @@ def random_llama(shape: dict, tokenizer_dir: str, device: str, dtype: str, batch
     )
 
 
+def bare_scoring(engine, windows, device: str) -> None:
+    """What a perplexity script does with the same engine: the forward in kldtool's batches,
+    log_softmax in float32 and the targets' log-probs gathered and brought to the host."""
+    import numpy as np
+    import torch
+
+    per_call = engine.windows_per_call(len(windows[0].tokens))
+    for i in range(0, len(windows), per_call):
+        batch = windows[i : i + per_call]
+        ids = torch.from_numpy(np.stack([w.tokens for w in batch]).astype("int64")).to(device)
+        first, n = batch[0].first, batch[0].n_scored
+        with torch.inference_mode():
+            lg = engine.model(input_ids=ids, logits_to_keep=ids.shape[1] - first, use_cache=False).logits
+            logp = torch.log_softmax(lg[:, :n].float(), dim=-1)
+            tgt = torch.as_tensor(np.stack([w.targets for w in batch]), device=device)
+            logp.gather(2, tgt[:, :, None]).cpu()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=None, help="model directory (default: the built-in fp32 SmolLM2)")
@@ -92,7 +110,6 @@ def main() -> None:
     ap.add_argument("--profile", action="store_true", help="print where one compare round spends its time")
     a = ap.parse_args()
 
-    import numpy as np
     import torch
 
     from kldtool.corpus import open_corpus
@@ -145,19 +162,9 @@ def main() -> None:
         reader = open_base_file(os.path.join(tmp, "base.kldt"))
         h = reader.header
         windows = llamacpp_windows(reader.tokens, h.n_ctx, h.n_chunk, engine.bos_id)
-        per_call = engine.windows_per_call(h.n_ctx)
 
         def bare() -> None:
-            for i in range(0, len(windows), per_call):
-                batch = windows[i : i + per_call]
-                ids = torch.from_numpy(np.stack([w.tokens for w in batch]).astype("int64"))
-                ids = ids.to(a.device)
-                first, n = batch[0].first, batch[0].n_scored
-                with torch.inference_mode():
-                    lg = engine.model(input_ids=ids, logits_to_keep=ids.shape[1] - first, use_cache=False).logits
-                    logp = torch.log_softmax(lg[:, :n].float(), dim=-1)
-                    tgt = torch.as_tensor(np.stack([w.targets for w in batch]), device=a.device)
-                    logp.gather(2, tgt[:, :, None]).cpu()
+            bare_scoring(engine, windows, a.device)
 
         def ours() -> None:
             run_compare(engine, reader, sinks=quiet)

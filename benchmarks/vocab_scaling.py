@@ -37,6 +37,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT / "tests"))
 
 from results import append_row  # noqa: E402
+from transformers_overhead import bare_scoring  # noqa: E402
 
 LAST = ROOT / "benchmarks" / "vocab_scaling.json"
 WIKI = ROOT.parent / "shared" / "data" / "wikitext-2" / "wiki.test.txt"
@@ -103,8 +104,6 @@ def decode_gbps(reader) -> float:
 
 
 def one_vocabulary(name: str, a, tmp: str) -> dict:
-    import numpy as np
-    import torch
 
     from kldtool.corpus import open_corpus
     from kldtool.engines.transformers import TransformersEngine
@@ -144,22 +143,9 @@ def one_vocabulary(name: str, a, tmp: str) -> dict:
     reader = open_base_file(os.path.join(tmp, f"{name}-rows.kldt"))
     h = reader.header
     windows = llamacpp_windows(reader.tokens, h.n_ctx, h.n_chunk, engine.bos_id)
-    per_call = engine.windows_per_call(h.n_ctx)
     rows = h.n_chunk * h.rows_per_chunk
-
-    def bare() -> None:
-        for i in range(0, len(windows), per_call):
-            batch = windows[i : i + per_call]
-            ids = torch.from_numpy(np.stack([w.tokens for w in batch]).astype("int64"))
-            first, n = batch[0].first, batch[0].n_scored
-            with torch.inference_mode():
-                lg = engine.model(input_ids=ids, logits_to_keep=ids.shape[1] - first, use_cache=False).logits
-                logp = torch.log_softmax(lg[:, :n].float(), dim=-1)
-                tgt = torch.as_tensor(np.stack([w.targets for w in batch]))
-                logp.gather(2, tgt[:, :, None]).numpy().copy()
-
     runs = {
-        "bare": measured(bare, a.rounds),
+        "bare": measured(lambda: bare_scoring(engine, windows, "cpu"), a.rounds),
         "compare": measured(lambda: run_compare(engine, reader, sinks=quiet), a.rounds),
     }
     out = {

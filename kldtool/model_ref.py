@@ -47,6 +47,13 @@ def is_hub_id(model: str) -> bool:
     return bool(_HUB_ID.match(name)) and not os.path.exists(name)
 
 
+def local_path(name: str) -> str:
+    """``name`` itself unless it is a hub id that is not a path here; then the cache's copy."""
+    if os.path.exists(name) or not is_hub_id(name):
+        return name
+    return resolve(name).path
+
+
 @functools.lru_cache(maxsize=16)  # start_loading and make_engine both ask; a hub lookup may take a round trip
 def resolve(model: str, revision: str | None = None, gguf_file: str | None = None) -> ModelRef:
     """The local path behind ``model``; a one-line error naming what was tried if there is none."""

@@ -30,8 +30,7 @@ def quantize(
     from kldtool.gguf_tools import quantize as run_quantize
     from kldtool.sizes import model_size
 
-    if not os.path.exists(src) and model_ref.is_hub_id(src):
-        src = model_ref.resolve(src).path
+    src = model_ref.local_path(src)
     if not os.path.isfile(src):
         raise UsageError(f"{src}: no such GGUF file")
     run_quantize(src, dst, type_name, threads)

@@ -35,9 +35,7 @@ def load_head(source: str, meta: dict):
     from kldtool.logitsfile import ggml_head
     from kldtool.logitsfile.hidden import OutputHead
 
-    path = Path(source)
-    if not path.exists() and model_ref.is_hub_id(source):
-        path = Path(model_ref.resolve(source).path)
+    path = Path(model_ref.local_path(source))
     if not path.exists():
         raise EngineError(
             f"{source}: the base model that holds this file's output head is not there "

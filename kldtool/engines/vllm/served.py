@@ -90,12 +90,10 @@ class VllmServerEngine(HookedEngine):
                 f"-c {n_ctx}: the served model's max_model_len is {self.max_model_len}; "
                 f"a window needs -c + 1 (restart the server with --max-model-len {n_ctx + 1} or more)"
             )
-        named = tokenizer or models[0].get("root") or self.model_id
-        if not os.path.exists(named) and model_ref.is_hub_id(named):  # a server started with a hub id
-            try:
-                named = model_ref.resolve(named).path
-            except EngineError as e:
-                raise EngineError(f"the served model's tokenizer: {e}; -m names its directory") from None
+        try:  # a server started with a hub id: its tokenizer from this machine's hub cache
+            named = model_ref.local_path(tokenizer or models[0].get("root") or self.model_id)
+        except EngineError as e:
+            raise EngineError(f"the served model's tokenizer: {e}; -m names its directory") from None
         self._load_tokenizer(named)
         # The operator's shared secret, from the environment (a flag would show in ps).
         self.token = os.environ.get(wire.TOKEN) or None
