@@ -47,15 +47,18 @@ def is_hub_id(model: str) -> bool:
     return bool(_HUB_ID.match(name)) and not os.path.exists(name)
 
 
-def local_path(name: str) -> str:
-    """``name`` itself unless it is a hub id that is not a path here; then the cache's copy."""
+def local_path(name: str, cached_only: bool = False) -> str:
+    """``name`` itself unless it is a hub id that is not a path here; then the cache's copy
+    (with ``cached_only``, never fetched: an error if the cache has none)."""
     if os.path.exists(name) or not is_hub_id(name):
         return name
-    return resolve(name).path
+    return resolve(name, cached_only=cached_only).path
 
 
 @functools.lru_cache(maxsize=16)  # start_loading and make_engine both ask; a hub lookup may take a round trip
-def resolve(model: str, revision: str | None = None, gguf_file: str | None = None) -> ModelRef:
+def resolve(
+    model: str, revision: str | None = None, gguf_file: str | None = None, cached_only: bool = False
+) -> ModelRef:
     """The local path behind ``model``; a one-line error naming what was tried if there is none."""
     if os.path.exists(model):
         if revision or gguf_file:
@@ -68,24 +71,23 @@ def resolve(model: str, revision: str | None = None, gguf_file: str | None = Non
     if in_repo and gguf_file and in_repo != gguf_file:
         raise UsageError(f"--gguf-file {gguf_file}: {model} already names {in_repo}")
     file = in_repo or gguf_file
-    return _from_hub(model, name, revision, file)
+    return _from_hub(model, name, revision, file, cached_only)
 
 
-def _from_hub(given: str, hub_id: str, revision: str | None, file: str | None) -> ModelRef:
+def _from_hub(given: str, hub_id: str, revision: str | None, file: str | None, cached_only: bool) -> ModelRef:
     try:
         import huggingface_hub
         from huggingface_hub import constants
     except ImportError:
         raise EngineError(f"{given}: a hub id needs huggingface_hub (pip install huggingface_hub)") from None
+    offline = constants.HF_HUB_OFFLINE or cached_only
     try:
         if file:
-            path = huggingface_hub.hf_hub_download(
-                hub_id, file, revision=revision, local_files_only=constants.HF_HUB_OFFLINE
-            )
+            path = huggingface_hub.hf_hub_download(hub_id, file, revision=revision, local_files_only=offline)
             snapshot_dir = path[: -len(file)].rstrip("/")
         else:
             path = snapshot_dir = huggingface_hub.snapshot_download(
-                hub_id, revision=revision, allow_patterns=DIRECTORY_FILES, local_files_only=constants.HF_HUB_OFFLINE
+                hub_id, revision=revision, allow_patterns=DIRECTORY_FILES, local_files_only=offline
             )
     except Exception as e:  # huggingface_hub raises its own errors, OSError and the HTTP client's
         raise EngineError(_not_found(given, hub_id, revision, file, e, constants)) from None

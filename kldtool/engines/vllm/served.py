@@ -90,10 +90,13 @@ class VllmServerEngine(HookedEngine):
                 f"-c {n_ctx}: the served model's max_model_len is {self.max_model_len}; "
                 f"a window needs -c + 1 (restart the server with --max-model-len {n_ctx + 1} or more)"
             )
+        named = tokenizer or models[0].get("root") or self.model_id
         try:  # a server started with a hub id: its tokenizer from this machine's hub cache
-            named = model_ref.local_path(tokenizer or models[0].get("root") or self.model_id)
-        except EngineError as e:
-            raise EngineError(f"the served model's tokenizer: {e}; -m names its directory") from None
+            named = model_ref.local_path(named, cached_only=True)
+        except EngineError:
+            # The name comes from the server: never a download of its weights on its word.
+            # transformers' loader below fetches the tokenizer's own files, as it always has.
+            pass
         self._load_tokenizer(named)
         # The operator's shared secret, from the environment (a flag would show in ps).
         self.token = os.environ.get(wire.TOKEN) or None
