@@ -82,6 +82,9 @@ def fp32_runs(fp32_dir, hf_base, hub_env, tmp_path_factory):
             base,
         )
         jobs.append((f"pos-{ctx}-{chunks}", ["compare", *vllm, "--kl-divergence-base", base]))
+    # The 100 windows again in a random order, stopped once mean KLD is known to ±50 %.
+    order = ("--order", "random:7", "--target-ci", "0.5", "--min-chunks", "8")
+    jobs.append(("pos-random", ["compare", *vllm, "--kl-divergence-base", d / "pos-32.kldt", *order]))
     text = d / "t.txt"  # stride: the first window scores more positions than the rest
     text.write_bytes(WIKI.read_bytes()[:9000])
     stride = ("-f", text, "--protocol", "stride", "-c", "256", "--stride", "128")
@@ -285,6 +288,21 @@ def test_every_scored_position_exactly_once(fp32_runs, ctx, chunks):
     assert r["scored_tokens"] == chunks * (ctx - 1 - ctx // 2)
     # Misaligned or missing rows would show as a large divergence against the same weights.
     assert abs(r["statistics"]["kld_mean"]["value"]) < 1e-3
+
+
+def test_vllm_random_order_scores_the_permuted_windows_and_stops_on_target(fp32_runs):
+    import numpy as np
+
+    full, early = fp32_runs["pos-32-100"][3], fp32_runs["pos-random"][3]
+    n = early["windows_scored"]
+    assert early["stopped"]["reason"] == "target" and n < 100
+    perm = np.random.default_rng(7).permutation(100)
+    assert early["chunk_sums"]["chunks"] == sorted(perm[:n].tolist())
+    # Each window's sums are the file-order run's: the rows reached the right windows.
+    rows = {c: v for c, v in zip(full["chunk_sums"]["chunks"], full["chunk_sums"]["vectors"])}
+    for c, v in zip(early["chunk_sums"]["chunks"], early["chunk_sums"]["vectors"]):
+        assert v[-1] == rows[c][-1] and v[2] == pytest.approx(rows[c][2], rel=1e-9)  # count, base NLL sum
+        assert v[0] == pytest.approx(rows[c][0], rel=1e-4)  # the model's NLL sum (batches differ)
 
 
 def test_every_scored_position_exactly_once_over_several_prefill_steps(fp32_dir, tmp_path):

@@ -35,10 +35,10 @@ def load_run(path: str) -> tuple[dict, KldAccumulator]:
         if not state.complete:
             a, b = state.chunk_range
             raise UsageError(
-                f"{path}: unfinished compare state (chunks {a}:{state.next_chunk} of {a}:{b}); "
+                f"{path}: unfinished compare state ({state.progress()} of {a}:{b}); "
                 f"finish it with `compare --resume --state {path}`"
             )
-        return state.meta, state.acc
+        return state.meta, state.acc.in_window_order()
     raise UsageError(f"{path}: not a compare --per-token HDF5 file or a compare --state file")
 
 

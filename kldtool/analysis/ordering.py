@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from itertools import combinations
 
+import numpy as np
+
 from kldtool.analysis.results import ResultRow
 from kldtool.stats.bootstrap import Bootstrap
 from kldtool.stats.paired import compare_runs
@@ -16,9 +18,10 @@ def _line(a: ResultRow, b: ResultRow, spec: Bootstrap, floor: float | None) -> s
     head = f"{a.label} vs {b.label}: "
     if a.vectors is None or b.vectors is None:
         return head + "n/a (a result without per-chunk sums; rerun its compare with this kldtool)"
-    if a.chunks != b.chunks or len(a.chunks) < 2:
-        return head + "n/a (the runs cover different chunks, or one chunk)"
-    r = compare_runs(a.vectors, b.vectors, spec)["kld_mean"]
+    va, vb = common_chunks(a, b)
+    if len(va) < 2:
+        return head + "n/a (the runs share fewer than two chunks)"
+    r = compare_runs(va, vb, spec)["kld_mean"]
     lo, hi = r["interval_95"]
     if floor is not None and abs(r["difference"]) < floor:
         verdict = f"below the noise floor {floor:.6f}"
@@ -28,6 +31,16 @@ def _line(a: ResultRow, b: ResultRow, spec: Bootstrap, floor: float | None) -> s
         head + f"mean KLD {r['a']:.6f} vs {r['b']:.6f}, A − B {r['difference']:+.6f} "
         f"[{lo:+.6f}, {hi:+.6f}] 95 %, {verdict}; {a.label} lower in {r['a_wins']} of {r['chunks']} chunks"
     )
+
+
+def common_chunks(a: ResultRow, b: ResultRow) -> tuple[np.ndarray, np.ndarray]:
+    """Both runs' vectors over the chunks both scored, in chunk order (runs of one sweep stopped
+    after different numbers of windows share the first windows of their order)."""
+    if a.chunks == b.chunks:
+        return a.vectors, b.vectors
+    ia, ib = ({c: i for i, c in enumerate(r.chunks)} for r in (a, b))
+    shared = sorted(ia.keys() & ib.keys())
+    return a.vectors[[ia[c] for c in shared]], b.vectors[[ib[c] for c in shared]]
 
 
 def ordering(rows: list[ResultRow], spec: Bootstrap, every: bool = False, floor: float | None = None) -> list[str]:

@@ -17,6 +17,7 @@ import numpy as np
 from kldtool.errors import StateError
 from kldtool.identity import model_identity
 from kldtool.logitsfile.atomic import AtomicFile
+from kldtool.window_order import Order, order_of
 from kldtool.stats import KldAccumulator
 
 KIND = "kldtool-compare-state"
@@ -34,12 +35,29 @@ class RunState:
         return int(a), int(b)
 
     @property
-    def next_chunk(self) -> int:
-        return self.chunk_range[0] + len(self.acc.chunks)
+    def order(self) -> Order:
+        return order_of(self.meta)
+
+    def planned(self) -> list[int]:
+        """Every window of the range, in the order the run visits them."""
+        a, b = self.chunk_range
+        return self.order.arrange(list(range(a, b)))
+
+    @property
+    def visited(self) -> int:
+        return len(self.acc.chunks)
 
     @property
     def complete(self) -> bool:
-        return self.next_chunk >= self.chunk_range[1]
+        a, b = self.chunk_range
+        return self.visited >= b - a
+
+    def progress(self) -> str:
+        """What the state holds, for messages: ``chunks 0:12`` or ``12 of the 40 windows of 0:40 (order random:3)``."""
+        a, b = self.chunk_range
+        if not self.order.random:
+            return f"chunks {a}:{a + self.visited}"
+        return f"{self.visited} of the {b - a} windows of {a}:{b} (order {self.order})"
 
 
 def save_state(path: str, state: RunState) -> None:
@@ -75,16 +93,16 @@ def load_state(path: str) -> RunState:
         acc = KldAccumulator.from_arrays(arrays)
         state = RunState(meta, acc)
         a, b = state.chunk_range
+        planned = state.planned()
     except (KeyError, ValueError, TypeError) as e:
         fail(f"corrupt state ({e})")
-    expected = list(range(a, a + len(acc.chunks)))
-    if acc.chunks != expected or state.next_chunk > b:
-        fail(f"corrupt state: chunks {acc.chunks[:3]}... do not run from {a} within {a}:{b}")
+    if acc.chunks != planned[: len(acc.chunks)] or len(acc.chunks) > b - a:
+        fail(f"corrupt state: chunks {acc.chunks[:3]}... are not the first of {a}:{b} in order {state.order}")
     return state
 
 
-def check_fits(state: RunState, path: str, base: dict, model: dict, chunk_range: tuple[int, int]) -> None:
-    """Refuse to continue a checkpoint written for another base file, model or chunk range."""
+def check_fits(state: RunState, path: str, base: dict, model: dict, chunk_range: tuple[int, int], order: Order) -> None:
+    """Refuse to continue a checkpoint written for another base file, model, chunk range or order."""
     m = state.meta
     if m.get("base") != base:
         raise StateError(
@@ -98,3 +116,5 @@ def check_fits(state: RunState, path: str, base: dict, model: dict, chunk_range:
     if state.chunk_range != tuple(chunk_range):
         a, b = state.chunk_range
         raise StateError(f"{path}: covers chunks {a}:{b}, this run asks for {chunk_range[0]}:{chunk_range[1]}")
+    if state.order != order:
+        raise StateError(f"{path}: visits its windows in order {state.order}, this run asks for --order {order}")

@@ -75,6 +75,21 @@ def compare(
         "of the path the file names; its sha256 must "
         "match.",
     ),
+    order: Optional[str] = typer.Option(
+        None,
+        "--order",
+        help="Visit the windows in the file's order (file, the default) or in a seeded permutation "
+        "(random, random:SEED): a run stopped early is then a sample of the whole corpus.",
+    ),
+    target_ci: Optional[float] = typer.Option(
+        None,
+        "--target-ci",
+        help="Stop once mean KLD's interval for all the windows is at most this fraction of the mean on "
+        "each side (0.02: ±2 %), corrected for looking more than once; needs --order random.",
+    ),
+    min_chunks: int = typer.Option(
+        16, "--min-chunks", help="With --target-ci: the first look, after this many windows (then 2x, 4x, ...)."
+    ),
     run=None,
     boot=None,
 ):
@@ -82,7 +97,7 @@ def compare(
     start_loading(run, model)
     from kldtool.logitsfile import open_base_file
     from kldtool.pipeline import run_compare
-    from kldtool.cli.compare_flags import check_protocol_flags, checkpoints_of, parse_chunk_range
+    from kldtool.cli.compare_flags import check_protocol_flags, checkpoints_of, parse_chunk_range, stopping_of
     from kldtool.pipeline.noise_floor import load_floor
 
     del kl_divergence
@@ -90,6 +105,7 @@ def compare(
         raise UsageError("compare needs --kl-divergence-base FILE (written by `kldtool base` or llama-perplexity)")
     checkpoints = checkpoints_of(state, checkpoint_every, resume)
     resampling = bootstrap_of(boot)
+    visit, stopping = stopping_of(order, target_ci, min_chunks)
     reader = open_base_file(base_file)
     try:
         floor = load_floor(noise_floor, reader) if noise_floor else None
@@ -115,6 +131,8 @@ def compare(
                 per_token_path=per_token,
                 bootstrap=resampling,
                 floor=floor,
+                order=visit,
+                stopping=stopping,
             )
         finally:
             eng.close()

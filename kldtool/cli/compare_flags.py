@@ -71,3 +71,17 @@ def checkpoints_of(path: str | None, every: str | None, resume: bool):
     if spec.endswith("s"):
         return Checkpoints(path, None, value, resume)
     return Checkpoints(path, int(value), float("inf"), resume)
+
+
+def stopping_of(order: str | None, target_ci: float | None, min_chunks: int):
+    """``--order``, ``--target-ci`` and ``--min-chunks`` as the run's window order and stopping rule."""
+    from kldtool.pipeline.early_stop import Stopping
+    from kldtool.window_order import parse_order
+
+    visit = parse_order(order)
+    if target_ci is not None and not visit.random:
+        raise UsageError(
+            f"--target-ci {target_ci}: needs --order random[:SEED]; a run stopped early in the file's order "
+            "has measured only the corpus's beginning"
+        )
+    return visit, Stopping(target_ci, min_chunks)

@@ -26,3 +26,12 @@ def whole_batches(windows: list, size: int, k: int) -> int:
             break
         done += len(g)
     return done
+
+
+def batch_ends(windows: list, size: int) -> list[int]:
+    """Every batch boundary, as counts of windows, ascending (the last is ``len(windows)``)."""
+    ends, done = [], 0
+    for g in groups(windows, size):
+        done += len(g)
+        ends.append(done)
+    return ends or [0]

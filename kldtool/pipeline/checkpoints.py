@@ -11,6 +11,7 @@ from kldtool.identity import model_identity
 from kldtool.pipeline.sinks import Sinks
 from kldtool.analysis.state_file import RunState, check_fits, load_state
 from kldtool.stats import KldAccumulator
+from kldtool.window_order import order_of
 
 
 @dataclass
@@ -31,11 +32,12 @@ def start_state(ck: Checkpoints, meta: dict, sinks: Sinks) -> RunState:
         sinks.info(f"compare: no checkpoint at {ck.path} yet; starting from chunk {meta['chunk_range'][0] + 1}")
         return fresh
     state = load_state(ck.path)
-    check_fits(state, ck.path, meta["base"], model_identity(meta["model"]), tuple(meta["chunk_range"]))
+    check_fits(state, ck.path, meta["base"], model_identity(meta["model"]), tuple(meta["chunk_range"]), order_of(meta))
     if state.meta.get("n_seq") != meta["n_seq"]:
         sinks.info(
             f"compare: note: the checkpoint was made with {state.meta.get('n_seq')} chunks per pass, "
             f"this run uses {meta['n_seq']}; batching can change the last digits"
         )
-    sinks.info(f"compare: resuming {ck.path} at chunk {state.next_chunk + 1}")
-    return RunState(meta | {"resumed": state.meta.get("resumed", []) + [state.next_chunk]}, state.acc)
+    sinks.info(f"compare: resuming {ck.path}, which holds {state.progress()}")
+    resumed = state.meta.get("resumed", []) + [state.chunk_range[0] + state.visited]
+    return RunState(meta | {"resumed": resumed}, state.acc)

@@ -17,8 +17,9 @@ from kldtool.analysis.per_token import PerTokenWriter
 from kldtool.identity import base_identity
 from kldtool.logitsfile import frame_facts
 from kldtool.manifest import run_manifest, run_metadata
-from kldtool.pipeline.batching import groups, whole_batches
+from kldtool.pipeline.batching import batch_ends, groups, whole_batches
 from kldtool.pipeline.checkpoints import Checkpoints, start_state
+from kldtool.pipeline.early_stop import Stopping, stop_line
 from kldtool.pipeline.compat import base_windows, check_compatible, file_protocol
 from kldtool.pipeline.final_report import final_report, replay
 from kldtool.pipeline.sinks import Sinks
@@ -28,6 +29,7 @@ from kldtool.sizes import model_size_dict
 from kldtool.small_files import write_json
 from kldtool.stats import summarize
 from kldtool.stats.bootstrap import Bootstrap
+from kldtool.window_order import FILE_ORDER, Order
 
 
 def run_compare(
@@ -41,19 +43,29 @@ def run_compare(
     per_token_path: str | None = None,
     bootstrap: Bootstrap = Bootstrap(),
     floor: dict | None = None,
+    order: Order = FILE_ORDER,
+    stopping: Stopping = Stopping(),
 ) -> dict:
-    run = CompareRun(engine, reader, sinks or Sinks(), checkpoints or Checkpoints())
-    run.start(force, chunk_range, per_token_path)
+    run = CompareRun(engine, reader, sinks or Sinks(), checkpoints or Checkpoints(), bootstrap)
+    run.start(force, chunk_range, per_token_path, order, stopping)
     run.loop()
-    return run.result(json_path, bootstrap, floor)
+    return run.result(json_path, floor)
 
 
 class CompareRun:
-    def __init__(self, engine, reader, sinks: Sinks, checkpoints: Checkpoints):
+    def __init__(self, engine, reader, sinks: Sinks, checkpoints: Checkpoints, bootstrap: Bootstrap = Bootstrap()):
         self.engine, self.reader, self.sinks, self.ck = engine, reader, sinks, checkpoints
+        self.bootstrap = bootstrap
         self.t0 = time.time()
 
-    def start(self, force: bool, chunk_range: tuple[int, int] | None, per_token_path: str | None) -> None:
+    def start(
+        self,
+        force: bool,
+        chunk_range: tuple[int, int] | None,
+        per_token_path: str | None,
+        order: Order = FILE_ORDER,
+        stopping: Stopping = Stopping(),
+    ) -> None:
         engine, reader, sinks = self.engine, self.reader, self.sinks
         self.warnings = check_compatible(engine, reader, force)
         for w in self.warnings:
@@ -61,24 +73,29 @@ class CompareRun:
         h = reader.header
         a, b = self.span = chunk_range or (0, h.n_chunk)
         self.n_seq = engine.windows_per_call(h.n_ctx)
+        self.order, self.stopping, self.stopped = order, stopping, None
         described = engine.describe()
         self.meta = {
             "base": base_identity(reader),
             "base_path": reader.path,
             "model": described,
             "chunk_range": [a, b],
+            "order": order.describe(),
             "n_seq": self.n_seq,
             "warnings": self.warnings,
             "protocol": file_protocol(reader),
             "manifest": run_manifest(described, engine.tokenizer_identity()),
         }
         self.state = start_state(self.ck, self.meta, sinks)
-        start = self.state.next_chunk
-        self.in_range = base_windows(reader, engine.bos_id)[a:b]
-        self.schedule = engine.schedule(list(groups(self.in_range[start - a :], self.n_seq)))
+        self.in_range = order.arrange(base_windows(reader, engine.bos_id)[a:b])
+        self.ends = stopping.ends(b - a, batch_ends(self.in_range, self.n_seq))
+        self.schedule = self._schedule()
+        done = self.state.visited
+        where = f"chunks {a + done + 1}..{b}" if not order.random else f"{b - a - done} windows of chunks {a + 1}..{b}"
         sinks.info(
-            f"compare: chunks {start + 1}..{b} of {h.n_chunk}, n_ctx={h.n_ctx}, n_seq={self.n_seq}, "
-            f"engine {engine.name}{self.schedule.note}, base {reader.path} ({reader.format_name})"
+            f"compare: {where} of {h.n_chunk}, order {order}, n_ctx={h.n_ctx}, n_seq={self.n_seq}, "
+            f"engine {engine.name}{self.schedule.note if self.schedule else ''}, base {reader.path} "
+            f"({reader.format_name})"
         )
         hidden_floor = reader.metadata.get("replay")
         if hidden_floor:
@@ -94,6 +111,18 @@ class CompareRun:
         if per_token_path and not (self.state.complete and os.path.exists(per_token_path)):
             self.per_token = PerTokenWriter(per_token_path, self.meta, resume_tokens=self.acc.count)
 
+    def _schedule(self):
+        """The engine's schedule for the windows from the last one scored to the next segment's
+        end, or None when the run has nothing more to score."""
+        done = len(self.state.acc.chunks)
+        # The rule looks only where a segment ends (a resumed checkpoint may lie between them).
+        if done in self.ends:
+            self.stopped = self.stopping.verdict(self.state.acc.chunk_vectors, len(self.in_range), self.bootstrap)
+        end = next((e for e in self.ends if e > done), None)
+        if end is None or self.stopped:
+            return None
+        return self.engine.schedule(list(groups(self.in_range[done:end], self.n_seq)))
+
     def _checkpoint(self) -> None:
         # Records reach the disk before the state: they must never hold fewer tokens than it.
         if self.per_token:
@@ -101,25 +130,38 @@ class CompareRun:
         save_state(self.ck.path, self.state)
 
     def loop(self) -> None:
+        first = True
+        while self.schedule is not None:
+            self._score(self.schedule, first)
+            first = False
+            self.schedule = self._schedule()
+        if self.stopped:
+            self.state.meta["stopped"] = self.stopped
+        if self.ck.path:
+            self._checkpoint()
+
+    def _score(self, schedule, first: bool) -> None:
+        """Score one segment's windows, adding their records as they come."""
         engine, acc, ck, sinks = self.engine, self.acc, self.ck, self.sinks
         # numba's import holds the interpreter, which the checks in start (the tokenizer's
         # identity: a loop over the vocabulary) and the engine's way into its first calls need:
         # it starts once those calls are ready to go.
-        warm = (lambda: reduce.warm_up(engine.device, *self.schedule.reducer_loops())) if engine.reduces_here else None
-        scored = self.schedule.run(
+        warm = (lambda: reduce.warm_up(engine.device, *schedule.reducer_loops())) if engine.reduces_here else None
+        scored = schedule.run(
             lambda eng, group, source: eng.score(group, source),
             lambda chunks: engine.rows_source(self.reader, chunks),
-            beside=warm,
+            beside=warm if first else None,
         )
         last_save, saved_at = time.time(), len(acc.chunks)
         t_pass = time.time()
         try:
             for gi, (group, records) in enumerate(scored):
-                if gi == 0:  # the schedule's first calls run side by side
+                if gi == 0 and first:  # the schedule's first calls run side by side
                     per_pass = time.time() - t_pass
                     sinks.info(
                         f"compare: {per_pass:.2f} seconds per pass - ETA "
-                        f"{per_pass * self.schedule.rounds / 60:.2f} minutes"
+                        f"{per_pass * schedule.rounds / 60:.2f} minutes"
+                        + (" to the first look" if len(self.ends) > 1 else "")
                     )
                 for w, rec in zip(group, records):
                     # Records first: wherever Ctrl-C lands, they cover every chunk the accumulator
@@ -149,18 +191,15 @@ class CompareRun:
                 if len(acc.chunks) > saved_at:
                     self._checkpoint()
                 sinks.info(
-                    f"compare: stopped after chunk {self.state.next_chunk}; checkpoint in {ck.path}, "
-                    f"--resume continues it"
+                    f"compare: stopped with {self.state.progress()}; checkpoint in {ck.path}, --resume continues it"
                 )
             if self.per_token:
                 self.per_token.close(keep=bool(ck.path))
             raise
         finally:
             scored.close()  # waits for the engine's calls in progress
-        if ck.path:
-            self._checkpoint()
 
-    def result(self, json_path: str | None, bootstrap: Bootstrap, floor: dict | None) -> dict:
+    def result(self, json_path: str | None, floor: dict | None) -> dict:
         engine, reader, meta, (a, b) = self.engine, self.reader, self.meta, self.span
         h = reader.header
         result = run_metadata("compare") | {
@@ -168,6 +207,9 @@ class CompareRun:
             "n_ctx": h.n_ctx,
             "chunks": b - a,
             "chunk_range": [a, b],
+            "order": self.order.describe(),
+            "windows_scored": len(self.acc.chunks),
+            "stopped": self.stopped,
             "scored_tokens": self.acc.count,
             "base": meta["base"],
             "base_file": {
@@ -190,8 +232,11 @@ class CompareRun:
             "warnings": self.warnings,
             "replay_floor": reader.metadata.get("replay"),
         }
-        result["statistics"] = final_report(self.acc, self.sinks, self.warnings, bootstrap, h.keep, floor)
-        result["chunk_sums"] = self.acc.chunk_table()
+        acc = self.acc.in_window_order()
+        result["statistics"] = final_report(acc, self.sinks, self.warnings, self.bootstrap, h.keep, floor)
+        if self.stopped:
+            self.sinks.line(stop_line(self.stopped, self.order))
+        result["chunk_sums"] = acc.chunk_table()
         result["wall_time_s"] = round(time.time() - self.t0, 3)
         if self.per_token:
             self.per_token.finish(result["statistics"])

@@ -2,7 +2,9 @@
 several machines) into the statistics of one run over all their chunks.
 
 The shards' per-chunk sums are replayed in chunk order, so the result is not merely close to
-a single run's: it is the same arithmetic, and every printed line matches.
+a single run's: it is the same arithmetic, and every printed line matches. Shards that visited
+their windows in a random order (``--order``) are put in window order too: their merge is a
+run over all the chunks in the file's order.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ def run_merge(
         a, b = s.chunk_range
         if not s.complete:
             raise StateError(
-                f"{p}: shard {a}:{b} is unfinished (holds chunks {a}:{s.next_chunk}); "
+                f"{p}: shard {a}:{b} is unfinished (holds {s.progress()}); "
                 f"finish it with `compare --resume --state {p}`"
             )
         if s.meta["base"] != first.meta["base"]:
@@ -64,6 +66,7 @@ def run_merge(
     whole = KldAccumulator()
     for s, _ in shards:
         whole.merge(s.acc)
+    whole = whole.in_window_order()
     sinks.info(f"merge: {len(shards)} shards, {len(whole.chunks)} chunks, {whole.count} tokens")
     sinks.line()
     sinks.line(TABLE_HEADER)

@@ -128,6 +128,17 @@ class KldAccumulator:
         for chunk, vector, values in other.iter_chunks():
             self.add_chunk(chunk, vector, values)
 
+    def in_window_order(self) -> "KldAccumulator":
+        """The same chunks added in window order (itself when they already are): a run that
+        visited its windows in a random order then ends with the very totals a run in the file's
+        order has, and so does a merge of such runs."""
+        if self.chunks == sorted(self.chunks):
+            return self
+        acc = KldAccumulator()
+        for chunk, vector, values in sorted(self.iter_chunks(), key=lambda c: c[0]):
+            acc.add_chunk(chunk, vector, values)
+        return acc
+
     def truncate(self, n_chunks: int) -> None:
         """Keep only the first ``n_chunks`` chunks. The total is rebuilt by the same additions
         in the same order, so it equals the total the run had after those chunks."""

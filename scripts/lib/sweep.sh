@@ -35,11 +35,24 @@ compare_one() {
     --per-token "$out/$label.h5" --state "$out/.$label.state" --resume "$@" > "$out/$label.txt"
 }
 
+# adaptive_sweep OUTDIR BASEFILE MODEL... [-- sweep args...]: one `kldtool sweep` over all the
+# models (each scores only the windows its place in the ranking needs), its results in OUTDIR
+# beside its state; re-running resumes it.
+adaptive_sweep() {
+  local out=$1 base=$2; shift 2
+  local models=()
+  while [ $# -gt 0 ] && [ "$1" != "--" ]; do models+=(-m "$1"); shift; done
+  [ "${1:-}" = "--" ] && shift
+  echo "sweep: ranking ${#models[@]} models adaptively (kldtool sweep)" >&2
+  "$KLD" sweep --kl-divergence-base "$base" "${models[@]}" -o "$out" "$@" > "$out/sweep.txt"
+}
+
 # finish_report OUTDIR TITLE: table (console, Markdown, CSV) and plots of every result there.
 finish_report() {
   local out=$1 title=$2
   shopt -s nullglob
-  local results=("$out"/*.json)
+  local results=() f
+  for f in "$out"/*.json; do [ "$(basename "$f")" = sweep.json ] || results+=("$f"); done
   shopt -u nullglob
   [ ${#results[@]} -gt 0 ] || { echo "sweep: no results in $out" >&2; return 1; }
   "$KLD" report "${results[@]}" --title "$title" --markdown "$out/report.md" --csv "$out/report.csv" --plots "$out/plots"

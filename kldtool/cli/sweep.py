@@ -1,0 +1,87 @@
+"""``kldtool sweep``: rank many quants against one base file, each scoring only the windows its
+place in the ranking needs (pipeline/sweep.py)."""
+
+from __future__ import annotations
+
+import sys
+from typing import List, Optional
+
+import typer
+
+from kldtool.cli.app import app
+from kldtool.cli.flag_groups import BOOTSTRAP, ENGINE
+from kldtool.cli.options import bootstrap_of, flags, open_engine
+from kldtool.errors import UsageError
+
+
+@app.command()
+@flags(run=ENGINE, boot=BOOTSTRAP)
+def sweep(
+    base_file: Optional[str] = typer.Option(
+        None, "--kl-divergence-base", help="Base file written by `kldtool base` or llama-perplexity."
+    ),
+    models: List[str] = typer.Option(
+        [], "-m", "--model", help="A quant to rank (repeat: -m Q8_0.gguf -m Q4_K_M.gguf)."
+    ),
+    out_dir: Optional[str] = typer.Option(
+        None, "-o", "--out", help="Directory of the sweep: each quant's state and result, sweep.json (rerun resumes)."
+    ),
+    order: str = typer.Option("random:0", "--order", help="random[:SEED]: the one order every quant visits."),
+    target_ci: Optional[float] = typer.Option(
+        None, "--target-ci", help="Also let a quant stop once its mean KLD is known to this fraction (0.02: ±2 %)."
+    ),
+    min_chunks: int = typer.Option(16, "--min-chunks", help="The first round's windows (then 2x, 4x, ... all)."),
+    chunks: Optional[int] = typer.Option(None, "--chunks", help="Use only the base file's first N chunks."),
+    markdown: Optional[str] = typer.Option(None, "--markdown", help="Also write the table as Markdown here."),
+    force: bool = typer.Option(False, "--force", help="As compare's --force."),
+    run=None,
+    boot=None,
+):
+    """Rank quants against one base file in rounds of windows, in one random order, until each
+    quant's place is settled: the report table with intervals and the windows each needed."""
+    from kldtool.cli.compare_flags import parse_chunk_range, stopping_of
+    from kldtool.logitsfile import open_base_file
+    from kldtool.pipeline.sweep import Sweep, quants_of
+
+    if base_file is None or not models or out_dir is None:
+        raise UsageError("sweep needs --kl-divergence-base FILE, -o DIR and at least one -m MODEL")
+    visit, stopping = stopping_of(order, target_ci, min_chunks)
+    if not visit.random:
+        raise UsageError(f"--order {order}: a sweep stops quants early, so it needs random[:SEED]")
+    resampling = bootstrap_of(boot)
+    if resampling.resamples < 100:
+        raise UsageError(f"--bootstrap {resampling.resamples}: the stopping rule needs at least 100 resamples")
+    reader = open_base_file(base_file)
+    try:
+        sw = Sweep(
+            reader,
+            quants_of(models, out_dir),
+            lambda model: open_engine(run, model, reader.header.n_ctx),
+            visit,
+            parse_chunk_range(None, chunks, reader.header.n_chunk, base_file),
+            stopping.first,
+            stopping.target,
+            resampling,
+            force,
+        )
+        log = sw.run()
+    finally:
+        reader.close()
+    _print(log, sw, resampling, markdown)
+
+
+def _print(log: dict, sw, spec, markdown: str | None) -> None:
+    from kldtool.analysis.ordering import ordering
+    from kldtool.analysis.results import load_results
+    from kldtool.report import table
+    from kldtool.report.sweep import sweep_lines
+    from kldtool.small_files import write_text
+
+    rows = load_results([q.result for q in sw.quants])
+    title = f"sweep of {len(rows)} quants, order {sw.order}"
+    table.console(rows, title)
+    lines = sweep_lines(log) + ordering(rows, spec)
+    print("\n".join(lines))
+    if markdown:
+        write_text(markdown, table.markdown(rows, title) + "\n" + "\n".join(lines) + "\n")
+    print(f"sweep: wrote {sw.log_path}", file=sys.stderr)

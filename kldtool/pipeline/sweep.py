@@ -1,0 +1,194 @@
+"""``kldtool sweep``: many quants against one base file in rounds of windows, each quant leaving
+once its place in the ranking is settled.
+
+All quants visit the base file's windows in one seeded random order (``window_order.py``), so
+after any round every two of them share their first windows and their difference is paired. A
+round takes every quant still in play to the next look of the stopping rule (16, 32, 64, ...
+windows: ``stats/sequential.py``, whose intervals allow for the looks). A quant plays on while it
+and a neighbour in the ranking by mean KLD cannot yet be told apart, unless its own
+``--target-ci`` is met or it has seen every window.
+
+Everything lives in one directory: each quant's compare state (resumed round after round) and
+result, and ``sweep.json``, which records each round's players before the round starts, so a
+sweep stopped anywhere resumes and makes the same decisions.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from kldtool.analysis.state_file import load_state
+from kldtool.errors import StateError, UsageError
+from kldtool.identity import base_identity
+from kldtool.pipeline.checkpoints import Checkpoints
+from kldtool.pipeline.compare import CompareRun
+from kldtool.pipeline.early_stop import Stopping
+from kldtool.pipeline.sinks import Sinks
+from kldtool.small_files import read_json, write_json
+from kldtool.stats.bootstrap import Bootstrap
+from kldtool.stats.sequential import Rule, target_met
+from kldtool.window_order import Order
+
+KIND = "kldtool-sweep"
+
+
+@dataclass(frozen=True)
+class Quant:
+    label: str
+    model: str
+    directory: str
+
+    @property
+    def state(self) -> str:
+        return os.path.join(self.directory, self.label + ".state.npz")
+
+    @property
+    def result(self) -> str:
+        return os.path.join(self.directory, self.label + ".json")
+
+
+def quants_of(models: list[str], directory: str) -> list[Quant]:
+    """One quant per ``-m``, labelled by its file or directory name."""
+    labels = [os.path.basename(m.rstrip("/")).removesuffix(".gguf") or m for m in models]
+    for label in labels:
+        if labels.count(label) > 1:
+            raise UsageError(f"sweep: two models are named {label}; give each quant its own file or directory name")
+    return [Quant(label, m, directory) for label, m in zip(labels, models)]
+
+
+@dataclass
+class Sweep:
+    reader: object
+    quants: list[Quant]
+    open_engine: Callable[[str], object]  # model -> engine
+    order: Order
+    span: tuple[int, int]
+    first: int = 16
+    target: float | None = None
+    bootstrap: Bootstrap = Bootstrap()
+    force: bool = False
+    sinks: Sinks = field(default_factory=Sinks)
+
+    def __post_init__(self):
+        a, b = self.span
+        self.rule = Rule(b - a, self.first, bootstrap=self.bootstrap)
+        self.directory = self.quants[0].directory
+        self.log_path = os.path.join(self.directory, "sweep.json")
+
+    def run(self) -> dict:
+        log = self._open_log()
+        t0 = time.time()
+        for look in self.rule.looks:
+            entry = next((r for r in log["rounds"] if r["windows"] == look), None)
+            if entry is None:
+                players, verdicts = self.decide()
+                entry = {"windows": look, "players": players, "verdicts": verdicts}
+                log["rounds"].append(entry)
+                write_json(self.log_path, log)  # before the round: a resumed sweep plays the same quants
+            if not entry["players"]:
+                break
+            seen = {k: len(v) for k, v in self._vectors().items()}
+            # A resumed sweep skips who finished this round before it stopped (result written last).
+            todo = [q for q in self.quants if q.label in entry["players"] and not self._done(q, seen, look)]
+            if todo:
+                self.sinks.info(f"sweep: round to {look} of {self.rule.total} windows: {', '.join(entry['players'])}")
+            for q in todo:
+                self._play(q, look)
+        players, verdicts = self.decide()
+        summary = self.summary(verdicts)
+        log |= {"finished": True, "wall_time_s": round(time.time() - t0, 3), "quants": summary}
+        write_json(self.log_path, log)
+        return log
+
+    def _open_log(self) -> dict:
+        os.makedirs(self.directory, exist_ok=True)
+        identity = {
+            "kind": KIND,
+            "base": base_identity(self.reader),
+            "chunk_range": list(self.span),
+            "order": self.order.describe(),
+            "first": self.first,
+            "target_ci": self.target,
+            "models": {q.label: q.model for q in self.quants},
+        }
+        if not os.path.exists(self.log_path):
+            return identity | {"rule": self.rule.describe(), "rounds": []}
+        log = read_json(self.log_path, self.log_path)
+        for key, want in identity.items():
+            if not isinstance(log, dict) or log.get(key) != want:
+                raise StateError(
+                    f"{self.log_path}: a sweep with another {key.replace('_', ' ')} "
+                    f"({(log or {}).get(key) if isinstance(log, dict) else log!r}); give the same flags or another -o"
+                )
+        return log
+
+    def _done(self, q: Quant, seen: dict[str, int], look: int) -> bool:
+        """Whether q has this round's windows and a result of them (written after its state)."""
+        if seen[q.label] < min(look, self.rule.total) or not os.path.exists(q.result):
+            return False
+        written = read_json(q.result, q.result)
+        return isinstance(written, dict) and written.get("windows_scored") == seen[q.label]
+
+    def _play(self, q: Quant, look: int) -> None:
+        t = time.time()
+        engine = self.open_engine(q.model)
+        try:
+            quiet = Sinks(
+                out=lambda s: None, info=lambda s: s.startswith("warning") and self.sinks.info(f"{q.label}: {s}")
+            )
+            run = CompareRun(engine, self.reader, quiet, Checkpoints(q.state, resume=True), self.bootstrap)
+            run.start(self.force, self.span, None, self.order, Stopping(first=self.first, cap=look))
+            run.loop()
+            result = run.result(q.result, None)
+        finally:
+            engine.close()
+        self.sinks.info(
+            f"sweep: {q.label}: {result['windows_scored']} windows, mean KLD "
+            f"{result['statistics']['kld_mean']['value']:.6f} ({time.time() - t:.1f} s)"
+        )
+
+    def _vectors(self) -> dict[str, list]:
+        """Each quant's chunk vectors in visiting order (none before its first round)."""
+        return {q.label: load_state(q.state).acc.chunk_vectors if os.path.exists(q.state) else [] for q in self.quants}
+
+    def decide(self) -> tuple[list[str], dict]:
+        return decide(self._vectors(), self.rule, self.target)
+
+    def summary(self, verdicts: dict) -> dict:
+        """Per quant: windows, mean KLD and its interval for all the windows, and why it stopped."""
+        out = {}
+        for label, v in self._vectors().items():
+            facts = self.rule.interval(v) if len(v) >= 2 else {"windows": len(v)}
+            out[label] = facts | {"stopped": verdicts[label]}
+        return out
+
+
+def decide(vectors: dict[str, list], rule: Rule, target: float | None) -> tuple[list[str], dict]:
+    """Who plays the next round, and why each quant does or does not, from each quant's chunk
+    vectors in visiting order (all in one order, so any two share their first windows)."""
+    own = {k: rule.interval(v) for k, v in vectors.items() if len(v) >= 2}
+    ranked = sorted(own, key=lambda k: own[k]["kld_mean"])
+    pairs = {}
+    for lo, hi in zip(ranked, ranked[1:]):
+        m = min(len(vectors[lo]), len(vectors[hi]))
+        pairs[(lo, hi)] = rule.paired(vectors[lo][:m], vectors[hi][:m])
+    players, verdicts = [], {}
+    for label, v in vectors.items():
+        unsettled = [b if a == label else a for (a, b), p in pairs.items() if label in (a, b) and not p["significant"]]
+        if label not in own:
+            why = "not started"
+        elif len(v) >= rule.total:
+            why = "every window scored"
+        elif target is not None and target_met(own[label], target):
+            why = f"--target-ci {target} met"
+        elif unsettled:
+            why = "not yet told apart from " + ", ".join(unsettled)
+        else:
+            why = "told apart from its neighbours"
+        if label not in own or why.startswith("not yet"):
+            players.append(label)
+        verdicts[label] = why
+    return players, verdicts
