@@ -280,3 +280,11 @@ def windows_from_table(stream: np.ndarray, table) -> list[Window]:
 
 def window_table(windows: list[Window]) -> tuple[tuple[int, int, int, int], ...]:
     return tuple((int(w.start), len(w.tokens), w.first, w.n_scored) for w in windows)
+
+
+def stored_windows(tokens: np.ndarray, header, bos_id: int | None) -> list[Window]:
+    """The windows a base file was written with: llama.cpp's chunks (BOS substituted as a model
+    wants) when its header has no window table, else that table's."""
+    if header.windows is None:
+        return llamacpp_windows(tokens, header.n_ctx, header.n_chunk, bos_id)
+    return windows_from_table(tokens, header.windows)

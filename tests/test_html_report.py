@@ -82,3 +82,45 @@ def test_report_page_in_a_real_browser(page, browser, tmp_path):
     assert browser.save_screenshot(str(shot)) and shot.stat().st_size > 10_000
     if os.environ.get("KLDTOOL_SCREENSHOT"):
         shutil.copy(shot, os.environ["KLDTOOL_SCREENSHOT"])
+
+
+@pytest.fixture(scope="module")
+def rolling_page(q4_1_gguf, requant, tmp_path_factory):
+    """A rolling-protocol run (lm-eval's windows score from each document's first token), so its
+    depth split has every bucket from position 1."""
+    import json
+
+    from conftest import WIKI
+
+    d = tmp_path_factory.mktemp("html-rolling")
+    wiki = WIKI.read_text(encoding="utf-8")
+    docs = d / "docs.jsonl"
+    docs.write_text("".join(json.dumps({"text": wiki[a : a + 1500]}) + "\n" for a in (0, 20000, 40000)))
+    base = d / "rolling.kldt"
+    run_cli("base", "-m", q4_1_gguf, "-f", docs, "--protocol", "rolling", "-c", 128, "--kl-divergence-base", base)
+    run_cli("compare", "-m", requant("Q2_K"), "--kl-divergence-base", base, "--per-token", d / "Q2_K.h5")
+    run_cli("report", d / "Q2_K.h5", "--html", d / "report.html", "--markdown", d / "report.md")
+    return d
+
+
+def test_depth_and_kind_splits_of_a_rolling_run_in_a_real_browser(rolling_page, browser):
+    import h5py
+    from selenium.webdriver.common.by import By
+
+    with h5py.File(rolling_page / "Q2_K.h5", "r") as f:
+        n_tokens = len(f["kld"])
+    browser.get((rolling_page / "report.html").as_uri())
+    (section,) = browser.find_elements(By.CSS_SELECTOR, "section.split")
+    assert section.find_element(By.TAG_NAME, "h3").text == "Q2_K"
+    depth = section.find_element(By.CSS_SELECTOR, "table.breakdown[data-by=depth]")
+    assert depth.is_displayed()
+    cells = [
+        [td.text for td in tr.find_elements(By.TAG_NAME, "td")]
+        for tr in depth.find_elements(By.CSS_SELECTOR, "tbody tr")
+    ]
+    assert [c[0] for c in cells][:4] == ["1", "2-3", "4-7", "8-15"] and len(cells) >= 7
+    assert sum(int(c[1]) for c in cells) == n_tokens
+    kinds = section.find_element(By.CSS_SELECTOR, "table.breakdown[data-by=kind]")
+    names = [tr.find_element(By.TAG_NAME, "td").text for tr in kinds.find_elements(By.CSS_SELECTOR, "tbody tr")]
+    assert "word start" in names and "punctuation" in names
+    assert "by position in the window" in (rolling_page / "report.md").read_text()

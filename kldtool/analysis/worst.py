@@ -113,11 +113,12 @@ def worst_windows(cols: dict, tokens: np.ndarray, decode: Decoder, n: int, conte
     ]
 
 
-def base_tokens(run: dict, base: str | None, result: str) -> tuple[np.ndarray, dict]:
-    """The token stream and metadata of the base file a per-token run was compared against
-    (``base``, if it moved), checked to be that very file."""
+def base_tokens(run: dict, base: str | None, result: str) -> tuple[np.ndarray, dict, dict[int, int]]:
+    """The token stream, metadata and window starts (window -> stream offset) of the base file a
+    per-token run was compared against (``base``, if it moved), checked to be that very file."""
     from kldtool.identity import base_identity
     from kldtool.logitsfile import open_base_file
+    from kldtool.protocols import stored_windows
 
     path = base or run.get("base_path")
     if not path or not os.path.exists(path):
@@ -126,7 +127,8 @@ def base_tokens(run: dict, base: str | None, result: str) -> tuple[np.ndarray, d
     try:
         if base_identity(reader) != run.get("base"):
             raise UsageError(f"{path}: not the base file {result} was compared against (header or tokens differ)")
-        return np.asarray(reader.tokens), reader.metadata or {}
+        starts = {w.index: w.start for w in stored_windows(reader.tokens, reader.header, None)}
+        return np.asarray(reader.tokens), reader.metadata or {}, starts
     finally:
         reader.close()
 
@@ -143,7 +145,7 @@ def rank_worst(
     if n < 1 or context < 0:
         raise UsageError(f"-n {n} --context {context}: need at least 1 row and 0 or more context tokens")
     run, cols = read_per_token(result)
-    tokens, meta = base_tokens(run, base, result)
+    tokens, meta, _ = base_tokens(run, base, result)
     decode = Decoder(tokenizer_source(model, meta, run))
     if by == "window":
         return worst_windows(cols, tokens, decode, n, context)
@@ -169,7 +171,7 @@ def window_views(result: str, windows: int) -> list[tuple[int, float, list[Token
     from kldtool.analysis.per_token import read_per_token
 
     run, cols = read_per_token(result)
-    tokens, meta = base_tokens(run, None, result)
+    tokens, meta, _ = base_tokens(run, None, result)
     decode = Decoder(tokenizer_source(None, meta, run))
     ids, at, _, mean, order = rank_windows(cols)
 

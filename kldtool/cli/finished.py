@@ -5,13 +5,14 @@ quants, paired chunk by chunk: is the difference real)."""
 from __future__ import annotations
 
 import sys
-from typing import Optional
+from typing import List, Optional
 
 import typer
 
 from kldtool.cli.app import app
 from kldtool.cli.flag_groups import BOOTSTRAP
 from kldtool.cli.options import bootstrap_of, flags
+from kldtool.errors import UsageError
 
 
 @app.command()
@@ -82,9 +83,14 @@ def report(
     table.console(rows, title)
     if pairs:
         print("\n".join(pairs))
+    per_token = [r for r in rows if r.sources[0].endswith((".h5", ".hdf5"))]
+    splits = _breakdowns(per_token) if (markdown or html_out) else []
     if markdown:
+        from kldtool.report.breakdown import breakdown_markdown
+
         listed = "".join(f"\n{pairs[0]}\n\n" if i == 0 else f"- {p.strip()}\n" for i, p in enumerate(pairs))
-        write_text(markdown, table.markdown(rows, title) + listed)
+        parts = [breakdown_markdown(r.label, out) for r, outs in splits if not isinstance(outs, str) for out in outs]
+        write_text(markdown, table.markdown(rows, title) + listed + "".join("\n" + p for p in parts))
     if csv_out:
         write_text(csv_out, table.csv_text(rows))
     if plots:
@@ -97,13 +103,27 @@ def report(
         from kldtool.report.html import WINDOWS, render
 
         views = []
-        for r in (r for r in rows if r.sources[0].endswith((".h5", ".hdf5"))):
+        for r in per_token:
             try:
                 views.append((r, window_views(r.sources[0], WINDOWS)))
             except Exception as e:  # a moved base file or model: the page still has everything else
                 views.append((r, str(e)))
-        write_text(html_out, render(rows, pairs, title, views))
+        write_text(html_out, render(rows, pairs, title, views, splits))
         print(f"report: wrote {html_out}", file=sys.stderr)
+
+
+def _breakdowns(rows) -> list:
+    """Each per-token row's breakdowns by depth and kind, or why it has none (a moved base file
+    or tokenizer: the report still has everything else)."""
+    from kldtool.analysis.breakdown import breakdown
+
+    out = []
+    for r in rows:
+        try:
+            out.append((r, [breakdown(r.sources, by) for by in ("depth", "kind")]))
+        except Exception as e:
+            out.append((r, str(e)))
+    return out
 
 
 @app.command()
@@ -139,7 +159,13 @@ def worst(
         "kld",
         "--by",
         help="kld (largest KLD), dp (largest |Δp|), nll (largest rise of the "
-        "target's NLL) or window (chunks by mean KLD).",
+        "target's NLL) or window (chunks by mean KLD); or a breakdown of the whole run: depth (by "
+        "position in the window) or kind (by kind of token, and each --class).",
+    ),
+    classes: List[str] = typer.Option(
+        [],
+        "--class",
+        help="With --by kind: also a class of tokens, NAME=REGEX (over the token's text) or NAME=@FILE (token ids).",
     ),
     context: int = typer.Option(
         12, "--context", help="Tokens of text shown before each position (window: from its first scored position)."
@@ -156,6 +182,17 @@ def worst(
     from kldtool.report.worst import print_tokens, print_windows
     from kldtool.small_files import write_json
 
+    if by in ("depth", "kind"):
+        from kldtool.analysis.breakdown import breakdown, parse_class
+        from kldtool.report.breakdown import breakdown_lines
+
+        out = breakdown(result, by, [parse_class(c) for c in classes], base, model)
+        print("\n".join(breakdown_lines(out)))
+        if json_out:
+            write_json(json_out, out)
+        return
+    if classes:
+        raise UsageError("--class goes with --by kind")
     rows = rank_worst(result, n, by, context, base, model)
     if by == "window":
         print_windows(rows)

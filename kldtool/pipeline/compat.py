@@ -4,7 +4,7 @@ and protocol the file was written with: compare takes both from the file."""
 from __future__ import annotations
 
 from kldtool.errors import ContextTooLong, TokenizerMismatch, VocabMismatch
-from kldtool.protocols import Window, llamacpp_windows, windows_from_table
+from kldtool.protocols import Window, stored_windows
 
 
 def check_compatible(engine, reader, force: bool) -> list[str]:
@@ -44,10 +44,7 @@ def check_compatible(engine, reader, force: bool) -> list[str]:
 def base_windows(reader, bos_id: int | None) -> list[Window]:
     """The windows the base file was written with: llama.cpp's chunks (BOS substituted as
     this model wants), or the file's own window table."""
-    h = reader.header
-    if h.windows is None:
-        return llamacpp_windows(reader.tokens, h.n_ctx, h.n_chunk, bos_id)
-    return windows_from_table(reader.tokens, h.windows)
+    return stored_windows(reader.tokens, reader.header, bos_id)
 
 
 def file_protocol(reader) -> dict:

@@ -96,9 +96,24 @@ def _windows(views) -> str:
     return "".join(parts)
 
 
-def render(rows: list[ResultRow], pairs: list[str], title: str | None, views: list[tuple[ResultRow, object]]) -> str:
+def _splits(splits) -> str:
+    """A model's breakdowns by depth and kind (report/breakdown.py), or why there are none."""
+    from kldtool.report.breakdown import breakdown_html
+
+    if isinstance(splits, str):
+        return f"<p>breakdowns unavailable: {html.escape(splits)}</p>"
+    return "".join(breakdown_html(out) for out in splits)
+
+
+def render(
+    rows: list[ResultRow],
+    pairs: list[str],
+    title: str | None,
+    views: list[tuple[ResultRow, object]],
+    splits: list[tuple[ResultRow, object]] = (),
+) -> str:
     """The page; ``views``: per model given as a per-token file, its worst windows
-    (analysis.worst.window_views) or why they are unavailable."""
+    (analysis.worst.window_views) or why they are unavailable; ``splits``: its breakdowns."""
     name = html.escape(title or "kldtool report")
     body = [f"<h1>{name}</h1>", _table(rows)]
     if pairs:
@@ -109,6 +124,9 @@ def render(rows: list[ResultRow], pairs: list[str], title: str | None, views: li
         )
     body.append(f"<h2>Plots</h2>{_plots(rows)}")
     body.append(f"<h2>How each run was computed</h2>{_manifests(rows)}")
+    if splits:
+        body.append("<h2>Where the divergence is</h2>")
+        body += [f'<section class="split"><h3>{html.escape(r.label)}</h3>{_splits(v)}</section>' for r, v in splits]
     if views:
         body.append(
             "<h2>Worst windows</h2><p>Each token shaded by its KLD (darkest at "
