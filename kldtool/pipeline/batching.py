@@ -28,10 +28,17 @@ def whole_batches(windows: list, size: int, k: int) -> int:
     return done
 
 
-def batch_ends(windows: list, size: int) -> list[int]:
-    """Every batch boundary, as counts of windows, ascending (the last is ``len(windows)``)."""
-    ends, done = [], 0
-    for g in groups(windows, size):
-        done += len(g)
-        ends.append(done)
-    return ends or [0]
+def batch_ends(windows: list, size: int, cuts: list[int] = ()) -> list[int]:
+    """Every batch boundary, as counts of windows, ascending (the last is ``len(windows)``), when
+    no batch may run across a cut (the looks of an early-stopping rule)."""
+    ends, start = [], 0
+    for cut in sorted({c for c in cuts if 0 < c < len(windows)} | {len(windows)}):
+        for g in groups(windows[start:cut], size):
+            ends.append((ends[-1] if ends else 0) + len(g))
+        start = cut
+    return ends
+
+
+def last_end(ends: list[int], k: int) -> int:
+    """The largest boundary in ``ends`` at or below ``k`` (0 if none)."""
+    return max((e for e in ends if e <= k), default=0)

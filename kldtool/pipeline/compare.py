@@ -17,7 +17,7 @@ from kldtool.analysis.per_token import PerTokenWriter
 from kldtool.identity import base_identity
 from kldtool.logitsfile import frame_facts
 from kldtool.manifest import run_manifest, run_metadata
-from kldtool.pipeline.batching import batch_ends, groups, whole_batches
+from kldtool.pipeline.batching import batch_ends, groups, last_end
 from kldtool.pipeline.checkpoints import Checkpoints, start_state
 from kldtool.pipeline.early_stop import Stopping, stop_line
 from kldtool.pipeline.compat import base_windows, check_compatible, file_protocol
@@ -88,7 +88,8 @@ class CompareRun:
         }
         self.state = start_state(self.ck, self.meta, sinks)
         self.in_range = order.arrange(base_windows(reader, engine.bos_id)[a:b])
-        self.ends = stopping.ends(b - a, batch_ends(self.in_range, self.n_seq))
+        self.ends = stopping.ends(b - a)
+        self.batch_ends = batch_ends(self.in_range, self.n_seq, self.ends)  # no batch runs across a segment's end
         self.schedule = self._schedule()
         done = self.state.visited
         where = f"chunks {a + done + 1}..{b}" if not order.random else f"{b - a - done} windows of chunks {a + 1}..{b}"
@@ -176,18 +177,13 @@ class CompareRun:
                 # Only where one of llama-perplexity's batches ends (a schedule may take pieces of
                 # them): a resumed run starts a batch there and evaluates the same batches.
                 done = len(acc.chunks)
-                if (
-                    ck.path
-                    and due
-                    and not self.state.complete
-                    and whole_batches(self.in_range, self.n_seq, done) == done
-                ):
+                if ck.path and due and not self.state.complete and last_end(self.batch_ends, done) == done:
                     self._checkpoint()
                     last_save, saved_at = time.time(), len(acc.chunks)
         except BaseException:
             if ck.path:
                 # Keep whole batches only: a resumed run must evaluate the same batches.
-                acc.truncate(whole_batches(self.in_range, self.n_seq, len(acc.chunks)))
+                acc.truncate(last_end(self.batch_ends, len(acc.chunks)))
                 if len(acc.chunks) > saved_at:
                     self._checkpoint()
                 sinks.info(

@@ -2,13 +2,13 @@
 relative precision) and a cap on windows (one round of ``kldtool sweep``).
 
 Either way the run scores its windows in segments that end where the rule looks
-(``stats/sequential.py``), each end moved to the next boundary of the engine's batches, so the
-batches are the ones an uninterrupted run evaluates and a stopped run can be resumed exactly.
+(``stats/sequential.py``): no batch of the engine runs across a look, so an engine that takes
+all the windows in one call (vLLM) still stops there, and a stopped run resumed later evaluates
+the batches an uninterrupted run with the same rule evaluates.
 """
 
 from __future__ import annotations
 
-import bisect
 from dataclasses import dataclass
 
 from kldtool.errors import UsageError
@@ -31,13 +31,12 @@ class Stopping:
     def rule(self, total: int, bootstrap: Bootstrap) -> Rule:
         return Rule(total, self.first, bootstrap=bootstrap)
 
-    def ends(self, total: int, boundaries: list[int]) -> list[int]:
-        """Where the segments end, as counts of windows: each look (or the cap) moved up to a
-        batch boundary (``boundaries``: ascending counts, ending with ``total``)."""
+    def ends(self, total: int) -> list[int]:
+        """Where the segments end, as ascending counts of windows: each look, or the cap."""
         marks = Rule(total, self.first).looks if self.target is not None else [total]
         if self.cap is not None:
             marks = [m for m in marks if m < self.cap] + [min(self.cap, total)]
-        return sorted({boundaries[bisect.bisect_left(boundaries, m)] for m in marks})
+        return sorted(set(marks))
 
     def verdict(self, vectors: list, total: int, bootstrap: Bootstrap) -> dict | None:
         """Why the run stops after these windows' vectors, or None to go on."""
