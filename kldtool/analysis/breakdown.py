@@ -3,8 +3,8 @@ token's position in its window, in log2-spaced buckets) or by kind of token (whi
 code-like, punctuation, word start, word continuation, other; plus classes the user names by a
 regex over the token's text or a file of token ids), each bucket with the run's own statistics.
 
-A bucket's statistics come from the same per-chunk vectors the whole run's do
-(``stats/accumulator.chunk_vector`` over the bucket's tokens of each window), so its mean KLD,
+A bucket's statistics come from the same per-chunk vectors the whole run's do (its tokens
+through ``per_token.accumulate``, window by window), so its mean KLD,
 same top p and RMS Δp are the run's formulas and its interval is the run's chunk block
 bootstrap, the windows resampled whole. The built-in buckets of either split partition the
 tokens: their counts add up to the run's, and their KLD sums to the run's.
@@ -19,10 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kldtool.errors import UsageError
-from kldtool.reduce import FIELDS as RECORD_FIELDS
-from kldtool.reduce import TokenRecords
-from kldtool.analysis.per_token import COLUMN_OF
-from kldtool.stats.accumulator import SUMS, chunk_vector
+from kldtool.analysis.per_token import accumulate
 from kldtool.stats.bootstrap import Bootstrap, block_bootstrap, chunk_statistics
 from kldtool.stats.summary import percentile
 
@@ -87,28 +84,22 @@ def parse_class(spec: str) -> UserClass:
         raise UsageError(f"--class {spec}: not a regular expression ({e})") from None
 
 
-def _records(cols: dict, idx: np.ndarray) -> TokenRecords:
-    return TokenRecords.from_columns({f: cols[COLUMN_OF[f]][idx] for f in RECORD_FIELDS})
-
-
 def bucket_stats(cols: dict, mask: np.ndarray, spec: Bootstrap) -> dict:
     """One bucket's statistics from the per-token columns of its tokens (``mask``)."""
     n = int(mask.sum())
     if n == 0:
         return {"tokens": 0, "share": 0.0}
-    idx = np.flatnonzero(mask)
-    idx = idx[np.argsort(cols["chunk"][idx], kind="stable")]  # window by window, scoring order within
-    _, first = np.unique(cols["chunk"][idx], return_index=True)
-    bounds = np.r_[first, n]
-    vectors = np.array([chunk_vector(_records(cols, idx[a:b])) for a, b in zip(bounds[:-1], bounds[1:])])
-    whole = chunk_statistics(vectors.sum(axis=0))
+    # The bucket's tokens of each window, added window by window as the run's accumulator was.
+    acc = accumulate([{k: v[mask] for k, v in cols.items()}], "a bucket")
+    vectors = np.asarray(acc.chunk_vectors)
+    whole = chunk_statistics(acc.total)
     out = {
         "tokens": n,
         "share": n / len(mask),
-        "windows": len(first),
-        "kld_sum": float(vectors[:, SUMS.index("kld")].sum()),
+        "windows": len(acc.chunks),
+        "kld_sum": acc.sums["kld"],
         "kld_mean": float(whole["kld_mean"]),
-        "kld_p99": float(percentile(np.sort(cols["kld"][idx]), 0.99)),  # llama.cpp's percentile, as the run's
+        "kld_p99": float(percentile(np.sort(cols["kld"][mask]), 0.99)),  # llama.cpp's percentile
         "same_top_p": float(whole["same_top_p"]),
         "rms_dp": float(whole["rms_dp"]),
     }

@@ -115,12 +115,12 @@ def report(
 def _breakdowns(rows) -> list:
     """Each per-token row's breakdowns by depth and kind, or why it has none (a moved base file
     or tokenizer: the report still has everything else)."""
-    from kldtool.analysis.breakdown import breakdown
+    from kldtool.analysis.breakdown import BY, breakdown
 
     out = []
     for r in rows:
         try:
-            out.append((r, [breakdown(r.sources, by) for by in ("depth", "kind")]))
+            out.append((r, [breakdown(r.sources, by) for by in BY]))
         except Exception as e:
             out.append((r, str(e)))
     return out
@@ -182,7 +182,9 @@ def worst(
     from kldtool.report.worst import print_tokens, print_windows
     from kldtool.small_files import write_json
 
-    if by in ("depth", "kind"):
+    from kldtool.analysis.breakdown import BY as SPLITS
+
+    if by in SPLITS:
         from kldtool.analysis.breakdown import breakdown, parse_class
         from kldtool.report.breakdown import breakdown_lines
 

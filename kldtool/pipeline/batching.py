@@ -20,12 +20,7 @@ def groups(windows: list, size: int) -> Iterator[list]:
 def whole_batches(windows: list, size: int, k: int) -> int:
     """The largest batch boundary at or below ``k`` windows: where a resumed run may continue
     and still evaluate the same batches (so it prints the same digits)."""
-    done = 0
-    for g in groups(windows, size):
-        if done + len(g) > k:
-            break
-        done += len(g)
-    return done
+    return last_end(batch_ends(windows, size), k)
 
 
 def batch_ends(windows: list, size: int, cuts: list[int] = ()) -> list[int]:

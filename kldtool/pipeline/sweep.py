@@ -29,7 +29,7 @@ from kldtool.pipeline.early_stop import Stopping
 from kldtool.pipeline.sinks import Sinks
 from kldtool.small_files import read_json, write_json
 from kldtool.stats.bootstrap import Bootstrap
-from kldtool.stats.sequential import Rule, target_met
+from kldtool.stats.sequential import DEFAULT_FIRST, Rule, target_met
 from kldtool.window_order import Order
 
 KIND = "kldtool-sweep"
@@ -66,7 +66,7 @@ class Sweep:
     open_engine: Callable[[str], object]  # model -> engine
     order: Order
     span: tuple[int, int]
-    first: int = 16
+    first: int = DEFAULT_FIRST
     target: float | None = None
     bootstrap: Bootstrap = Bootstrap()
     force: bool = False
@@ -82,23 +82,26 @@ class Sweep:
         log = self._open_log()
         t0 = time.time()
         for look in self.rule.looks:
+            vectors = self._vectors()
             entry = next((r for r in log["rounds"] if r["windows"] == look), None)
             if entry is None:
-                players, verdicts = self.decide()
+                players, verdicts = decide(vectors, self.rule, self.target)
                 entry = {"windows": look, "players": players, "verdicts": verdicts}
                 log["rounds"].append(entry)
                 write_json(self.log_path, log)  # before the round: a resumed sweep plays the same quants
             if not entry["players"]:
                 break
-            seen = {k: len(v) for k, v in self._vectors().items()}
             # A resumed sweep skips who finished this round before it stopped (result written last).
-            todo = [q for q in self.quants if q.label in entry["players"] and not self._done(q, seen, look)]
+            todo = [
+                q for q in self.quants if q.label in entry["players"] and not self._done(q, len(vectors[q.label]), look)
+            ]
             if todo:
                 self.sinks.info(f"sweep: round to {look} of {self.rule.total} windows: {', '.join(entry['players'])}")
             for q in todo:
                 self._play(q, look)
-        players, verdicts = self.decide()
-        summary = self.summary(verdicts)
+        vectors = self._vectors()
+        _, verdicts = decide(vectors, self.rule, self.target)
+        summary = self.summary(vectors, verdicts)
         log |= {"finished": True, "wall_time_s": round(time.time() - t0, 3), "quants": summary}
         write_json(self.log_path, log)
         return log
@@ -125,12 +128,13 @@ class Sweep:
                 )
         return log
 
-    def _done(self, q: Quant, seen: dict[str, int], look: int) -> bool:
-        """Whether q has this round's windows and a result of them (written after its state)."""
-        if seen[q.label] < min(look, self.rule.total) or not os.path.exists(q.result):
+    def _done(self, q: Quant, seen: int, look: int) -> bool:
+        """Whether q, holding ``seen`` windows, has this round's and a result of them (written
+        after its state)."""
+        if seen < min(look, self.rule.total) or not os.path.exists(q.result):
             return False
         written = read_json(q.result, q.result)
-        return isinstance(written, dict) and written.get("windows_scored") == seen[q.label]
+        return isinstance(written, dict) and written.get("windows_scored") == seen
 
     def _play(self, q: Quant, look: int) -> None:
         t = time.time()
@@ -154,13 +158,10 @@ class Sweep:
         """Each quant's chunk vectors in visiting order (none before its first round)."""
         return {q.label: load_state(q.state).acc.chunk_vectors if os.path.exists(q.state) else [] for q in self.quants}
 
-    def decide(self) -> tuple[list[str], dict]:
-        return decide(self._vectors(), self.rule, self.target)
-
-    def summary(self, verdicts: dict) -> dict:
+    def summary(self, vectors: dict[str, list], verdicts: dict) -> dict:
         """Per quant: windows, mean KLD and its interval for all the windows, and why it stopped."""
         out = {}
-        for label, v in self._vectors().items():
+        for label, v in vectors.items():
             facts = self.rule.interval(v) if len(v) >= 2 else {"windows": len(v)}
             out[label] = facts | {"stopped": verdicts[label]}
         return out

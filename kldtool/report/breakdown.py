@@ -1,32 +1,7 @@
-"""``worst --by depth|kind``: a run's statistics per bucket of tokens, as one table."""
+"""``worst --by depth|kind`` and ``report``'s breakdowns: a run's statistics per bucket of tokens,
+one set of cells rendered for the console, Markdown and HTML."""
 
 from __future__ import annotations
-
-
-def breakdown_lines(out: dict) -> list[str]:
-    rows = out["rows"]
-    width = max(len("bucket"), *(len(r["bucket"]) for r in rows))
-    head = (
-        f"{'bucket':<{width}}  {'tokens':>8}  {'share':>7}  {'mean KLD':>10}  {'95 % interval':>23}  "
-        f"{'99% KLD':>10}  {'same top':>8}  {'RMS Δp':>7}"
-    )
-    title = "position in the window (log2 buckets)" if out["by"] == "depth" else "kind of the predicted token"
-    lines = [f"By {title}, {out['tokens']} tokens of {out['result']}:", head]
-    for r in rows:
-        name = r["bucket"] + (" *" if r.get("user_class") else "")
-        if not r["tokens"]:
-            lines.append(f"{name:<{width}}  {0:>8}")
-            continue
-        iv = r.get("kld_mean_interval_95")  # none from one window: nothing to resample
-        shown = f"[{iv[0]:>10.6f}, {iv[1]:>10.6f}]" if iv else f"{'-':>23}"
-        lines.append(
-            f"{name:<{width}}  {r['tokens']:>8}  {100 * r['share']:>6.2f}%  {r['kld_mean']:>10.6f}  "
-            f"{shown}  {r['kld_p99']:>10.6f}  {100 * r['same_top_p']:>7.3f}%  "
-            f"{100 * r['rms_dp']:>6.3f}%"
-        )
-    if any(r.get("user_class") for r in rows):
-        lines.append("* a class given with --class (its tokens may also be in other rows)")
-    return lines
 
 
 COLUMNS = ("bucket", "tokens", "share", "mean KLD", "95 % interval", "99% KLD", "same top", "RMS Δp")
@@ -50,7 +25,19 @@ def _cells(r: dict) -> list[str]:
 
 
 def _title(out: dict) -> str:
-    return "By position in the window" if out["by"] == "depth" else "By kind of the predicted token"
+    return "By position in the window (log2 buckets)" if out["by"] == "depth" else "By kind of the predicted token"
+
+
+def breakdown_lines(out: dict) -> list[str]:
+    """The console table: the same cells as Markdown and HTML, in aligned columns."""
+    table = [list(COLUMNS)] + [_cells(r) for r in out["rows"]]
+    widths = [max(len(row[i]) for row in table) for i in range(len(COLUMNS))]
+    lines = [f"{_title(out)}, {out['tokens']} tokens of {out['result']}:"]
+    for row in table:
+        lines.append("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))))
+    if any(r.get("user_class") for r in out["rows"]):
+        lines.append("* a class given with --class (its tokens may also be in other rows)")
+    return lines
 
 
 def breakdown_markdown(label: str, out: dict) -> str:
