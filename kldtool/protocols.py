@@ -8,8 +8,9 @@ engine evaluates, and which of their positions are scored (DESIGN.md "Scoring pr
 - ``stride``: Hugging Face's fixed-length method: windows of at most L tokens every S tokens,
   each scoring only the tokens no earlier window scored (each token once, >= L-S context).
 - ``documents``: each document on its own, its first N tokens, every position scored; for
-  several N one window per document at the largest N it reaches (a causal model's first N
-  positions do not depend on what follows), and documents shorter than the smallest N skipped.
+  several N one window per document, its first max(N) tokens (a causal model's first N
+  positions do not depend on what follows). A document shorter than N counts at N with all
+  its tokens (Museformer's convention); with ``full_only`` it is skipped at that N instead.
 - ``rolling``: lm-evaluation-harness's ``loglikelihood_rolling`` (rolling token windows with a
   context of one token, made disjoint): each document behind a prefix token, every token of it
   scored exactly once, in windows of L tokens. A window's last position is scored too (its
@@ -61,18 +62,27 @@ class Window:
 class Protocol:
     """A protocol and its parameters: ``n_ctx`` is llamacpp's chunk and exl3/stride/rolling's
     window length L (rolling: 0 until the model's context fills it in); ``stride`` is S;
-    ``lengths`` are documents' N (empty: whole documents); ``prefix`` is rolling's prefix
-    token (None: the model's BOS, else its EOS, as lm-eval picks it)."""
+    ``lengths`` are documents' N (empty: whole documents); ``full_only``: documents count at N
+    only when they have N tokens (else a shorter one counts with all its tokens, the music
+    evaluations' convention); ``prefix`` is rolling's prefix token (None: the model's BOS, else
+    its EOS, as lm-eval picks it)."""
 
     name: str = "llamacpp"
     n_ctx: int = 512
     stride: int | None = None
     lengths: tuple[int, ...] = ()
     prefix: int | None = None
+    full_only: bool = False
 
     @classmethod
     def from_flags(
-        cls, name: str, ctx_size: int | None, stride: int | None, lengths: str | None, prefix: int | None = None
+        cls,
+        name: str,
+        ctx_size: int | None,
+        stride: int | None,
+        lengths: str | None,
+        prefix: int | None = None,
+        full_only: bool = False,
     ) -> "Protocol":
         if name not in PROTOCOLS:
             raise UsageError(f"--protocol {name!r}: expected one of {', '.join(PROTOCOLS)}")
@@ -82,6 +92,8 @@ class Protocol:
             raise UsageError(f"--stride: only for --protocol exl3 or stride, not {name}")
         if name != "rolling" and prefix is not None:
             raise UsageError(f"--prefix-token: only for --protocol rolling, not {name}")
+        if full_only and (name != "documents" or lengths is None):
+            raise UsageError("--full-length-only: only for --protocol documents with --lengths")
         if name == "rolling":
             if ctx_size is not None and ctx_size < 2:
                 raise UsageError(f"--ctx-size {ctx_size}: a window needs at least 2 tokens")
@@ -91,7 +103,7 @@ class Protocol:
         if name == "documents":
             if ctx_size is not None:
                 raise UsageError("--ctx-size: --protocol documents takes --lengths N,N,... instead")
-            return cls(name, 0, None, parse_lengths(lengths))
+            return cls(name, 0, None, parse_lengths(lengths), full_only=full_only)
         n_ctx = 512 if ctx_size is None else ctx_size
         if name == "llamacpp":
             if n_ctx < 4:
@@ -112,13 +124,16 @@ class Protocol:
             meta.get("stride"),
             tuple(int(n) for n in meta.get("lengths", ())),
             meta.get("prefix_id"),
+            # Files written before the choice existed skipped shorter documents.
+            meta.get("shorter_documents", "skipped") == "skipped" and bool(meta.get("lengths")),
         )
 
     def describe(self) -> dict:
         if self.name == "llamacpp":
             return {"name": "llamacpp", "n_ctx": self.n_ctx, "scored_offsets": [self.n_ctx // 2, self.n_ctx - 2]}
         if self.name == "documents":
-            return {"name": "documents", "lengths": list(self.lengths)}
+            out = {"name": "documents", "lengths": list(self.lengths)}
+            return out | ({"shorter_documents": "skipped" if self.full_only else "counted"} if self.lengths else {})
         if self.name == "rolling":
             return {
                 "name": "rolling",
@@ -227,11 +242,18 @@ class Documents:
     doc_lengths: np.ndarray  # tokens of every document before truncation
 
 
-def document_windows(docs: list[np.ndarray], lengths: tuple[int, ...]) -> Documents:
+def document_windows(docs: list[np.ndarray], lengths: tuple[int, ...], full_only: bool = True) -> Documents:
+    """Each document cut to the longest length it counts at: with ``full_only``, the longest N
+    it reaches (none: skipped); else its first max(N) tokens, all of a shorter one."""
     sizes = np.array([len(d) for d in docs], dtype=np.int64)
     parts, windows, at = [], [], 0
     for d in docs:
-        keep = len(d) if not lengths else max((n for n in lengths if n <= len(d)), default=0)
+        if not lengths:
+            keep = len(d)
+        elif full_only:
+            keep = max((n for n in lengths if n <= len(d)), default=0)
+        else:
+            keep = min(len(d), lengths[-1])
         if keep < 2:
             continue
         w = np.array(d[:keep], dtype=np.int32)
@@ -239,7 +261,7 @@ def document_windows(docs: list[np.ndarray], lengths: tuple[int, ...]) -> Docume
         windows.append(Window(len(windows), w, 0, w[1:].astype(np.int64), at))
         at += keep
     if not windows:
-        need = lengths[0] if lengths else 2
+        need = lengths[0] if lengths and full_only else 2
         raise TextTooShort(
             f"no document has {need} tokens or more ({len(docs)} documents, "
             f"longest {int(sizes.max()) if len(sizes) else 0} tokens)"

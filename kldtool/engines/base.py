@@ -23,6 +23,7 @@ class Engine(ABC):
     prefix_id: int | None = None  # what lm-eval puts before a document (rolling): BOS, else EOS
     device: str = "cpu"
     n_ctx_train: int | None = None  # the longest context the model was trained for, if known
+    pad_id: int | None = None  # ppl does not score targets equal to it (python engines may set one)
     reduces_here: bool = True  # False where the engine's own workers reduce (vLLM)
     takes_contexts = False  # --contexts: contexts side by side (llama.cpp)
     takes_vllm_args = False  # vLLM's own flags

@@ -18,7 +18,11 @@ The factory is called with no arguments and returns an object with
   come from ``logits(ids)``, and the replay probe checks the head against them;
 - optionally ``bos_id`` (put first in every tokenized text, and replaced at chunk starts as
   llama.cpp does), ``prefix_id`` (the token before each document under ``--protocol
-  rolling``; default ``bos_id``), ``n_ctx_train`` and ``name``.
+  rolling``; default ``bos_id``), ``n_ctx_train`` and ``name``;
+- optionally ``max_parallel`` (with ``step``): the longest window ``logits(ids)`` takes; longer
+  ones go through ``step`` (xlstm's parallel forward refuses inputs past its context);
+- optionally ``pad_id``: ``ppl`` does not score targets equal to it (the evaluation
+  convention of music models whose songs carry padding).
 
 This is how a model transformers does not know (a recurrent xLSTM, a music model) is scored.
 """
@@ -71,13 +75,13 @@ class PythonEngine(Engine):
             raise UsageError("--dtype/--device: a python engine's factory decides its own")
         return cls(opts.model, threads=opts.threads, batch_tokens=opts.batch_tokens)
 
-    def __init__(self, spec: str, threads: int | None = None, batch_tokens: int = 2048):
+    def __init__(self, spec: str, threads: int | None = None, batch_tokens: int = 2048, obj=None):
         import torch
 
         if threads:
             torch.set_num_threads(threads)
         self.spec, self.batch_tokens = spec, batch_tokens
-        obj = load_factory(spec)()
+        obj = load_factory(spec)() if obj is None else obj
         self.tokenizer = getattr(obj, "tokenizer", None)
         if not callable(getattr(self.tokenizer, "encode", None)):
             raise EngineError(f"--model {spec}: the factory's object has no tokenizer with encode(text)")
@@ -91,6 +95,10 @@ class PythonEngine(Engine):
         self.bos_id = getattr(obj, "bos_id", None)
         self.prefix_id = getattr(obj, "prefix_id", self.bos_id)
         self.n_ctx_train = getattr(obj, "n_ctx_train", None)
+        self.max_parallel = getattr(obj, "max_parallel", None)
+        self.pad_id = getattr(obj, "pad_id", None)
+        if self.max_parallel is not None and self.step is None:
+            raise EngineError(f"--model {spec}: the factory's object has max_parallel but no step for longer windows")
         self.model_name = getattr(obj, "name", spec)
         probe = self._forward(torch.zeros((1, 1), dtype=torch.int64))
         self.n_vocab = int(probe.shape[-1])
@@ -142,24 +150,27 @@ class PythonEngine(Engine):
         return [out[i, first : first + n_scored] for i in range(len(windows))]
 
     def logit_blocks(self, windows: list[Window]):
-        w = windows[0]
-        if self.step is None or len(windows) > 1 or len(w.tokens) <= self.batch_tokens:
+        # One shape per group: whole windows in one call when they fit, else each through step.
+        whole = min(self.batch_tokens, self.max_parallel or self.batch_tokens)
+        if self.step is None or len(windows[0].tokens) <= whole:
             yield from super().logit_blocks(windows)
             return
         import torch
 
-        ids = torch.from_numpy(w.tokens.astype(np.int64))[None]
-        state = None
-        with torch.inference_mode():
-            for a, b, lo in carried_blocks(w, self.batch_tokens):
-                got = self.step(ids[:, a:b], state)
-                if not isinstance(got, tuple) or len(got) != 2:
-                    raise EngineError(
-                        f"--model {self.spec}: step(ids, state) returned {type(got).__name__}, expected (logits, state)"
-                    )
-                lg, state = self._checked(got[0], ids[:, a:b], "step")[0], got[1]
-                if lo < b:
-                    yield 0, lo - w.first, lg[lo - a :]
+        for i, w in enumerate(windows):
+            ids = torch.from_numpy(w.tokens.astype(np.int64))[None]
+            state = None
+            with torch.inference_mode():
+                for a, b, lo in carried_blocks(w, self.batch_tokens):
+                    got = self.step(ids[:, a:b], state)
+                    if not isinstance(got, tuple) or len(got) != 2:
+                        raise EngineError(
+                            f"--model {self.spec}: step(ids, state) returned {type(got).__name__}, "
+                            "expected (logits, state)"
+                        )
+                    lg, state = self._checked(got[0], ids[:, a:b], "step")[0], got[1]
+                    if lo < b:
+                        yield i, lo - w.first, lg[lo - a :]
 
     def hidden_blocks(self, windows: list[Window], probe_rows=None):
         import torch

@@ -60,21 +60,25 @@ def make_plan(engine, corpus: Corpus, protocol: Protocol, chunks: int | None, fo
 
 
 def _documents_plan(engine, corpus: Corpus, p: Protocol, chunks: int | None) -> Plan:
-    docs = document_windows(corpus.document_tokens(engine), p.lengths)
+    docs = document_windows(corpus.document_tokens(engine), p.lengths, p.full_only)
     windows = limit(docs.windows, chunks)
     end = windows[-1].end
     lens = docs.doc_lengths
-    counts = {
-        "total": docs.n_documents,
-        "per_length": {
-            str(n): {"used": sum(1 for w in windows if len(w.tokens) >= n), "shorter": int((lens < n).sum())}
-            for n in p.lengths
-        },
-    }
+    per_length = {}
+    for n in p.lengths:
+        used = sum(1 for w in windows if counts_at(p, w, n))
+        per_length[str(n)] = {"used": used, "shorter": int((lens < n).sum()), "skipped": docs.n_documents - used}
+    counts = {"total": docs.n_documents, "per_length": per_length}
     whole = p.counts_once and len(windows) == len(corpus.documents)
     return Plan(
         p, docs.stream[:end], windows, int(lens.sum()), counts, corpus.size(whole_stream=False) if whole else None
     )
+
+
+def counts_at(p: Protocol, w, n: int) -> bool:
+    """Whether document window ``w`` counts at length ``n`` (its first ``n`` tokens, or all of a
+    shorter one unless the protocol takes only full-length documents)."""
+    return not p.full_only or len(w.tokens) >= n
 
 
 def rolling_protocol(engine, p: Protocol) -> Protocol:

@@ -3,7 +3,8 @@
 Every scored position's NLL comes from the full-vocabulary normalisation of the actual next
 token, as phase 1 computes it, so ``ppl --protocol llamacpp`` prints what llama-perplexity
 prints. Text corpora scored once per token also get lm-eval's bits per byte, byte and word
-perplexity; ``documents`` runs get one line per length.
+perplexity; ``documents`` runs get one line per length. Targets equal to the engine's pad id
+(a python engine's ``pad_id``, the xlstm engine's [PAD]) are not scored.
 """
 
 from __future__ import annotations
@@ -12,23 +13,40 @@ import math
 import time
 from contextlib import closing
 
+import numpy as np
+
 from kldtool.corpus import Corpus
 from kldtool.engines.base import Engine
 from kldtool.pipeline.sinks import Sinks
 from kldtool.pipeline.batching import groups
 from kldtool.manifest import run_manifest, run_metadata
-from kldtool.pipeline.plan import make_plan
+from kldtool.pipeline.plan import counts_at, make_plan
 from kldtool.protocols import Protocol
 from kldtool.report.console import final_estimate, ppl_progress
 from kldtool.stats import PplAccumulator
 
 
-def length_line(n: int, row: dict) -> str:
+def length_line(n: int, row: dict, full_only: bool) -> str:
     ppl = f"{row['ppl']:.4f} +/- {row['ppl_uncertainty']:.5f}" if row["tokens"] else "n/a"
+    shorter = "skipped" if full_only else "counted whole"
     return (
         f"length {n:6d}: PPL = {ppl}  ({row['tokens']} tokens, {row['documents_used']} documents, "
-        f"{row['documents_shorter']} shorter than {n})"
+        f"{row['documents_shorter']} shorter than {n}: {shorter})"
     )
+
+
+def evaluation_fields(acc: PplAccumulator, used: int, skipped: int, n: int) -> dict:
+    """One length's result under the names music-model evaluations write (Museformer's
+    protocol): PPL = exp(total NLL / scored tokens), infinity once the mean NLL reaches 100."""
+    avg = acc.nll / acc.count if acc.count else float("nan")
+    return {
+        "perplexity": math.exp(avg) if avg < 100 else math.inf,
+        "avg_nll": avg,
+        "total_tokens": acc.count,
+        "num_sequences": used,
+        "skipped_sequences": skipped,
+        "max_context": n,
+    }
 
 
 def text_measures(nll_sum: float, size: dict) -> dict:
@@ -60,13 +78,16 @@ def run_ppl(
     )
     total = PplAccumulator()
     per_length = {n: PplAccumulator() for n in protocol.lengths}
+    masked = 0
     with closing(schedule.run(lambda eng, group, _: eng.nll(group))) as scored:
         for group, nlls in scored:
             for w, nll in zip(group, nlls):
-                total.add(nll)
+                keep = np.asarray(w.targets) != engine.pad_id if engine.pad_id is not None else None
+                masked += 0 if keep is None else int((~keep).sum())
+                total.add(nll if keep is None else nll[keep])
                 for n, acc in per_length.items():
-                    if len(w.tokens) >= n:
-                        acc.add(nll[: n - 1])
+                    if counts_at(plan.protocol, w, n):
+                        acc.add(nll[: n - 1] if keep is None else nll[: n - 1][keep[: n - 1]])
                 sinks.out(ppl_progress(w.index + 1, total.ppl))
     sinks.line()
     value, unc = total.estimate()
@@ -84,6 +105,8 @@ def run_ppl(
         "scored_tokens": total.count,
         "windows": len(plan.windows),
     }
+    if engine.pad_id is not None:
+        result["pad_id"], result["masked_tokens"] = engine.pad_id, masked
     if per_length:
         rows = []
         for n, acc in per_length.items():
@@ -98,8 +121,9 @@ def run_ppl(
                     "documents_used": counts["used"],
                     "documents_shorter": counts["shorter"],
                 }
+                | evaluation_fields(acc, counts["used"], counts["skipped"], n)
             )
-            sinks.info(length_line(n, rows[-1]))
+            sinks.info(length_line(n, rows[-1], plan.protocol.full_only))
         result["per_length"] = rows
     if plan.text_size:
         result["text"] = text_measures(total.nll, plan.text_size)

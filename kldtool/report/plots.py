@@ -137,7 +137,34 @@ def ppl_vs_length(results: list[dict], path: str) -> None:
     ax.set_ylabel("perplexity")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
-    ax.set_title("Perplexity vs context length\ndocuments protocol, documents shorter than N skipped", fontsize=10)
+    counted = bool(results) and results[0]["protocol"].get("shorter_documents") == "counted"
+    shorter = "count with all their tokens" if counted else "skipped"
+    ax.set_title(f"Perplexity vs context length\ndocuments protocol, documents shorter than N {shorter}", fontsize=10)
+    _save(fig, path)
+    plt.close("all")
+
+
+def loss_vs_ppl(results: list[dict], path: str) -> None:
+    """A checkpoint sweep: validation PPL (each length a series) against the training loss
+    logged at each checkpoint's step, points labelled by step."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    rows = [r for r in results if r["checkpoint"]["training_loss"] is not None]
+    if not rows:
+        raise UsageError("--plot: the run's history.json has no training loss to plot against")
+    series = [
+        (x["length"], lambda r, i=i: r["per_length"][i]["ppl"]) for i, x in enumerate(rows[0].get("per_length", []))
+    ]
+    for label, value in series or [("all", lambda r: r["ppl"])]:
+        xs = [r["checkpoint"]["training_loss"] for r in rows]
+        ys = [value(r) for r in rows]
+        ax.plot(xs, ys, "o-", label=f"N = {label}" if label != "all" else "validation")
+        _annotate(ax, xs, ys, [str(r["checkpoint"]["step"]) for r in rows])
+    ax.set_xlabel("training loss at the checkpoint's step (nearest logged step)")
+    ax.set_ylabel("validation perplexity")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    ax.set_title("Training loss vs validation perplexity, one point per checkpoint (labels: step)", fontsize=10)
     _save(fig, path)
     plt.close("all")
 
