@@ -9,6 +9,7 @@ from kldtool.cli import compare  # noqa: F401  isort: skip
 from kldtool.cli import sweep  # noqa: F401  isort: skip
 from kldtool.cli import finished  # noqa: F401  isort: skip
 from kldtool.cli import files  # noqa: F401  isort: skip
+from kldtool.cli import attribute  # noqa: F401  isort: skip
 from kldtool.cli.app import app, main
 
 __all__ = ["app", "main"]

@@ -1,0 +1,79 @@
+"""The parts of a model a quant can be blamed on: each decoder layer (``layer``) or each linear
+tensor inside one (``tensor``), with the quant's values of the parameters it owns.
+
+Both models are transformers models of one architecture (a GGUF is dequantized by transformers'
+own loader, which also maps llama.cpp's tensor names and layouts back); a unit is kept only where
+some parameter of it differs. The quant's values stay on the CPU until a unit is evaluated.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kldtool.errors import MismatchError, UsageError
+
+GRANULARITIES = ("layer", "tensor")
+
+
+@dataclass
+class Unit:
+    name: str  # the module's path in the base model, e.g. model.layers.3.self_attn.q_proj
+    layer: int | None  # the decoder layer it is in
+    module: object  # the base model's module
+    quant: dict  # parameter name (relative to the module) -> the quant's tensor
+    numel: int  # parameters the quant changes
+
+
+def decoder_layers(model) -> list:
+    """The decoder layers of a transformers causal LM (``model.model.layers`` and its kin)."""
+    for path in ("model.layers", "model.decoder.layers", "transformer.h", "gpt_neox.layers"):
+        obj = model
+        for part in path.split("."):
+            obj = getattr(obj, part, None)
+        if obj is not None:
+            return list(obj)
+    raise UsageError(f"attribute: {type(model).__name__} has no decoder layers kldtool knows how to find")
+
+
+def _layer_index(name: str, layers: dict) -> int | None:
+    parts = name.split(".")
+    for k in range(len(parts), 0, -1):
+        hit = layers.get(".".join(parts[:k]))
+        if hit is not None:
+            return hit
+    return None
+
+
+def find_units(base, quant, granularity: str) -> list[Unit]:
+    import torch
+
+    if granularity not in GRANULARITIES:
+        raise UsageError(f"--granularity {granularity!r}: expected one of {', '.join(GRANULARITIES)}")
+    qstate = quant.state_dict()
+    bstate = base.state_dict()
+    if set(qstate) != set(bstate):
+        odd = sorted(set(qstate) ^ set(bstate))[:3]
+        raise MismatchError(f"attribute: the two models have different parameters ({', '.join(odd)} ...)")
+    names = {m: n for n, m in base.named_modules()}
+    layers = {names[m]: i for i, m in enumerate(decoder_layers(base))}
+    if granularity == "layer":
+        owners = [(names[m], m) for m in decoder_layers(base)]
+    else:
+        owners = [(n, m) for n, m in base.named_modules() if isinstance(m, torch.nn.Linear)]
+    units = []
+    for name, module in owners:
+        changed = {}
+        for pname, p in module.named_parameters():
+            full = f"{name}.{pname}"
+            q = qstate[full]
+            if q.shape != p.shape:
+                raise MismatchError(f"attribute: {full} is {tuple(q.shape)} in the quant, {tuple(p.shape)} in the base")
+            if not torch.equal(q.to(p.dtype), p.detach().cpu()):
+                changed[pname] = q.detach().to("cpu", p.dtype)
+        if changed:
+            units.append(
+                Unit(name, _layer_index(name, layers), module, changed, sum(t.numel() for t in changed.values()))
+            )
+    if not units:
+        raise UsageError("attribute: the quant's weights equal the base model's; nothing to attribute")
+    return units
