@@ -263,11 +263,15 @@ def test_documents_ppl_per_length_equals_direct_computation(hf_model, fp32_dir, 
     r = json.loads(out.read_text())
     docs = [np.array(tok(d)["input_ids"]) for d in paragraphs]
     assert len(r["per_length"]) == 3
+    # One pass per document at the longest length: a causal model's first n-1 NLLs are those of
+    # its first n tokens alone.
+    longest = max(x["length"] for x in r["per_length"])
+    whole = [_direct_nll(model, d[:longest]) for d in docs]
     for row in r["per_length"]:
         n = row["length"]
         # A document shorter than n counts with all its tokens (the default; --full-length-only skips it).
         used = [d[:n] for d in docs]
-        nll = np.concatenate([_direct_nll(model, d) for d in used])
+        nll = np.concatenate([w[: len(u) - 1] for w, u in zip(whole, used)])
         assert row["documents_used"] == len(docs) and row["documents_shorter"] == sum(len(d) < n for d in docs)
         assert row["tokens"] == len(nll) == sum(len(u) - 1 for u in used)
         assert row["ppl"] == pytest.approx(np.exp(nll.mean()), rel=2e-6)

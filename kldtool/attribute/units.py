@@ -21,6 +21,7 @@ class Unit:
     layer: int | None  # the decoder layer it is in
     module: object  # the base model's module
     quant: dict  # parameter name (relative to the module) -> the quant's tensor
+    base: dict  # the same parameters' base values (leave-one-out restores them)
     numel: int  # parameters the quant changes
 
 
@@ -62,7 +63,7 @@ def find_units(base, quant, granularity: str) -> list[Unit]:
         owners = [(n, m) for n, m in base.named_modules() if isinstance(m, torch.nn.Linear)]
     units = []
     for name, module in owners:
-        changed = {}
+        changed, original = {}, {}
         for pname, p in module.named_parameters():
             full = f"{name}.{pname}"
             q = qstate[full]
@@ -70,10 +71,10 @@ def find_units(base, quant, granularity: str) -> list[Unit]:
                 raise MismatchError(f"attribute: {full} is {tuple(q.shape)} in the quant, {tuple(p.shape)} in the base")
             if not torch.equal(q.to(p.dtype), p.detach().cpu()):
                 changed[pname] = q.detach().to("cpu", p.dtype)
+                original[pname] = p.detach().clone()
         if changed:
-            units.append(
-                Unit(name, _layer_index(name, layers), module, changed, sum(t.numel() for t in changed.values()))
-            )
+            n = sum(t.numel() for t in changed.values())
+            units.append(Unit(name, _layer_index(name, layers), module, changed, original, n))
     if not units:
         raise UsageError("attribute: the quant's weights equal the base model's; nothing to attribute")
     return units

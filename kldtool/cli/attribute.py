@@ -1,17 +1,19 @@
-"""``kldtool attribute``: which layers or tensors of a quant move the model most (attribute/)."""
+"""``kldtool attribute``: which layers or tensors of a quant cause its divergence (attribute/)."""
 
 from __future__ import annotations
 
-import sys
 from typing import Optional
 
 import typer
 
 from kldtool.cli.app import app
-from kldtool.errors import MismatchError, UsageError
+from kldtool.cli.flag_groups import BOOTSTRAP
+from kldtool.cli.options import bootstrap_of, flags
+from kldtool.errors import UsageError
 
 
 @app.command()
+@flags(boot=BOOTSTRAP)
 def attribute(
     base_model: str = typer.Argument(..., help="The base model: a transformers directory or a GGUF."),
     quant: str = typer.Argument(..., help="The quant: a GGUF (dequantized by transformers) or a checkpoint directory."),
@@ -22,67 +24,62 @@ def attribute(
     granularity: str = typer.Option(
         "layer", "--granularity", help="layer (each decoder layer) or tensor (each linear)."
     ),
+    kld: str = typer.Option(
+        "in,out", "--kld", help="KLD attribution: in (leave-one-in), out (leave-one-out), in,out or none."
+    ),
+    budget: Optional[int] = typer.Option(
+        None, "--budget", help="KLD attribution for the N units with the largest output errors only (default: all)."
+    ),
     dtype: str = typer.Option("float32", "--dtype", help="Both models' dtype: float32, bfloat16 or float64."),
     device: str = typer.Option("cpu", "--device", help="cpu, cuda or cuda:N."),
     top: int = typer.Option(20, "--top", help="Rows of the printed ranking (--json has all)."),
-    json_out: Optional[str] = typer.Option(None, "--json", help="Write every unit's errors here."),
+    json_out: Optional[str] = typer.Option(None, "--json", help="Write every unit's figures here."),
+    keep: int = typer.Option(0, "--keep", help="The top N units to keep at higher precision (the lists below)."),
+    keep_type: str = typer.Option("q8_0", "--keep-type", help="The GGUF type the --tensor-types lines ask for."),
+    tensor_types: Optional[str] = typer.Option(
+        None,
+        "--tensor-types",
+        help="Write the --keep units as llama-quantize --tensor-type lines (--tensor-type-file).",
+    ),
+    ignore_list: Optional[str] = typer.Option(
+        None, "--ignore-list", help="Write the --keep units as an llm-compressor ignore list, one a line."
+    ),
+    plot: Optional[str] = typer.Option(None, "--plot", help="PNG of the attribution by layer."),
+    boot=None,
 ):
-    """Per-layer (or per-tensor) errors of a quant: each unit's quant version run on the base
-    model's own inputs in one streamed pass, ranked by relative RMS of its output."""
-    from kldtool.attribute.layer_errors import measure
-    from kldtool.attribute.units import find_units
-    from kldtool.engines.transformers import TransformersEngine
-    from kldtool.logitsfile import open_base_file
-    from kldtool.protocols import stored_windows
+    """Rank a quant's layers or tensors: each unit's output error on the base model's own inputs
+    (one streamed pass), and the mean KLD against the base file with only that unit quantized
+    (leave-one-in) or only that unit restored (leave-one-out)."""
+    from kldtool.attribute.run import parse_modes, run_attribute
+    from kldtool.report.attribute import print_table
     from kldtool.small_files import write_json
 
     if base_file is None:
         raise UsageError(
             "attribute needs --kl-divergence-base FILE (its first --chunks windows are the evaluation set)"
         )
-    if chunks < 1:
-        raise UsageError(f"--chunks {chunks}: must be at least 1")
-    reader = open_base_file(base_file)
-    try:
-        base = TransformersEngine(base_model, dtype=dtype, device=device)
-        if base.n_vocab != reader.header.n_vocab:
-            raise MismatchError(
-                f"{base_file}: written for a vocabulary of {reader.header.n_vocab}, {base_model} has {base.n_vocab}"
-            )
-        windows = stored_windows(reader.tokens, reader.header, base.bos_id)[:chunks]
-    finally:
-        reader.close()
-    units = find_units(base.model, TransformersEngine(quant, dtype=dtype, device="cpu").model, granularity)
-    tokens = sum(len(w.tokens) for w in windows)
-    print(
-        f"attribute: {len(units)} {granularity} units the quant changes; cost: {len(windows)} forwards of the base "
-        f"model ({tokens} tokens), each unit's quant version once per window (about {len(windows)} forwards more)",
-        file=sys.stderr,
-        flush=True,
+    if chunks < 2:
+        raise UsageError(f"--chunks {chunks}: at least 2 windows (the intervals resample windows)")
+    if budget is not None and budget < 1:
+        raise UsageError(f"--budget {budget}: at least 1 unit")
+    if (tensor_types or ignore_list) and keep < 1:
+        raise UsageError("--tensor-types/--ignore-list: give --keep N, the number of units to list")
+    result = run_attribute(
+        base_model, quant, base_file, chunks, granularity, dtype, device, parse_modes(kld), budget, bootstrap_of(boot)
     )
-    errors = measure(
-        base.model,
-        units,
-        windows,
-        device,
-        lambda i, n: print(f"\rwindow {i}/{n}", end="" if i < n else "\n", file=sys.stderr, flush=True),
-    )
-    rows = [{"name": u.name, "layer": u.layer, "params": u.numel} | errors[u.name] for u in units]
-    rows.sort(key=lambda r: -r["rel_rms"])
-    from kldtool.report.attribute import print_table
+    print_table(result["units"], top=top)
+    if keep:
+        from kldtool.attribute.keep import keep_lists
+        from kldtool.small_files import write_text
 
-    print_table(rows, top=top)
+        result["keep"] = lists = keep_lists(result, keep, keep_type)
+        if tensor_types:
+            write_text(tensor_types, "".join(line + "\n" for line in lists["tensor_type_lines"]))
+        if ignore_list:
+            write_text(ignore_list, "".join(line + "\n" for line in lists["ignore"]))
     if json_out:
-        write_json(
-            json_out,
-            {
-                "base_model": base_model,
-                "quant": quant,
-                "base_file": base_file,
-                "windows": len(windows),
-                "tokens": tokens,
-                "granularity": granularity,
-                "dtype": dtype,
-                "units": rows,
-            },
-        )
+        write_json(json_out, result)
+    if plot:
+        from kldtool.report.plots import attribution_by_layer
+
+        attribution_by_layer(result, plot)

@@ -49,6 +49,8 @@ def reduce_rows(logits, base_rows, targets, floor: float = KLD_FLOOR) -> TokenRe
     # the numba loop without torch (whose import alone is a large part of a short llama.cpp compare).
     host = isinstance(logits, np.ndarray)
     kind = reducer_for(None if host else logits.device)
+    if not host and str(logits.dtype) == "torch.float64":
+        kind = "torch"  # the compiled reducers are float32; float64 logits get the float64 reduction
     if kind == "numba":
         from kldtool.reduce.numba_cpu import reduce_rows_cpu
 

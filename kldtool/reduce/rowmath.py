@@ -27,9 +27,15 @@ def row_blocks(logits, base_rows, targets):
 
 
 def prepare(logits, rows, n_vocab):
-    """float32 logits, their log-normalizer M = max + lse and first argmax, decoded base row."""
+    """float32 logits, their log-normalizer M = max + lse and first argmax, decoded base row.
+    float64 logits (a reference run's) stay float64, and so does everything computed from them:
+    the decoded rows are exact in float64, so the reduction is then the float64 one."""
     import torch
 
+    if logits.dtype == torch.float64:
+        mx, imax = logits.max(dim=1)
+        lse = torch.log(torch.exp(logits - mx[:, None]).sum(dim=1))
+        return logits, mx + lse, imax, decode_torch(rows, n_vocab).to(torch.float64)
     logits = logits.to(torch.float32)
     mx, imax, lse = normalizer_torch(logits)
     return logits, mx + lse, imax, decode_torch(rows, n_vocab)

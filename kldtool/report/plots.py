@@ -189,3 +189,33 @@ def write_plots(rows: list[ResultRow], out_dir: str) -> list[str]:
             written.append(path)
     plt.close("all")
     return written
+
+
+def attribution_by_layer(result: dict, path: str) -> None:
+    """``kldtool attribute``: per decoder layer, the leave-one-out gain (else the leave-one-in
+    KLD, else the output's relative RMS), summed over the layer's units (with their intervals
+    where a layer is one unit)."""
+    plt = _pyplot()
+    units = [u for u in result["units"] if u["layer"] is not None]
+    if any("out" in u for u in units):
+        label, value = "KLD removed by restoring it (leave-one-out gain)", lambda u: u["out"]["gain"]
+        units = [u for u in units if "out" in u]
+    elif any("in" in u for u in units):
+        label, value = "mean KLD with only it quantized (leave-one-in)", lambda u: u["in"]["kld_mean"]
+        units = [u for u in units if "in" in u]
+    else:
+        label, value = "relative RMS of its output", lambda u: u["rel_rms"]
+    layers = sorted({u["layer"] for u in units})
+    totals = [sum(value(u) for u in units if u["layer"] == n) for n in layers]
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    ax.bar(layers, totals, color="#3b75af")
+    ax.set_xlabel("decoder layer")
+    ax.set_ylabel(label)
+    ax.grid(True, axis="y", alpha=0.3)
+    ax.set_title(
+        f"Attribution by layer ({result['granularity']} units, {result['windows']} windows)\n"
+        f"{os.path.basename(str(result['quant']))} against {os.path.basename(str(result['base_model']).rstrip('/'))}",
+        fontsize=10,
+    )
+    _save(fig, path)
+    plt.close("all")
