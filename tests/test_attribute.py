@@ -198,6 +198,21 @@ def _check_keep_lists(r: dict, tmp_path, gguf_path) -> None:
             assert ign == u["name"]
 
 
+def test_a_compressed_tensors_checkpoint_is_read_decompressed(fp32_dir, w8a8_dir, fixture_base, tmp_path):
+    """llm-compressor's W8A8 SmolLM2: its int8 weights decompressed on load (the scales beside
+    them are not the base's parameters and are left out), every layer a unit, and its weight
+    error far below Q2_K's."""
+    from safetensors.torch import load_file
+
+    out = tmp_path / "w.json"
+    run_cli("attribute", fp32_dir, w8a8_dir, "--kl-divergence-base", fixture_base, "--chunks", CHUNKS,
+            "--kld", "none", "--json", out)  # fmt: skip
+    r = json.loads(out.read_text())
+    assert len(r["units"]) == 30 and all(0 < u["rel_rms"] < 0.05 for u in r["units"])
+    packed = load_file(str(Path(w8a8_dir) / "model.safetensors"))
+    assert packed["model.layers.0.mlp.down_proj.weight"].dtype == torch.int8  # stored compressed
+
+
 def test_bad_inputs_are_one_line(fp32_dir, fixture_base, tmp_path):
     p = run_cli("attribute", fp32_dir, fp32_dir, "--kl-divergence-base", fixture_base, check_rc=2)
     assert "equal the base model's; nothing to attribute" in p.stderr

@@ -8,7 +8,7 @@ import sys
 
 from kldtool.attribute.kld import MODES, attribute_kld
 from kldtool.attribute.layer_errors import measure
-from kldtool.attribute.units import find_units
+from kldtool.attribute.units import find_units, load_quant
 from kldtool.errors import MismatchError, UsageError
 
 
@@ -51,7 +51,7 @@ def run_attribute(base_model, quant, base_file, chunks, granularity, dtype, devi
                 f"{base_file}: written for a vocabulary of {reader.header.n_vocab}, {base_model} has {base.n_vocab}"
             )
         windows = stored_windows(reader.tokens, reader.header, base.bos_id)[:chunks]
-        units = find_units(base.model, TransformersEngine(quant, dtype=dtype, device="cpu").model, granularity)
+        units = find_units(base.model, load_quant(quant, dtype), granularity)
         scored = len(units) if budget is None else min(budget, len(units))
         n_kld = (1 + scored * len(modes) + ("out" in modes)) if modes else 0
         tokens = sum(len(w.tokens) for w in windows)

@@ -52,9 +52,11 @@ def find_units(base, quant, granularity: str) -> list[Unit]:
         raise UsageError(f"--granularity {granularity!r}: expected one of {', '.join(GRANULARITIES)}")
     qstate = quant.state_dict()
     bstate = base.state_dict()
-    if set(qstate) != set(bstate):
-        odd = sorted(set(qstate) ^ set(bstate))[:3]
-        raise MismatchError(f"attribute: the two models have different parameters ({', '.join(odd)} ...)")
+    # A compressed checkpoint keeps its scales and zero points beside the decompressed weights:
+    # only the base's own parameters are compared.
+    if not set(bstate) <= set(qstate):
+        odd = sorted(set(bstate) - set(qstate))[:3]
+        raise MismatchError(f"attribute: the quant has no {', '.join(odd)} ... (not the base's architecture)")
     names = {m: n for n, m in base.named_modules()}
     layers = {names[m]: i for i, m in enumerate(decoder_layers(base))}
     if granularity == "layer":
@@ -78,3 +80,35 @@ def find_units(base, quant, granularity: str) -> list[Unit]:
     if not units:
         raise UsageError("attribute: the quant's weights equal the base model's; nothing to attribute")
     return units
+
+
+def load_quant(path: str, dtype: str):
+    """The quant as a transformers model with float weights: a GGUF dequantized by transformers'
+    loader, a compressed-tensors (llm-compressor) checkpoint decompressed on load, any other
+    checkpoint directory as it is."""
+    import json
+    import os
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from kldtool.errors import EngineError
+
+    kwargs = {"dtype": getattr(torch, dtype)}
+    source = path
+    if path.lower().endswith(".gguf"):
+        source, kwargs["gguf_file"] = os.path.dirname(os.path.abspath(path)), os.path.basename(path)
+    else:
+        try:
+            with open(os.path.join(path, "config.json")) as f:
+                method = (json.load(f).get("quantization_config") or {}).get("quant_method")
+        except (OSError, ValueError) as e:
+            raise EngineError(f"{path}: no readable config.json ({e})") from None
+        if method == "compressed-tensors":
+            from transformers.utils.quantization_config import CompressedTensorsConfig
+
+            kwargs["quantization_config"] = CompressedTensorsConfig(run_compressed=False)
+    try:
+        return AutoModelForCausalLM.from_pretrained(source, **kwargs).eval()
+    except (OSError, ValueError) as e:
+        raise EngineError(f"{path}: transformers could not load it: {str(e).splitlines()[0]}") from None
