@@ -69,39 +69,30 @@ def attribute_kld(
     """unit name -> {"in": ..., "out": ...} (the modes asked for) for ``units``, plus the two
     reference runs; leave-one-out starts from the whole quant, ``every`` unit swapped in."""
     results: dict = {u.name: {} for u in units}
-    base_vec = window_vectors(engine, reader, windows)
-    done = 0
-    total = len(units) * len(modes) + ("out" in modes)
-    if "in" in modes:
+    done, total = 0, len(units) * len(modes) + ("out" in modes)
+
+    def each(mode: str, values_of, reference, measured_first: bool, key: str) -> None:
+        # One candidate per unit: its values swapped in, paired against the reference run.
+        nonlocal done
         for u in units:
-            with swapped(u, u.quant):
+            with swapped(u, values_of(u)):
                 v = window_vectors(engine, reader, windows)
-            r = _interval(v, base_vec, spec)
-            results[u.name]["in"] = {
-                "kld_mean": r["kld_mean"],
-                "above_base": r["difference"],
-                "interval_95": r["interval_95"],
-            }
+            r = _interval(v, reference, spec) if measured_first else _interval(reference, v, spec)
+            kld = r["kld_mean"] if measured_first else r["versus"]
+            results[u.name][mode] = {"kld_mean": kld, key: r["difference"], "interval_95": r["interval_95"]}
             done += 1
             if progress:
                 progress(done, total)
+
+    base_vec = window_vectors(engine, reader, windows)
+    if "in" in modes:
+        each("in", lambda u: u.quant, base_vec, True, "above_base")
     quant_vec = None
     if "out" in modes:
         with _all_quant(every):
             quant_vec = window_vectors(engine, reader, windows)
             done += 1
-            for u in units:
-                with swapped(u, u.base):
-                    v = window_vectors(engine, reader, windows)
-                r = _interval(quant_vec, v, spec)
-                results[u.name]["out"] = {
-                    "kld_mean": r["versus"],
-                    "gain": r["difference"],
-                    "interval_95": r["interval_95"],
-                }
-                done += 1
-                if progress:
-                    progress(done, total)
+            each("out", lambda u: u.base, quant_vec, False, "gain")
     refs = {"base_kld_mean": _mean(base_vec)}
     if quant_vec is not None:
         refs["quant_kld_mean"] = _mean(quant_vec)

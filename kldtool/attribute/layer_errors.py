@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -26,7 +26,6 @@ class ErrorSums:
     diff2: float = 0.0
     cos: float = 0.0
     rows: int = 0
-    extra: dict = field(default_factory=dict)
 
     def add(self, ref, got) -> None:
         import torch

@@ -195,12 +195,13 @@ class XlstmEngine(PythonEngine):
     def describe(self) -> dict:
         import xlstm
 
-        return super().describe() | {
+        described = super().describe()
+        return described | {
             "engine": self.name,
             "dtype": "float32",
             "run": str(self.run),
             "checkpoint": self.checkpoint.name,
             "step": self.checkpoint.step,
             "context_length": self.obj.max_parallel,
-            "versions": {"torch": super().describe()["versions"]["torch"], "xlstm": getattr(xlstm, "__version__", "?")},
+            "versions": described["versions"] | {"xlstm": getattr(xlstm, "__version__", "?")},
         }
