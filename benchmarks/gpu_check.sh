@@ -36,7 +36,7 @@ if [ "$DRY" = 1 ]; then
   # Triton has no CPU backend: its interpreter runs the same kernel (it must be set before import).
   export TRITON_INTERPRET=1
   "$PY" benchmarks/gpu_reducer.py --tiny --results "$RESULTS"
-  "$PY" benchmarks/transformers_overhead.py --tiny --ctx 256 --chunks 2 --rounds 1 --hidden \
+  "$PY" benchmarks/transformers_overhead.py --tiny --ctx 256 --chunks 2 --rounds 1 --hidden --profile \
       --tokenizer "$TOK" --text "$TEXT" --results "$RESULTS"
 else
   RESULTS=${RESULTS:-benchmarks/RESULTS.md}

@@ -37,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from results import append_row  # noqa: E402
 
 from kldtool.codec import encode_torch, row_width  # noqa: E402
+from kldtool.codec.encode import encode_device  # noqa: E402
 from kldtool.reduce import KLD_FLOOR, reduce_rows  # noqa: E402
 
 # Data-sheet HBM bandwidth, bytes/s; the first name contained in the device name wins.
@@ -153,6 +154,17 @@ def agreement(logits, rows, targets) -> str:
     )
 
 
+def unsure_rows(logits, rows, targets) -> str:
+    """How many rows the Triton reducer sends the exact way (its per-lane candidates may miss
+    one of the top 10), of the compared logits and of the base rows."""
+    from kldtool.reduce.rowmath import candidate_top
+    from kldtool.reduce.triton_kernel import reduce_rows_triton
+
+    _, cand, ids = reduce_rows_triton(logits, rows, targets, KLD_FLOOR)
+    q, b = (int(candidate_top(cand[:, i], ids[:, i], 10)[1].sum()) for i in (0, 1))
+    return f"{q} (compared) and {b} (base) of {len(logits)}"
+
+
 def run_reducer(kind: str, logits, rows, targets):
     os.environ["KLDTOOL_REDUCER"] = kind
     return reduce_rows(logits, rows, targets)
@@ -167,12 +179,12 @@ def sweep(n_rows: int, vocab: int, iters: int, peak: float) -> None:
         moved = n_rows * (2 * row_width(vocab) + vocab * logits.element_size())
         for tile, warps, stages in (
             (512, 2, 3),
+            (512, 4, 1),
             (512, 4, 3),
             (1024, 4, 1),
-            (1024, 4, 3),
-            (1024, 4, 4),
-            (2048, 8, 3),
-            (4096, 16, 3),
+            (1024, 4, 2),
+            (1024, 8, 1),
+            (2048, 8, 1),
         ):
             ms = timed_ms(lambda: reduce_rows_triton(logits, rows, targets, KLD_FLOOR, tile, warps, stages), iters)
             print(
@@ -258,6 +270,9 @@ def main() -> None:
         logits = model(ids).logits[0, scored]
         _, rows, targets = inputs(len(logits), shape["vocab_size"], dtypes[0], base_logits=logits)
         shares = []
+        print(
+            f"rows whose top-10 candidates could miss an entry (topk over the whole row): {unsure_rows(logits, rows, targets)}"
+        )
         for kind in ("torch", "triton"):
             ms = timed_ms(lambda: run_reducer(kind, logits, rows, targets), a.iters)
             shares.append((kind, ms))
@@ -271,21 +286,32 @@ def main() -> None:
         replay_err = (head.apply(states, head.weight, None) - logits.float()).abs().max().item()
 
         def replay_and_reduce():
-            base = encode_torch(head.apply(states, head.weight, None), "grid")[0]
+            base = encode_device(head.apply(states, head.weight, None), "grid")[0]
             return run_reducer("triton", logits, base, targets)
 
         replay_ms = timed_ms(replay_and_reduce, a.iters)
+        replayed = head.apply(states, head.weight, None)
+        parts = {
+            "head product": timed_ms(lambda: head.apply(states, head.weight, None), a.iters),
+            "encoding (torch)": timed_ms(lambda: encode_torch(replayed, "grid"), a.iters),
+            "encoding (as run)": timed_ms(lambda: encode_device(replayed, "grid"), a.iters),
+        }
+        same = torch.equal(encode_torch(replayed, "grid")[0], encode_device(replayed, "grid")[0])
         print(
             f"hidden-state base: head replay + encoding + triton reducer on the {len(logits)} rows: {replay_ms:.3f} ms = "
             f"{100 * replay_ms / fwd_ms:.2f} % of the forward (replayed logits vs the model's: max |diff| "
-            f"{replay_err:.1e})"
+            f"{replay_err:.1e}); parts: "
+            + ", ".join(f"{k} {ms:.3f} ms" for k, ms in parts.items())
+            + f"; encoder's codes equal encode_torch's: {same}"
         )
     append_row(
         f"GPU reducer vs Llama-{'tiny' if a.tiny else '8B'}-shaped forward (random {dtypes[0]} weights, "
         f"{ctx}-token window, {len(logits)} scored rows)",
         f"forward {fwd_ms:.1f} ms; "
         + "; ".join(f"{k} reducer {ms:.2f} ms" for k, ms in shares)
-        + f"; hidden-state base: replay + encoding + triton reducer {replay_ms:.2f} ms",
+        + f"; hidden-state base: replay + encoding + triton reducer {replay_ms:.2f} ms ("
+        + ", ".join(f"{k} {ms:.2f}" for k, ms in parts.items())
+        + ")",
         f"Triton KLD = {shares[1][1] / fwd_ms:.4f} of the forward (target < 0.05); with the replay "
         f"{replay_ms / fwd_ms:.4f} (target < 0.05)",
         where,

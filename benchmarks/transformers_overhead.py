@@ -92,6 +92,39 @@ def bare_scoring(engine, windows, device: str) -> None:
             logp.gather(2, tgt[:, :, None]).cpu()
 
 
+def numbers(d, prefix="") -> dict:
+    """The numbers of a nested statistics dict, by their path."""
+    out = {}
+    for k, v in d.items() if isinstance(d, dict) else enumerate(d):
+        if isinstance(v, (dict, list)):
+            out |= numbers(v, f"{prefix}{k}.")
+        elif isinstance(v, (int, float)) and not isinstance(v, bool):
+            out[f"{prefix}{k}"] = float(v)
+    return out
+
+
+HEADLINE = (
+    "ppl_q.value",
+    "ppl_base.value",
+    "kld_mean.value",
+    "same_top_p.value",
+    "rms_dp.value",
+    "extra.rkld_mean.value",
+    "extra.jsd_mean.value",
+    "extra.top_k_agreement.5.value",
+    "extra.top_k_agreement.10.value",
+)
+
+
+def agreement(a: dict, b: dict) -> str:
+    """Two runs' headline statistics (PPL, mean KLD, same top, RMS Δp) and top-5/10 overlaps,
+    side by side where they differ."""
+    na, nb = numbers(a), numbers(b)
+    keys = [k for k in HEADLINE if k in na and k in nb]
+    differ = [f"{k} {na[k]:.9g} vs {nb[k]:.9g}" for k in keys if na[k] != nb.get(k)]
+    return f"{len(keys)} headline numbers, " + ("all equal" if not differ else "; ".join(differ))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=None, help="model directory (default: the built-in fp32 SmolLM2)")
@@ -204,6 +237,16 @@ def main() -> None:
                 }
                 print(f"{label}: identical statistics: {not diff}; differing: {str(diff)[:300]}")
             converted.close()
+            # The device's reducer (Triton on CUDA: its top-k candidates, its copies on a side
+            # stream) against the torch ops on the same rows, and the hidden-state file's replay.
+            as_run = run_compare(engine, reader, sinks=quiet)["statistics"]
+            os.environ["KLDTOOL_REDUCER"] = "torch"
+            by_torch = run_compare(engine, reader, sinks=quiet)["statistics"]
+            del os.environ["KLDTOOL_REDUCER"]
+            print(f"the device's reducer vs the torch ops, container base: {agreement(as_run, by_torch)}")
+            if hidden is not None:
+                replayed = run_compare(engine, hidden, sinks=quiet)["statistics"]
+                print(f"hidden-state base vs container: {agreement(replayed, as_run)}")
             for label, r in (("raw", raw), ("container", reader)):
                 prof = cProfile.Profile()
                 prof.enable()

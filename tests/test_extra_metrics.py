@@ -82,6 +82,24 @@ def test_adversarial_rows():
     check(q, rows, targets)
 
 
+def test_rows_many_times_wider_than_the_kernels_lanes():
+    """Rows of 5,200 entries: each of the Triton kernel's 1,024 (or 512) lanes sees five (or
+    ten), and keeps its three largest as top-k candidates. Top sets that share a lane, ties
+    inside one lane and across lanes, and rows whose top ten are mostly in one lane (the row
+    goes the exact way)."""
+    q, rows, targets = random_case(11, n=24, v=5200, noise=0.5)
+    lane5 = 5 + 1024 * np.arange(5)
+    q[0, lane5] = q[0].max() + np.arange(5, 0, -1)  # the top five, all in lane 5
+    q[1, lane5] = q[1].max() + 1  # a five-way tie in one lane
+    q[2, [7, 300, 519, 1031]] = q[2].max() + 1  # a tie across lanes
+    q[3, lane5[:3]] = q[3].max() + 1  # exactly a lane's three
+    q[4] = np.round(q[4] * 2) / 2  # coarse values (bf16-like): ties everywhere
+    rows[5, 4 + 9 + 1024 * np.arange(5)] = 65535  # the base's top five in one lane
+    rows[6, 4 + 50 * np.arange(40)] = 65535  # a 40-way tie on the base's top
+    rows[7, 4 + 5199] = 65535  # the last entry, in the kernel's tail tile
+    check(q, rows, targets)
+
+
 def test_a_model_against_itself_to_the_last_digits():
     """The compared logits are the base row itself: divergences of ~1e-7 (from the clamped
     entries only) must come out to their float64 value, not float32 rounding noise. (Reverse

@@ -3,9 +3,11 @@ the NLL of each target; and score mode's NLL by the same arithmetic."""
 
 from __future__ import annotations
 
+import importlib.util
+
 import numpy as np
 
-from kldtool.codec.rows import Coding, encode_torch, normalizer_torch, rows_to_numpy
+from kldtool.codec.rows import DEFAULT_CLAMP, Coding, encode_torch, normalizer_torch, rows_to_numpy
 from kldtool.codec.topk_records import encode_topk_torch
 
 # Float32 logits encoded at once. The encoder's temporaries are a few times its input, so a
@@ -35,8 +37,18 @@ def _encode(logits, targets, coding: Coding) -> tuple[np.ndarray, np.ndarray]:
     if coding.keep:
         rows, norm = encode_topk_torch(logits, targets, coding)
     else:
-        rows, norm = encode_torch(logits, coding.codec, coding.clamp)
+        rows, norm = encode_device(logits, coding.codec, coding.clamp)
     return rows_to_numpy(rows), _nll(logits, norm, targets)
+
+
+def encode_device(logits, codec: str = "llamacpp", clamp: float = DEFAULT_CLAMP):
+    """encode_torch's rows, made by the Triton kernels on a CUDA device (rows_triton.py:
+    no vocabulary-sized temporaries), by torch elsewhere."""
+    if logits.is_cuda and importlib.util.find_spec("triton") is not None:
+        from kldtool.codec.rows_triton import encode_triton
+
+        return encode_triton(logits, codec, clamp)
+    return encode_torch(logits, codec, clamp)
 
 
 def target_nll(logits, targets) -> np.ndarray:

@@ -9,10 +9,16 @@ def order_keys(x):
     towards the lower index."""
     import torch
 
-    if x.is_floating_point():
-        bits = (x.to(torch.float32) + 0.0).view(torch.int32).to(torch.int64)  # + 0.0: -0.0 -> +0.0
-        ordered = torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
-    else:
-        ordered = x.to(torch.int64)
     width = x.shape[1]
-    return ordered * (1 << 32) + (width - 1 - torch.arange(width, device=x.device))
+    return ordered_bits(x) * (1 << 32) + (width - 1 - torch.arange(width, device=x.device))
+
+
+def ordered_bits(x):
+    """int64 values in the order of ``x``'s (floats: their float32 bits made monotonic, -0.0
+    equal to +0.0; integers: themselves)."""
+    import torch
+
+    if not x.is_floating_point():
+        return x.to(torch.int64)
+    bits = (x.to(torch.float32) + 0.0).view(torch.int32).to(torch.int64)  # + 0.0: -0.0 -> +0.0
+    return torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 import warnings
 from typing import NamedTuple
 
@@ -24,10 +25,56 @@ class Frame(NamedTuple):
     data: object
 
 
-def stage_frame(frame: Frame) -> Frame:
-    """The frame in pinned host memory, so the copy to a GPU runs at full speed and async.
-    Prefetch threads call this (torch releases the GIL while copying)."""
-    return frame._replace(data=_host_bytes(frame.data).pin_memory())
+class OnDevice(NamedTuple):
+    """A frame's bytes copied to a GPU on a side stream, and the event that marks the copy done."""
+
+    buf: object
+    done: object
+
+
+def stage_frame(frame: Frame, device=None) -> Frame:
+    """The frame in pinned host memory, and for a CUDA ``device`` already on its way there:
+    prefetch threads call this (torch releases the GIL while copying), so the copy runs on a
+    side stream beside the forward instead of after it on the compute stream."""
+    pinned = _host_bytes(frame.data).pin_memory()
+    if device is None:
+        return frame._replace(data=pinned)
+    import torch
+
+    stream = _copy_stream(torch.device(device))
+    with torch.cuda.stream(stream):
+        buf = pinned.to(device, non_blocking=True)
+        done = torch.cuda.Event()
+        done.record(stream)
+    return frame._replace(data=OnDevice(buf, done))
+
+
+_COPY_STREAMS: dict = {}
+_COPY_LOCK = threading.Lock()
+
+
+def _copy_stream(device):
+    """One copy stream per device and thread (a stream orders its copies; threads need not wait on each other's)."""
+    import torch
+
+    key = (device.index if device.index is not None else torch.cuda.current_device(), threading.get_ident())
+    with _COPY_LOCK:
+        if key not in _COPY_STREAMS:
+            _COPY_STREAMS[key] = torch.cuda.Stream(device=key[0])
+        return _COPY_STREAMS[key]
+
+
+def _on_device(data, device):
+    """A frame's bytes on ``device``: a side-stream copy handed over to the current stream
+    (which waits for it, and owns the buffer from then on), or copied now."""
+    import torch
+
+    if isinstance(data, OnDevice):
+        current = torch.cuda.current_stream(data.buf.device)
+        current.wait_event(data.done)
+        data.buf.record_stream(current)
+        return data.buf
+    return _host_bytes(data).to(device, non_blocking=True)
 
 
 def _host_bytes(data):
@@ -126,7 +173,7 @@ class BaseFileReader:
 
         if torch.device(device).type == "cpu":
             return rows_to_torch(self.frame_rows(frame), device)
-        buf = _host_bytes(frame.data).to(device, non_blocking=True)
+        buf = _on_device(frame.data, device)
         try:
             return self._rebuild_torch(buf, frame.index)
         except ValueError as e:

@@ -139,13 +139,13 @@ class HiddenStates(Transform):
     def _replayed(self, hidden):
         """Rows of the base logits replayed from hidden states: uint16 numpy rows from a numpy
         array (a GGUF head on the host, without torch), else int16 rows on ``hidden``'s device."""
-        from kldtool.codec import encode_torch
+        from kldtool.codec.encode import encode_device
 
         logits = self.replayer.logits(hidden)[:, : self.header.n_vocab]  # a padded head's extra rows
         if isinstance(logits, np.ndarray):
             from kldtool.codec.rows_compiled import encode_compiled as encode
         else:
-            encode = encode_torch
+            encode = encode_device
         return encode(logits, self.coding.codec, self.coding.clamp)[0]
 
     def rows(self, data, n_rows: int) -> np.ndarray:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from kldtool.codec.keys import order_keys
+from kldtool.codec.keys import order_keys, ordered_bits
 from kldtool.codec.rows import decode_torch, normalizer_torch
 
 KLD_FLOOR = -16.0  # llama.cpp's; a base file's own is header.kld_floor
@@ -69,15 +69,31 @@ def extras_block(logits, big_m, b, floor):
     rkld = (p * (em * (d - 1) + d)).sum(dim=1, dtype=torch.float64) - (p.sum(dim=1, dtype=torch.float64) - 1)
     jsd = jsd_terms(b, logq, floor, d, em).sum(dim=1, dtype=torch.float64)
     top_b = top_ids(b, max(TOP_K))
-    *overlaps, top1_q = top_overlaps(logits, top_b)
-    return (rkld, jsd, *overlaps, torch.exp(b.max(dim=1).values), top1_q, top_b[:, 0])
-
-
-def top_overlaps(logits, top_b) -> list:
-    """|top-k(q) ∩ top-k(base)| per row for each k of ``TOP_K``, from the base's top ids (most
-    probable first, at least max(TOP_K) of them), then the compared model's top-1 id."""
     top_q = top_ids(logits, max(TOP_K))
-    return [(top_q[:, :n, None] == top_b[:, None, :n]).sum(dim=(1, 2)) for n in TOP_K] + [top_q[:, 0]]
+    overlaps = top_overlaps(top_q, top_b)
+    return (rkld, jsd, *overlaps, torch.exp(b.max(dim=1).values), top_q[:, 0], top_b[:, 0])
+
+
+def top_overlaps(top_q, top_b) -> list:
+    """|top-k(q) ∩ top-k(base)| per row for each k of ``TOP_K``, from both models' top ids
+    (most probable first, at least max(TOP_K) of them)."""
+    return [(top_q[:, :n, None] == top_b[:, None, :n]).sum(dim=(1, 2)) for n in TOP_K]
+
+
+def candidate_top(vals, ids, k: int):
+    """(ids of the k largest, largest first and equal values lowest id first; rows whose
+    answer may be wrong) from per-lane candidates: ``vals`` and ``ids`` of shape (rows, 3,
+    lanes), each lane's three largest entries of a row (the Triton kernel's). An entry outside
+    them is at most its lane's third, so the answer is exact unless some lane's third reaches
+    the k-th value."""
+    import torch
+
+    n = vals.shape[0]
+    v, i = vals.reshape(n, -1), ids.reshape(n, -1).to(torch.int64)
+    keys = ordered_bits(v) * (1 << 32) + ((1 << 32) - 1 - i)
+    pick = keys.topk(k, dim=1).indices
+    kth = v.gather(1, pick[:, k - 1 :])[:, 0]
+    return i.gather(1, pick), vals[:, 2].amax(dim=1) >= kth
 
 
 # Candidates topk keeps beyond k: a tie at the k-th value that runs past them sends the row to

@@ -14,7 +14,7 @@ from __future__ import annotations
 from kldtool.codec.rows import normalizer_torch
 from kldtool.codec.topk_records import split_records
 from kldtool.reduce.records import TokenRecords, to_records
-from kldtool.reduce.rowmath import jsd_terms, row_blocks, top_overlaps
+from kldtool.reduce.rowmath import TOP_K, jsd_terms, row_blocks, top_ids, top_overlaps
 
 
 def reduce_topk_rows(logits, records, targets, k: int, floor: float) -> TokenRecords:
@@ -57,8 +57,9 @@ def _block(logits, records, targets, k, floor):
     nll_base = -(tcode.to(torch.float32) * scale + low)
     dp = torch.exp(-nll) - torch.exp(-nll_base)
     tail = rest_p * _band_kld(p[:, k // 2 :], q[:, k // 2 :], kept[:, k // 2 :])
-    *overlaps, top1_q = top_overlaps(logits, ids)
-    return (nll, nll_base, kld, dp, imax == ids[:, 0], rkld, jsd, *overlaps, p[:, 0], tail, top1_q, ids[:, 0])
+    top_q = top_ids(logits, max(TOP_K))
+    overlaps = top_overlaps(top_q, ids)
+    return (nll, nll_base, kld, dp, imax == ids[:, 0], rkld, jsd, *overlaps, p[:, 0], tail, top_q[:, 0], ids[:, 0])
 
 
 def _band_kld(p, q, kept):

@@ -17,7 +17,10 @@ torch reducer's forms (rowmath.extras_block: terms in ``d = log q - log p``, sec
 ``d``), with ``expm1`` and ``log1p`` written out (a Taylor polynomial near 0, where the
 difference ``exp(d) - 1`` would lose the digits; Triton's libdevice versions do not run under
 its CPU interpreter). The first pass's argmaxes give both top-1 ids and the base's top-1
-probability; only the top-5/10 sets come from torch (rowmath.top_ids, topk on the values).
+probability. For the top-5/10 sets the second pass also keeps each lane's three largest
+logits and base codes: the top ten of a row are among those candidates unless a lane holds
+more than three of them, which rowmath.candidate_top detects (such rows, rare, go through
+topk over the whole row).
 
 Tested on CPU under ``TRITON_INTERPRET=1`` against float64 numpy references; the GPU
 benchmark (``benchmarks/gpu_reducer.py``) measures it against the torch reducer.
@@ -25,16 +28,19 @@ benchmark (``benchmarks/gpu_reducer.py``) measures it against the torch reducer.
 
 from __future__ import annotations
 
+import numpy as np
 import triton
 import triton.language as tl
 
 from kldtool.codec.rows import HEADER_SLOTS
 from kldtool.reduce.records import TokenRecords, to_records
-from kldtool.reduce.rowmath import TOP_K, top_ids, top_overlaps
+from kldtool.reduce.rowmath import TOP_K, candidate_top, top_ids, top_overlaps
 
-TILE = 512
+# H100, 2048 rows of 128,256 (bf16 / fp32 logits): 1024 lanes, 4 warps, no pipelining 2.70 / 2.61 ms;
+# 512 lanes with 3 stages 3.14 / 3.31 ms (benchmarks/gpu_reducer.py --sweep).
+TILE = 1024
 NUM_WARPS = 4
-STAGES = 3
+STAGES = 1
 
 
 @triton.jit
@@ -86,6 +92,34 @@ def _extras(x, b, valid, big_m, floor, rk, p_all, js):
 
 
 @triton.jit
+def _top3(v, i, v1, i1, v2, i2, v3, i3):
+    """Insert each lane's new entry (value ``v``, id ``i``) into the lane's three largest,
+    largest first; strict comparisons: the lane sees ids in increasing order, so among equal
+    values the lower id stays ahead (order_keys' rule)."""
+    gt1 = v > v1
+    gt2 = v > v2
+    gt3 = v > v3
+    v3 = tl.where(gt2, v2, tl.where(gt3, v, v3))
+    i3 = tl.where(gt2, i2, tl.where(gt3, i, i3))
+    v2 = tl.where(gt1, v1, tl.where(gt2, v, v2))
+    i2 = tl.where(gt1, i1, tl.where(gt2, i, i2))
+    v1 = tl.where(gt1, v, v1)
+    i1 = tl.where(gt1, i, i1)
+    return v1, i1, v2, i2, v3, i3
+
+
+@triton.jit
+def _store_top3(vals, ids, lanes, TILE: tl.constexpr, v1, i1, v2, i2, v3, i3):
+    """A row's candidates, each lane's first, second and third in turn."""
+    tl.store(vals + lanes, v1)
+    tl.store(vals + TILE + lanes, v2)
+    tl.store(vals + 2 * TILE + lanes, v3)
+    tl.store(ids + lanes, i1)
+    tl.store(ids + TILE + lanes, i2)
+    tl.store(ids + 2 * TILE + lanes, i3)
+
+
+@triton.jit
 def _reduce_kernel(
     logits_ptr,
     logits_stride,
@@ -94,6 +128,8 @@ def _reduce_kernel(
     head_ptr,
     targets_ptr,
     out_ptr,
+    cand_ptr,
+    cand_id_ptr,
     n_rows,
     n_vocab,
     floor,
@@ -154,17 +190,33 @@ def _reduce_kernel(
     rk = tl.zeros((TILE,), tl.float64)
     p_all = tl.zeros((TILE,), tl.float64)
     js = tl.zeros((TILE,), tl.float64)
+    # The same pass keeps each lane's three largest logits and base codes (top-k candidates:
+    # rowmath.candidate_top). Codes rank as the values they decode to unless the scale is 0.
+    live = (scale > 0).to(tl.float32)
+    none = tl.full((TILE,), float("-inf"), tl.float32)
+    no_id = tl.full((TILE,), n_vocab, tl.int32)
+    x1, xi1, x2, xi2, x3, xi3 = none, no_id, none, no_id, none, no_id
+    c1, ci1, c2, ci2, c3, ci3 = none, no_id, none, no_id, none, no_id
     for start in tl.range(0, n_full, TILE, num_stages=STAGES):
         offs = start + lanes
         x = tl.load(lrow + offs).to(tl.float32)
-        b = tl.load(crow + offs).to(tl.float32) * scale + lowest
+        c = tl.load(crow + offs).to(tl.float32)
+        b = c * scale + lowest
         rk, p_all, js = _extras(x, b, offs < n_vocab, big_m, floor, rk, p_all, js)
+        x1, xi1, x2, xi2, x3, xi3 = _top3(x, offs, x1, xi1, x2, xi2, x3, xi3)
+        c1, ci1, c2, ci2, c3, ci3 = _top3(c * live, offs, c1, ci1, c2, ci2, c3, ci3)
     for start in range(n_full, n_vocab, TILE):
         offs = start + lanes
         valid = offs < n_vocab
         x = tl.load(lrow + offs, mask=valid, other=0.0).to(tl.float32)
-        b = tl.load(crow + offs, mask=valid, other=0).to(tl.float32) * scale + lowest
+        c = tl.load(crow + offs, mask=valid, other=0).to(tl.float32)
+        b = c * scale + lowest
         rk, p_all, js = _extras(x, b, valid, big_m, floor, rk, p_all, js)
+        x1, xi1, x2, xi2, x3, xi3 = _top3(tl.where(valid, x, none), offs, x1, xi1, x2, xi2, x3, xi3)
+        c1, ci1, c2, ci2, c3, ci3 = _top3(tl.where(valid, c * live, none), offs, c1, ci1, c2, ci2, c3, ci3)
+    vals, ids = cand_ptr + r * (6 * TILE), cand_id_ptr + r * (6 * TILE)
+    _store_top3(vals, ids, lanes, TILE, x1, xi1, x2, xi2, x3, xi3)
+    _store_top3(vals + 3 * TILE, ids + 3 * TILE, lanes, TILE, c1, ci1, c2, ci2, c3, ci3)
 
     # One float64 record table (float32 values and ids are exact in it): one copy to the host.
     tl.store(out_ptr + r, nll.to(tl.float64))
@@ -183,8 +235,9 @@ def reduce_rows_triton(
     logits, base_rows, targets, floor: float, tile: int = TILE, num_warps: int = NUM_WARPS, stages: int = STAGES
 ):
     """The kernel alone, the contract of ``reduce.reduce_rows`` for int16 ``base_rows`` on the logits' device;
-    returns the (10, rows) float64 record table on it: nll, nll_base, kld, dp, same_top, rkld, jsd,
-    ptop_base, top1_q, top1_base."""
+    returns, on it, the (10, rows) float64 record table (nll, nll_base, kld, dp, same_top, rkld,
+    jsd, ptop_base, top1_q, top1_base) and the top-k candidates: float32 values and int32 ids of
+    shape (rows, 2, 3, lanes), each lane's three largest logits, then base codes."""
     import torch
 
     n_rows, n_vocab = logits.shape
@@ -195,6 +248,8 @@ def reduce_rows_triton(
     targets = torch.as_tensor(targets, dtype=torch.int64, device=logits.device)
     out = torch.empty((len(COLUMNS), n_rows), dtype=torch.float64, device=logits.device)
     tile = min(tile, triton.next_power_of_2(n_vocab))
+    cand = torch.empty((n_rows, 2, 3, tile), dtype=torch.float32, device=logits.device)
+    cand_ids = torch.empty((n_rows, 2, 3, tile), dtype=torch.int32, device=logits.device)
     if n_rows:
         _reduce_kernel[(n_rows,)](
             logits,
@@ -204,6 +259,8 @@ def reduce_rows_triton(
             head,
             targets,
             out,
+            cand,
+            cand_ids,
             n_rows,
             n_vocab,
             floor,
@@ -211,26 +268,39 @@ def reduce_rows_triton(
             STAGES=stages,
             num_warps=num_warps,
         )
-    return out
+    return out, cand, cand_ids
 
 
 def triton_records(logits, base_rows, targets, floor: float) -> TokenRecords:
-    """The records: the kernel's, and the top-5/10 overlaps from topk on the device."""
+    """The records: the kernel's, and the top-5/10 overlaps from its candidates (rows where
+    they may miss an entry go through topk over the whole row), with one copy to the host."""
     import torch
 
     base_rows = base_rows.to(logits.device)
-    table = reduce_rows_triton(logits, base_rows, targets, floor)
-    overlaps = []
-    for a in range(0, logits.shape[0], TOP_ROWS):
-        rows = base_rows[a : a + TOP_ROWS]
-        codes = rows[:, HEADER_SLOTS : HEADER_SLOTS + logits.shape[1]].to(torch.int32) & 0xFFFF
-        # Codes rank as the values they decode to, unless the row's scale is 0 (all equal).
-        codes *= rows[:, :HEADER_SLOTS].contiguous().view(torch.float32)[:, :1] > 0
-        overlaps.append(torch.stack(top_overlaps(logits[a : a + TOP_ROWS], top_ids(codes, max(TOP_K)))[: len(TOP_K)]))
-    core = table.cpu().numpy()
-    top = torch.cat(overlaps, dim=1).cpu().numpy() if overlaps else core[: len(TOP_K)]
-    cols = dict(zip(COLUMNS, core))
+    table, cand, cand_ids = reduce_rows_triton(logits, base_rows, targets, floor)
+    k = max(TOP_K)
+    top_q, unsure_q = candidate_top(cand[:, 0], cand_ids[:, 0], k)
+    top_b, unsure_b = candidate_top(cand[:, 1], cand_ids[:, 1], k)
+    overlaps = torch.stack(top_overlaps(top_q, top_b)).to(torch.float64)
+    packed = torch.cat([table, overlaps, (unsure_q | unsure_b).to(torch.float64)[None]]).cpu().numpy()
+    cols = dict(zip(COLUMNS, packed))
+    top = packed[len(COLUMNS) : len(COLUMNS) + len(TOP_K)]
+    unsure = np.nonzero(packed[-1])[0]
+    for a in range(0, len(unsure), TOP_ROWS):
+        rows = torch.as_tensor(unsure[a : a + TOP_ROWS], device=logits.device)
+        top[:, rows.cpu().numpy()] = torch.stack(_exact_overlaps(logits[rows], base_rows[rows])).cpu().numpy()
     return to_records([cols[f] for f in COLUMNS[:7]] + list(top) + [cols[f] for f in COLUMNS[7:]])
+
+
+def _exact_overlaps(logits, rows) -> list:
+    """The top-5/10 overlaps by topk over whole rows (rowmath.top_ids)."""
+    import torch
+
+    codes = rows[:, HEADER_SLOTS : HEADER_SLOTS + logits.shape[1]].to(torch.int32) & 0xFFFF
+    # Codes rank as the values they decode to, unless the row's scale is 0 (all equal).
+    codes *= rows[:, :HEADER_SLOTS].contiguous().view(torch.float32)[:, :1] > 0
+    k = max(TOP_K)
+    return top_overlaps(top_ids(logits, k), top_ids(codes, k))
 
 
 COLUMNS = ("nll", "nll_base", "kld", "dp", "same_top", "rkld", "jsd", "ptop_base", "top1_q", "top1_base")
