@@ -289,6 +289,22 @@ def test_bad_flags(tmp_path):
         assert p.returncode == 2 and "Traceback" not in p.stderr
 
 
+def test_llama_cpp_attention_flags(small_raw, tmp_path, q4_1_gguf):
+    """--kv-cache-dtype and --flash-attn reach llama.cpp (its -ctk/-ctv and -fa) and are refused
+    in one line elsewhere or with a value llama.cpp has no type for."""
+    base = ("compare", "--kl-divergence-base", small_raw, "-m", q4_1_gguf)
+    one_line_error(fail(*base, "--kv-cache-dtype", "q3"), errors.UsageError, "--kv-cache-dtype q3", "q8_0")
+    one_line_error(fail(*base, "--flash-attn", "maybe"), errors.UsageError, "--flash-attn maybe")
+    model = ("--engine", "transformers", "-m", "nope")
+    one_line_error(fail(*base[:3], *model, "--flash-attn", "off"), errors.UsageError, "only for --engine llamacpp")
+    one_line_error(fail(*base[:3], *model, "--kv-cache-dtype", "f32"), errors.UsageError, "vllm or llamacpp")
+    out = tmp_path / "r.json"
+    run_cli(*base, "--kv-cache-dtype", "q4_0", "--flash-attn", "on", "--json", out)
+    r = json.loads(out.read_text())
+    assert r["model"]["kv_cache"] == "q4_0" and r["model"]["flash_attn"] == "on"
+    assert r["statistics"]["kld_mean"]["value"] > 1e-3  # the fixture's own model, its cache at 4 bits
+
+
 def test_ctx_contradicting_the_file(small_raw):
     one_line_error(fail("compare", "--kl-divergence-base", small_raw, "-c", 512), errors.UsageError, "-c 512", "-c 128")
 

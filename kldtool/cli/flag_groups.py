@@ -62,6 +62,15 @@ ENGINE = {
             "perplexity's layout). The numbers do not change.",
         ),
     ),
+    "flash_attn": (
+        Optional[str],
+        typer.Option(
+            None,
+            "--flash-attn",
+            help="llamacpp: auto (default, as llama-perplexity: on for this CPU), on or off (its -fa). "
+            "Flash attention keeps parts of attention in f16: ~1e-4 nats of NLL.",
+        ),
+    ),
     "tensor_parallel_size": (
         Optional[int],
         typer.Option(None, "--tensor-parallel-size", help="vLLM: tensor-parallel ranks."),
@@ -82,7 +91,15 @@ ENGINE = {
         Optional[str],
         typer.Option(None, "--quantization", help="vLLM: quantization method (default: from the checkpoint)."),
     ),
-    "kv_cache_dtype": (Optional[str], typer.Option(None, "--kv-cache-dtype", help="vLLM: KV-cache dtype.")),
+    "kv_cache_dtype": (
+        Optional[str],
+        typer.Option(
+            None,
+            "--kv-cache-dtype",
+            help="vLLM: KV-cache dtype (its names). llamacpp: K and V cache type, f16 (default, as "
+            "llama-perplexity), f32, bf16, q8_0, q4_0, q4_1, iq4_nl, q5_0 or q5_1 (its -ctk/-ctv).",
+        ),
+    ),
     "logits_block": (
         Optional[int],
         typer.Option(

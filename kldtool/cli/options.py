@@ -84,6 +84,7 @@ def open_engine(opts: SimpleNamespace, model: str | None, n_ctx: int):
             opts.contexts,
             opts.revision,
             opts.gguf_file,
+            opts.flash_attn,
         ),
         n_ctx,
     )

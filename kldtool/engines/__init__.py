@@ -37,6 +37,7 @@ class EngineOptions:
     contexts: int | None = None  # llamacpp: contexts decoding side by side
     revision: str | None = None  # a hub id's branch, tag or commit
     gguf_file: str | None = None  # a GGUF inside the hub repository -m names
+    flash_attn: str | None = None  # llamacpp: auto, on or off
 
 
 def guess_engine(model: str | None, gguf_file: str | None = None) -> str:
@@ -94,8 +95,12 @@ def make_engine(opts: EngineOptions, n_ctx: int):
             f"--contexts {opts.contexts}: only for --engine llamacpp (the {cls.name} engine spreads "
             f"one batch over its device itself)"
         )
-    if opts.vllm and not cls.takes_vllm_args:
-        raise UsageError(f"{', '.join('--' + k.replace('_', '-') for k in opts.vllm)}: only for --engine vllm")
+    if opts.flash_attn is not None and not cls.takes_kv_cache_dtype:
+        raise UsageError(f"--flash-attn {opts.flash_attn}: only for --engine llamacpp")
+    vllm_only = [k for k in opts.vllm if not (k == "kv_cache_dtype" and cls.takes_kv_cache_dtype)]
+    if vllm_only and not cls.takes_vllm_args:
+        also = " or llamacpp" if vllm_only == ["kv_cache_dtype"] else ""
+        raise UsageError(f"{', '.join('--' + k.replace('_', '-') for k in vllm_only)}: only for --engine vllm{also}")
     if name == "python":  # a factory's spec names code, not weights
         return cls.from_options(opts, n_ctx)
     ref = _model_ref(opts)

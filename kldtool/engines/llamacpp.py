@@ -33,6 +33,7 @@ import numpy as np
 from kldtool.engines import llamacpp_load
 from kldtool.engines.base import Engine
 from kldtool.engines.llamacpp_load import silence_llama_logs
+from kldtool.engines.llamacpp_attention import Attention
 from kldtool.errors import EngineError, UsageError
 from kldtool.protocols import Window
 
@@ -66,6 +67,7 @@ def _same_kernels(batch: list[Window], ubatch: int) -> bool:
 class LlamaCppEngine(Engine):
     name = "llamacpp"
     takes_contexts = True
+    takes_kv_cache_dtype = True
 
     @classmethod
     def from_options(cls, opts, n_ctx: int) -> "LlamaCppEngine":
@@ -80,6 +82,7 @@ class LlamaCppEngine(Engine):
             threads=opts.threads,
             batch_tokens=opts.batch_tokens,
             contexts=opts.contexts,
+            attention=Attention.from_flags(opts.vllm.get("kv_cache_dtype"), opts.flash_attn),
         )
 
     def __init__(
@@ -89,6 +92,7 @@ class LlamaCppEngine(Engine):
         batch_tokens: int = 2048,
         verbose: bool = False,
         contexts: int | None = None,
+        attention: Attention = Attention(),
     ):
         try:
             import llama_cpp as lib
@@ -101,6 +105,7 @@ class LlamaCppEngine(Engine):
         if not os.path.isfile(model):
             raise EngineError(f"{model}: no such GGUF file")
         self.model_path = model
+        self.attention = attention
         self.threads = threads or os.cpu_count() or 1
         self.contexts = contexts or min(2, self.threads)
         self.batch_tokens = batch_tokens
@@ -179,6 +184,7 @@ class LlamaCppEngine(Engine):
         cp.n_batch = min(self.batch_tokens, n_seq * n_ctx)
         cp.n_threads = cp.n_threads_batch = self.threads
         cp.swa_full = False  # llama-perplexity's (common's) default
+        self.attention.apply(cp, lib)
         self.ctx = lib.llama_init_from_model(self.model, cp)
         if not self.ctx:
             raise EngineError(f"{self.model_path}: llama.cpp could not create a context of {n_seq} x {n_ctx} tokens")
@@ -323,6 +329,7 @@ class LlamaCppEngine(Engine):
             "device": "cpu",
             "threads": self.threads,
             "contexts": self.contexts,
+            **self.attention.describe(),
             "versions": {"llama-cpp-python": llama_cpp.__version__},
             "cpu_isa": cpu_features(llama_cpp),
         }
