@@ -100,6 +100,19 @@ def test_rows_many_times_wider_than_the_kernels_lanes():
     check(q, rows, targets)
 
 
+def test_records_taken_later_are_the_same_records():
+    """An engine may take a device's records once its next block is queued (defer: pending on
+    the Triton path, as they are on a GPU; the host reducers answer at once): the same records."""
+    from dataclasses import astuple
+
+    from kldtool.reduce import settled
+
+    q, rows, targets = random_case(12, n=40, v=1500)
+    later = settled(reduce_rows(torch.from_numpy(q), rows_to_torch(rows), targets, defer=True))
+    now = reduce(q, rows, targets)
+    assert all(np.array_equal(a, b) for a, b in zip(astuple(later), astuple(now)))
+
+
 def test_a_model_against_itself_to_the_last_digits():
     """The compared logits are the base row itself: divergences of ~1e-7 (from the clamped
     entries only) must come out to their float64 value, not float32 rounding noise. (Reverse

@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -40,22 +41,17 @@ def fp32_runs(fp32_dir, hf_base, fixture_base, hub_env, tmp_path_factory):
     run_cli(
         "base", "-m", gemma, *corpus_flags("gemma3"), "-c", 64, "--chunks", 2, "--kl-divergence-base", d / "v262k.kldt"
     )
+    g = ("--engine", "vllm", "-m", gemma, "--dtype", "float32")
+    g_text = (*corpus_flags("gemma3"), "-c", 64, "--chunks", 2)
     vocab = [
-        (
-            "vocab-262k",
-            [
-                "compare",
-                "--engine",
-                "vllm",
-                "-m",
-                gemma,
-                "--dtype",
-                "float32",
-                "--kl-divergence-base",
-                d / "v262k.kldt",
-            ],
-        )
+        ("vocab-262k", ["compare", *g, "--kl-divergence-base", d / "v262k.kldt"]),
+        # vLLM writes the base file, scores ppl and compares in shards at this vocabulary too.
+        ("vocab-262k-base", ["base", *g, *g_text, "--kl-divergence-base", d / "v262k-vllm.kldt"]),
+        ("vocab-262k-ppl", ["ppl", *g, *g_text]),
     ]
+    for k in (0, 1):
+        shard = ("--chunk-range", f"{k}:{k + 1}", "--state", d / f"v262k-s{k}.npz")
+        vocab.append((f"vocab-262k-s{k}", ["compare", *g, "--kl-divergence-base", d / "v262k.kldt", *shard]))
     vllm = ("--engine", "vllm", "-m", fp32_dir, "--dtype", "float32")
     jobs = [("hf", ["compare", *vllm, "--kl-divergence-base", hf_base])]
     # llama-perplexity's base file of the Q4_1 GGUF (its Q8 activations: a KLD of ~0.003), in the
@@ -188,6 +184,30 @@ def test_vllm_at_262k_vocabulary_is_transformers(fp32_runs):
     assert r["base_file"]["n_vocab"] == 262_144 and s["count"] == 2 * 31
     assert abs(s["kld_mean"]["value"]) < 1e-4 and abs(s["ln_ppl_ratio"]["value"]) < 1e-4
     assert s["same_top_p"]["value"] > 0.95
+
+
+def test_vllm_base_ppl_and_shards_at_262k(fp32_runs, tmp_path):
+    """At 262,144: vLLM's own base file, read back through transformers, is the same model; its
+    ppl prints transformers' estimate; its two one-window shards merge to the whole run."""
+    whole = fp32_runs["vocab-262k"][3]
+    runs_dir = Path(whole["base_file"]["path"]).parent
+    gemma = model_dir("gemma3")
+    vllm_base = runs_dir / "v262k-vllm.kldt"
+    facts = json.loads(run_cli("info", "--json", vllm_base).stdout)
+    assert facts["n_vocab"] == 262_144 and facts["complete"], facts
+    back = compare_json(vllm_base, tmp_path, "-m", gemma)["statistics"]
+    assert abs(back["kld_mean"]["value"]) < 1e-4 and back["same_top_p"]["value"] > 0.95
+    ppl = run_cli("ppl", "-m", gemma, *corpus_flags("gemma3"), "-c", 64, "--chunks", 2).stderr
+    ours, theirs = (
+        float(t.split("Final estimate: PPL = ")[1].split()[0]) for t in (fp32_runs["vocab-262k-ppl"][1], ppl)
+    )
+    assert abs(ours / theirs - 1) < 1e-4, (ours, theirs)
+    merged = tmp_path / "merged.json"
+    states = [runs_dir / f"v262k-s{k}.npz" for k in (0, 1)]
+    run_cli("merge", *states, "--json", merged)
+    m = json.loads(merged.read_text())["statistics"]
+    assert m["count"] == whole["statistics"]["count"]
+    assert abs(m["kld_mean"]["value"] - whole["statistics"]["kld_mean"]["value"]) < 1e-6
 
 
 def test_vllm_by_hub_id_is_the_directory_behind_it(fp32_runs):

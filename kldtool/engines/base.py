@@ -13,7 +13,7 @@ import numpy as np
 from kldtool.codec import Coding, encode_base_rows, target_nll
 from kldtool.errors import UsageError
 from kldtool.protocols import Window
-from kldtool.reduce import TokenRecords, reduce_base
+from kldtool.reduce import TokenRecords, reduce_base, settled
 
 
 class Engine(ABC):
@@ -69,9 +69,18 @@ class Engine(ABC):
             yield i, 0, lg
 
     def _per_block(self, windows: list[Window], fn) -> list[list]:
+        """fn(window, first row, logits) of every block, by window. A pending result (work
+        queued on a device) is taken once the next block's is queued: the device works on that
+        block while the host waits for and files this one."""
         parts: list[list] = [[] for _ in windows]
+        held = None
         for i, off, lg in self.logit_blocks(windows):
-            parts[i].append(fn(windows[i], off, lg))
+            got = fn(windows[i], off, lg)
+            if held is not None:
+                parts[held[0]].append(settled(held[1]))
+            held = (i, got)
+        if held is not None:
+            parts[held[0]].append(settled(held[1]))
         return parts
 
     def rows_source(self, reader, chunks: list[int]):
@@ -93,7 +102,7 @@ class Engine(ABC):
             n = len(lg)  # the base rows of this block only: a long window never lies whole in memory
             if not isinstance(lg, np.ndarray):
                 rows = source.rows_torch(w.index, lg.device, off, off + n)
-                return reduce_base(lg, rows, w.targets[off : off + n], source.header)
+                return reduce_base(lg, rows, w.targets[off : off + n], source.header, defer=True)
             parts, a = [], 0  # on the host, frame by frame: the rows are never copied
             for rows in source.parts_numpy(w.index, off, off + n):
                 b = a + len(rows)

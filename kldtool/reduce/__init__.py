@@ -21,16 +21,28 @@ import threading
 
 import numpy as np
 
-from kldtool.reduce.records import FIELDS, TokenRecords, to_records
+from kldtool.reduce.records import FIELDS, PendingRecords, TokenRecords, settled, to_records
 from kldtool.reduce.rowmath import KLD_FLOOR, TOP_K
 
-__all__ = ["FIELDS", "KLD_FLOOR", "TOP_K", "TokenRecords", "reduce_base", "reduce_rows", "reducer_for", "warm_up"]
+__all__ = [
+    "FIELDS",
+    "KLD_FLOOR",
+    "TOP_K",
+    "PendingRecords",
+    "TokenRecords",
+    "reduce_base",
+    "reduce_rows",
+    "reducer_for",
+    "settled",
+    "warm_up",
+]
 
 
-def reduce_base(logits, base_rows, targets, header) -> TokenRecords:
+def reduce_base(logits, base_rows, targets, header, defer: bool = False) -> TokenRecords:
     """Reduce against a base file's rows as its header (``keep``, ``kld_floor``) describes them:
     full rows, or top-K records. Logits and rows are both torch tensors, or both numpy arrays
-    (a host engine's logits, uint16 rows)."""
+    (a host engine's logits, uint16 rows). ``defer``: a GPU's records may come back pending
+    (records.PendingRecords), their computation queued."""
     if header.keep:
         from kldtool.codec.rows import rows_to_torch
         from kldtool.reduce.topk_rows import reduce_topk_rows
@@ -38,10 +50,10 @@ def reduce_base(logits, base_rows, targets, header) -> TokenRecords:
         if isinstance(logits, np.ndarray):
             logits, base_rows = _torch(logits), rows_to_torch(base_rows)
         return reduce_topk_rows(logits, base_rows, targets, header.keep, header.kld_floor)
-    return reduce_rows(logits, base_rows, targets, header.kld_floor)
+    return reduce_rows(logits, base_rows, targets, header.kld_floor, defer)
 
 
-def reduce_rows(logits, base_rows, targets, floor: float = KLD_FLOOR) -> TokenRecords:
+def reduce_rows(logits, base_rows, targets, floor: float = KLD_FLOOR, defer: bool = False) -> TokenRecords:
     """Reduce compared logits (R, V) against base rows (R, NV: int16 tensors, or uint16 arrays
     beside numpy logits) for target ids (R,); base entries at or below ``floor`` (the file's -clamp, -16 in llama.cpp's layout) count as clamped."""
     # Backends load on first use: numba compiles and Triton needs CUDA, and neither is needed
@@ -66,7 +78,7 @@ def reduce_rows(logits, base_rows, targets, floor: float = KLD_FLOOR) -> TokenRe
     if kind == "triton":
         from kldtool.reduce.triton_kernel import triton_records
 
-        return triton_records(logits, base_rows, targets, floor)
+        return triton_records(logits, base_rows, targets, floor, defer)
     from kldtool.reduce.torch_ops import reduce_rows_torch
 
     return reduce_rows_torch(logits, base_rows, targets, floor)

@@ -69,3 +69,20 @@ def to_records(cols: list) -> TokenRecords:
     if len(cols) == len(FIELDS) - 1:
         cols = cols[:TAIL] + [np.zeros(len(cols[0]))] + cols[TAIL:]
     return TokenRecords(*(np.asarray(a, dt) for a, dt in zip(cols, FIELDS.values())))
+
+
+class PendingRecords:
+    """Records whose computation is queued on a device: ``result()`` waits for it and brings
+    them to the host. An engine takes them after queueing its next block's work, so the device
+    computes that block while the host finishes this one."""
+
+    def __init__(self, finish):
+        self._finish = finish
+
+    def result(self) -> TokenRecords:
+        return self._finish()
+
+
+def settled(records):
+    """``records`` on the host (a pending result waited for)."""
+    return records.result() if isinstance(records, PendingRecords) else records

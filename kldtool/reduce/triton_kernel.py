@@ -33,7 +33,7 @@ import triton
 import triton.language as tl
 
 from kldtool.codec.rows import HEADER_SLOTS
-from kldtool.reduce.records import TokenRecords, to_records
+from kldtool.reduce.records import PendingRecords, TokenRecords, to_records
 from kldtool.reduce.rowmath import TOP_K, candidate_top, top_ids, top_overlaps
 
 # H100, 2048 rows of 128,256 (bf16 / fp32 logits): 1024 lanes, 4 warps, no pipelining 2.70 / 2.61 ms;
@@ -245,7 +245,7 @@ def reduce_rows_triton(
         logits = logits.contiguous()
     head = base_rows[:, :HEADER_SLOTS].contiguous().view(torch.float32)
     codes = base_rows[:, HEADER_SLOTS:].view(torch.uint16)  # same bits; loads convert directly
-    targets = torch.as_tensor(targets, dtype=torch.int64, device=logits.device)
+    targets = _on_device(targets, logits.device)
     out = torch.empty((len(COLUMNS), n_rows), dtype=torch.float64, device=logits.device)
     tile = min(tile, triton.next_power_of_2(n_vocab))
     cand = torch.empty((n_rows, 2, 3, tile), dtype=torch.float32, device=logits.device)
@@ -271,9 +271,21 @@ def reduce_rows_triton(
     return out, cand, cand_ids
 
 
-def triton_records(logits, base_rows, targets, floor: float) -> TokenRecords:
+def _on_device(targets, device):
+    """Target ids on ``device`` without waiting for it: a copy from pageable host memory would
+    first wait for every kernel queued before it (the forward), so they go through pinned memory."""
+    import torch
+
+    if isinstance(targets, torch.Tensor) and targets.device == device:
+        return targets.to(torch.int64)
+    host = torch.as_tensor(np.asarray(targets, np.int64))
+    return host.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else host.to(device)
+
+
+def triton_records(logits, base_rows, targets, floor: float, defer: bool = False):
     """The records: the kernel's, and the top-5/10 overlaps from its candidates (rows where
-    they may miss an entry go through topk over the whole row), with one copy to the host."""
+    they may miss an entry go through topk over the whole row), with one copy to the host;
+    ``defer``: as PendingRecords, everything queued on the device and nothing waited for."""
     import torch
 
     base_rows = base_rows.to(logits.device)
@@ -282,7 +294,15 @@ def triton_records(logits, base_rows, targets, floor: float) -> TokenRecords:
     top_q, unsure_q = candidate_top(cand[:, 0], cand_ids[:, 0], k)
     top_b, unsure_b = candidate_top(cand[:, 1], cand_ids[:, 1], k)
     overlaps = torch.stack(top_overlaps(top_q, top_b)).to(torch.float64)
-    packed = torch.cat([table, overlaps, (unsure_q | unsure_b).to(torch.float64)[None]]).cpu().numpy()
+    packed = torch.cat([table, overlaps, (unsure_q | unsure_b).to(torch.float64)[None]])
+    finish = lambda: _on_host(packed, logits, base_rows)  # noqa: E731
+    return PendingRecords(finish) if defer else finish()
+
+
+def _on_host(packed, logits, base_rows) -> TokenRecords:
+    import torch
+
+    packed = packed.cpu().numpy()
     cols = dict(zip(COLUMNS, packed))
     top = packed[len(COLUMNS) : len(COLUMNS) + len(TOP_K)]
     unsure = np.nonzero(packed[-1])[0]
