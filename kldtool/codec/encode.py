@@ -31,9 +31,7 @@ def encode_base_rows(logits, targets, coding: Coding) -> tuple[np.ndarray, np.nd
 
 
 def _encode(logits, targets, coding: Coding) -> tuple[np.ndarray, np.ndarray]:
-    import torch
-
-    logits = logits.to(torch.float32)
+    # The encoders take float32 themselves (the Triton one reads the model's dtype directly).
     if coding.keep:
         rows, norm = encode_topk_torch(logits, targets, coding)
     else:
@@ -65,4 +63,4 @@ def _nll(logits, norm, targets) -> np.ndarray:
     import torch
 
     target = torch.as_tensor(targets, dtype=torch.int64, device=logits.device)[:, None]
-    return (norm - logits.gather(1, target)[:, 0]).cpu().numpy()
+    return (norm - logits.gather(1, target)[:, 0].to(torch.float32)).cpu().numpy()

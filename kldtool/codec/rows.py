@@ -171,6 +171,17 @@ def normalizer_torch(logits, exact: bool = False):
     return mx, imax, lse
 
 
+def window_torch(lowest, mx, lse, codec: str, clamp: float):
+    """Per row, from its min, max and log-sum-exp: the floor mn, 1 / scale (0 where the scale
+    is 0) and the row's header slots (scale, min_log_prob) as int16, on their device."""
+    import torch
+
+    mn, scale = _window(torch, lowest, mx, lse, codec, clamp)
+    inv = torch.where(scale != 0, 1.0 / scale, torch.zeros_like(scale))
+    head = torch.stack([scale, (mn - mx) - lse], dim=1).contiguous().view(torch.int16)
+    return mn, inv, head
+
+
 def encode_torch(logits, codec: str = "llamacpp", clamp: float = DEFAULT_CLAMP):
     """Torch twin of :func:`encode_np`; returns (int16 rows on the logits' device, M)."""
     import torch
@@ -178,13 +189,10 @@ def encode_torch(logits, codec: str = "llamacpp", clamp: float = DEFAULT_CLAMP):
     logits = logits.to(torch.float32)
     n_rows, n_vocab = logits.shape
     mx, _, lse = normalizer_torch(logits, exact=True)
-    mn, scale = _window(torch, logits.min(dim=1).values, mx, lse, codec, clamp)
-    min_log_prob = (mn - mx) - lse
-    inv = torch.where(scale != 0, 1.0 / scale, torch.zeros_like(scale))
+    mn, inv, head = window_torch(logits.min(dim=1).values, mx, lse, codec, clamp)
     q = torch.round(inv[:, None] * (logits - mn[:, None]))
     q = torch.where(logits <= mn[:, None], torch.zeros_like(q), q).to(torch.int32)
     q = torch.where(q > 32767, q - 65536, q).to(torch.int16)
-    head = torch.stack([scale, min_log_prob], dim=1).contiguous().view(torch.int16)
     pad = torch.zeros((n_rows, row_width(n_vocab) - HEADER_SLOTS - n_vocab), dtype=torch.int16, device=logits.device)
     return torch.cat([head, q, pad], dim=1), mx + lse
 

@@ -6,7 +6,7 @@ alone are twice their size); on a GPU that traffic, not arithmetic, is its cost,
 a hidden-state base's replay. Here one program owns a row: the first kernel reads it twice (max
 and min, then the exponential sum, each exp evaluated in float64 and rounded to float32 as
 encode_torch does), torch computes each row's window from those three numbers with the very
-code encode_torch uses (rows._window), and the second kernel reads the row once more and writes
+code encode_torch uses (rows.window_torch), and the second kernel reads the row once more and writes
 its codes. Rounding is half to even, spelled out with floor; the codes kernel is compiled
 without fused multiply-adds, which would take the fraction from the unrounded product.
 
@@ -18,7 +18,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from kldtool.codec.rows import HEADER_SLOTS, _window, row_width
+from kldtool.codec.rows import HEADER_SLOTS, row_width, window_torch
 
 TILE = 1024
 NUM_WARPS = 4
@@ -85,8 +85,7 @@ def encode_triton(logits, codec: str = "grid", clamp: float = 16.0):
         return rows, stats[0]
     _stats_kernel[(n_rows,)](logits, logits.stride(0), stats, n_rows, n_vocab, TILE=tile, num_warps=NUM_WARPS)
     mx, lowest, lse = stats
-    mn, scale = _window(torch, lowest, mx, lse, codec, clamp)
-    inv = torch.where(scale != 0, 1.0 / scale, torch.zeros_like(scale))
+    mn, inv, head = window_torch(lowest, mx, lse, codec, clamp)
     window = torch.stack([mn, inv]).contiguous()
     codes = rows.view(torch.uint16)[:, HEADER_SLOTS:]
     _codes_kernel[(n_rows,)](
@@ -101,5 +100,5 @@ def encode_triton(logits, codec: str = "grid", clamp: float = 16.0):
         num_warps=NUM_WARPS,
         enable_fp_fusion=False,  # y - floor(y) must see the rounded product, never a fused one
     )
-    rows[:, :HEADER_SLOTS] = torch.stack([scale, (mn - mx) - lse], dim=1).contiguous().view(torch.int16)
+    rows[:, :HEADER_SLOTS] = head
     return rows, mx + lse

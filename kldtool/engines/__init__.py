@@ -95,9 +95,9 @@ def make_engine(opts: EngineOptions, n_ctx: int):
             f"--contexts {opts.contexts}: only for --engine llamacpp (the {cls.name} engine spreads "
             f"one batch over its device itself)"
         )
-    if opts.flash_attn is not None and not cls.takes_kv_cache_dtype:
+    if opts.flash_attn is not None and not cls.takes_attention_flags:
         raise UsageError(f"--flash-attn {opts.flash_attn}: only for --engine llamacpp")
-    vllm_only = [k for k in opts.vllm if not (k == "kv_cache_dtype" and cls.takes_kv_cache_dtype)]
+    vllm_only = [k for k in opts.vllm if not (k == "kv_cache_dtype" and cls.takes_attention_flags)]
     if vllm_only and not cls.takes_vllm_args:
         also = " or llamacpp" if vllm_only == ["kv_cache_dtype"] else ""
         raise UsageError(f"{', '.join('--' + k.replace('_', '-') for k in vllm_only)}: only for --engine vllm{also}")

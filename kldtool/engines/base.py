@@ -27,7 +27,7 @@ class Engine(ABC):
     reduces_here: bool = True  # False where the engine's own workers reduce (vLLM)
     takes_contexts = False  # --contexts: contexts side by side (llama.cpp)
     takes_vllm_args = False  # vLLM's own flags
-    takes_kv_cache_dtype = False  # llama.cpp's attention settings: --kv-cache-dtype (no other vLLM flag), --flash-attn
+    takes_attention_flags = False  # llama.cpp's --kv-cache-dtype (beside no other vLLM flag) and --flash-attn
     source: dict | None = None  # where the model came from (model_ref.ModelRef.record), set by make_engine
 
     @classmethod

@@ -67,7 +67,7 @@ def _same_kernels(batch: list[Window], ubatch: int) -> bool:
 class LlamaCppEngine(Engine):
     name = "llamacpp"
     takes_contexts = True
-    takes_kv_cache_dtype = True
+    takes_attention_flags = True
 
     @classmethod
     def from_options(cls, opts, n_ctx: int) -> "LlamaCppEngine":

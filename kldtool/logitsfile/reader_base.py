@@ -49,19 +49,19 @@ def stage_frame(frame: Frame, device=None) -> Frame:
     return frame._replace(data=OnDevice(buf, done))
 
 
-_COPY_STREAMS: dict = {}
-_COPY_LOCK = threading.Lock()
+_COPY = threading.local()  # each prefetch thread's copy stream per device
 
 
 def _copy_stream(device):
-    """One copy stream per device and thread (a stream orders its copies; threads need not wait on each other's)."""
+    """The calling thread's copy stream on ``device`` (a stream orders its copies; threads need
+    not wait on each other's)."""
     import torch
 
-    key = (device.index if device.index is not None else torch.cuda.current_device(), threading.get_ident())
-    with _COPY_LOCK:
-        if key not in _COPY_STREAMS:
-            _COPY_STREAMS[key] = torch.cuda.Stream(device=key[0])
-        return _COPY_STREAMS[key]
+    streams = _COPY.__dict__.setdefault("streams", {})
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in streams:
+        streams[index] = torch.cuda.Stream(device=index)
+    return streams[index]
 
 
 def _on_device(data, device):

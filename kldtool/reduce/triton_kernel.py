@@ -307,8 +307,9 @@ def _on_host(packed, logits, base_rows) -> TokenRecords:
     top = packed[len(COLUMNS) : len(COLUMNS) + len(TOP_K)]
     unsure = np.nonzero(packed[-1])[0]
     for a in range(0, len(unsure), TOP_ROWS):
-        rows = torch.as_tensor(unsure[a : a + TOP_ROWS], device=logits.device)
-        top[:, rows.cpu().numpy()] = torch.stack(_exact_overlaps(logits[rows], base_rows[rows])).cpu().numpy()
+        idx = unsure[a : a + TOP_ROWS]
+        rows = torch.as_tensor(idx, device=logits.device)
+        top[:, idx] = torch.stack(_exact_overlaps(logits[rows], base_rows[rows])).cpu().numpy()
     return to_records([cols[f] for f in COLUMNS[:7]] + list(top) + [cols[f] for f in COLUMNS[7:]])
 
 
