@@ -7,7 +7,9 @@ tests/helpers/vocab_models.py. For each vocabulary, in one process:
   records, hidden states (the head counted once, not per token);
 - compare against the bare forward of the same engine (the model, one log-softmax, the targets'
   log-probs to the host), timed in alternating rounds: the time ratio, minor page faults per
-  scored row and system time of each (getrusage around each run, after a warm-up round);
+  scored row and system time of each (getrusage around each run, after a warm-up round), under
+  the CLI's allocation policy (kldtool/memory.py), and compare again under the mmap policy it
+  replaced;
 - the host reducer's nanoseconds per vocabulary entry (numba, one core, rows of random logits);
 - the host decoding of container rows, in GB of uint16 rows per second on one core.
 
@@ -37,6 +39,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT / "tests"))
 
 from results import append_row  # noqa: E402
+from kldtool.memory import set_malloc_policy  # noqa: E402
 from transformers_overhead import bare_scoring  # noqa: E402
 
 LAST = ROOT / "benchmarks" / "vocab_scaling.json"
@@ -144,15 +147,22 @@ def one_vocabulary(name: str, a, tmp: str) -> dict:
     h = reader.header
     windows = llamacpp_windows(reader.tokens, h.n_ctx, h.n_chunk, engine.bos_id)
     rows = h.n_chunk * h.rows_per_chunk
+    # Under the CLI's allocation policy (kldtool/memory.py), and compare again under the
+    # policy it replaced (every buffer of 1 MiB and more mapped afresh), in this one process.
     runs = {
         "bare": measured(lambda: bare_scoring(engine, windows, "cpu"), a.rounds),
         "compare": measured(lambda: run_compare(engine, reader, sinks=quiet), a.rounds),
     }
+    set_malloc_policy("mmap")
+    runs["compare_mmap"] = measured(lambda: run_compare(engine, reader, sinks=quiet), a.rounds)
+    set_malloc_policy()
     out = {
         "vocab": h.n_vocab,
         "rows": rows,
         "bytes_per_token": sizes,
         "ratio": runs["compare"]["s"] / runs["bare"]["s"],
+        "ratio_mmap": runs["compare_mmap"]["s"] / runs["bare"]["s"],
+        "seconds": {k: v["s"] for k, v in runs.items()},
         "faults_per_row": {k: v["faults"] / rows for k, v in runs.items()},
         "sys_s": {k: v["sys"] for k, v in runs.items()},
         "reducer_ns_per_entry": reducer_ns_per_entry(h.n_vocab),
@@ -203,8 +213,8 @@ def plot(results: dict, path: str) -> None:
     ax[0].plot(v, [r["reducer_ns_per_entry"] for r in rs], "o-", label="reducer (numba, 1 core)")
     ax[0].plot(v, [2 / r["decode_gbps"] for r in rs], "s-", label="container decode (1 core)")
     ax[0].set(title="host cost per vocabulary entry", ylabel="ns per entry", ylim=(0, None))
-    for k, style in (("bare", "o--"), ("compare", "o-")):
-        ax[1].plot(v, [r["faults_per_row"][k] for r in rs], style, label=k)
+    for k, style in (("bare", "o--"), ("compare", "o-"), ("compare_mmap", "x:")):
+        ax[1].plot(v, [r["faults_per_row"].get(k, float("nan")) for r in rs], style, label=k)
     ax[1].set(title="minor page faults per scored row", ylim=(0, None))
     for k in ("raw", "container", "hidden", "top32"):
         ax[2].plot(v, [r["bytes_per_token"][k] / 1024 for r in rs], "o-", label=k)
@@ -233,9 +243,11 @@ def main() -> None:
         plot(json.loads(LAST.read_text())["results"], a.plot)
         return
     names = a.vocab or SIMPLE
+    print(f"allocation policy: {set_malloc_policy()} (compare under the mmap policy it replaced: columns 'mmap')")
     print(
         f"{'vocab':>8} {'rows':>5} | bytes/token: {'container':>9} {'raw':>8} {'top32':>6} {'hidden':>6} | "
-        f"compare/bare | faults/row bare compare | sys s bare compare | reducer ns/entry | decode GB/s/core"
+        f"compare/bare (mmap) | faults/row bare compare (mmap) | sys s bare compare (mmap) | reducer ns/entry | "
+        "decode GB/s/core"
     )
     results = {}
     with tempfile.TemporaryDirectory(dir=os.environ.get("TMPDIR")) as tmp:
@@ -244,8 +256,10 @@ def main() -> None:
             b = r["bytes_per_token"]
             print(
                 f"{r['vocab']:>8} {r['rows']:>5} | {'':13}{b['container']:>9.0f} {b['raw']:>8.0f} {b['top32']:>6.0f} "
-                f"{b['hidden']:>6.0f} | {r['ratio']:>12.3f} | {r['faults_per_row']['bare']:>10.0f} "
-                f"{r['faults_per_row']['compare']:>7.0f} | {r['sys_s']['bare']:>6.2f} {r['sys_s']['compare']:>7.2f} | "
+                f"{b['hidden']:>6.0f} | {r['ratio']:>12.3f} ({r['ratio_mmap']:.3f}) | "
+                f"{r['faults_per_row']['bare']:>10.0f} {r['faults_per_row']['compare']:>7.0f} "
+                f"({r['faults_per_row']['compare_mmap']:.0f}) | {r['sys_s']['bare']:>6.2f} "
+                f"{r['sys_s']['compare']:>7.2f} ({r['sys_s']['compare_mmap']:.2f}) | "
                 f"{r['reducer_ns_per_entry']:>16.3f} | {r['decode_gbps']:>16.2f}",
                 flush=True,
             )
@@ -260,8 +274,10 @@ def main() -> None:
                         flush=True,
                     )
     figures = "; ".join(
-        f"{r['vocab']}: {r['ratio']:.3f}x bare, faults/row {r['faults_per_row']['compare']:.0f} vs "
-        f"{r['faults_per_row']['bare']:.0f}, {r['bytes_per_token']['container']:.0f}/"
+        f"{r['vocab']}: {r['ratio']:.3f}x bare ({r['ratio_mmap']:.3f}x mmap policy), faults/row "
+        f"{r['faults_per_row']['compare']:.0f} vs {r['faults_per_row']['bare']:.0f} bare "
+        f"({r['faults_per_row']['compare_mmap']:.0f} mmap policy), sys s {r['sys_s']['compare']:.2f} vs "
+        f"{r['sys_s']['bare']:.2f} ({r['sys_s']['compare_mmap']:.2f}), {r['bytes_per_token']['container']:.0f}/"
         f"{r['bytes_per_token']['raw']:.0f}/{r['bytes_per_token']['top32']:.0f}/"
         f"{r['bytes_per_token']['hidden']:.0f} B/token (container/raw/top32/hidden), reducer "
         f"{r['reducer_ns_per_entry']:.2f} ns/entry, decode {r['decode_gbps']:.2f} GB/s"

