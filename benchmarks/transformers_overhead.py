@@ -130,6 +130,9 @@ def main() -> None:
     ap.add_argument("--model", default=None, help="model directory (default: the built-in fp32 SmolLM2)")
     ap.add_argument("--random-llama-8b", action="store_true", help="a Llama-3-8B shape with random weights")
     ap.add_argument("--tiny", action="store_true", help="the same shape at toy size (checks the script)")
+    ap.add_argument(
+        "--layers", type=int, default=None, help="--random-llama-8b with this many of its 32 layers (a CPU's memory)"
+    )
     ap.add_argument("--tokenizer", default=None, help="tokenizer directory for --random-llama-8b (default: SmolLM2's)")
     ap.add_argument("--hidden", action="store_true", help="also compare against a hidden-state base file")
     ap.add_argument("--device", default="cpu")
@@ -145,6 +148,9 @@ def main() -> None:
 
     import torch
 
+    from kldtool.memory import set_malloc_policy
+
+    set_malloc_policy()  # as the CLI allocates
     from kldtool.corpus import open_corpus
     from kldtool.engines.defaults import default_transformers_model
     from kldtool.engines.transformers import TransformersEngine
@@ -157,9 +163,10 @@ def main() -> None:
     model = a.model
     if a.random_llama_8b or a.tiny:
         t0 = time.perf_counter()
-        engine = random_llama(
-            LLAMA_TINY if a.tiny else LLAMA_8B, a.tokenizer or default_transformers_model(), a.device, a.dtype, a.batch
-        )
+        shape = LLAMA_TINY if a.tiny else LLAMA_8B
+        if a.layers:
+            shape = dict(shape, num_hidden_layers=a.layers)
+        engine = random_llama(shape, a.tokenizer or default_transformers_model(), a.device, a.dtype, a.batch)
         print(
             f"made a random Llama-3-{'tiny' if a.tiny else '8B'}-shaped model on {a.device} in "
             f"{time.perf_counter() - t0:.1f} s",
@@ -288,6 +295,8 @@ def main() -> None:
     label = (
         "random Llama-3-8B shape" if a.random_llama_8b else "random Llama-3-tiny shape" if a.tiny else Path(model).name
     )
+    if a.layers:
+        label += f", {a.layers} of its layers"
     where = f"{torch.cuda.get_device_name()}, torch {torch.__version__}" if a.device.startswith("cuda") else machine()
     append_row(
         f"transformers compare vs bare forward+log_softmax ({label} {a.dtype}, {a.device}, c={a.ctx}, "
