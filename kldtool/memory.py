@@ -1,5 +1,4 @@
-"""How the process's large buffers are allocated: flat RSS over long runs, and no page faults
-per row that grow with the vocabulary.
+"""How the process's large buffers are allocated: page faults paid once a run, not once a row.
 
 Every engine call allocates and frees buffers of rows x vocabulary (the model's logits and its
 soft-cap's temporaries, decoded base rows, reducer inputs): tens of MB at 49k, a GiB and more
@@ -9,13 +8,14 @@ row under the mmap policy below, 515 under heap (benchmarks/vocab_scaling.py). g
 threshold also moves: after such a free it rises, so later buffers come from the heap between
 small long-lived objects, and RSS crept up with the number of chunks.
 
-The policy, chosen once at start-up (``KLDTOOL_MALLOC`` overrides it, for benchmarks):
+The policy, chosen once at start-up (``KLDTOOL_MALLOC`` overrides it; docs/usage.md):
 
 - ``heap`` (default): no mmap'd buffers and no trimming. Freed buffers stay in the heap and the
   next block of the same size reuses them, so a run pays its page faults once, not once per
-  row; RSS is the run's high-water mark, which is the peak either way.
-- ``mmap``: every buffer of 1 MiB and more is its own mapping, handed back when freed (flat
-  RSS, a fault per page per use). The policy before heap.
+  row. The price is the peak: the heap fragments, by a different amount from run to run (at
+  262,144: 3.34 or 4.27 GB where mmap peaks at 3.08; at SmolLM2 ~85 MiB more).
+- ``mmap``: every buffer of 1 MiB and more is its own mapping, handed back when freed (the
+  lower, flatter peak; a fault per page per use). The policy before heap.
 - ``glibc``: glibc's own defaults.
 """
 
