@@ -1,6 +1,6 @@
 """The allocation policy (kldtool/memory.py) in a process of its own, as the CLI sets it: under
 heap a buffer freed and allocated again faults no page, under mmap it faults every page on
-every use; an unknown KLDTOOL_MALLOC value leaves the allocator alone."""
+every use; an unknown KLDTOOL_MALLOC value leaves the allocator alone, and the CLI refuses it."""
 
 import json
 import os
@@ -8,6 +8,8 @@ import subprocess
 import sys
 
 import pytest
+
+from conftest import run_cli
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")
 
@@ -47,5 +49,7 @@ def test_heap_reuses_a_freed_buffer_and_mmap_faults_it_in_again():
     assert heap["faults"] * 50 <= mmap["faults"] and default["faults"] * 50 <= mmap["faults"]
 
 
-def test_an_unknown_policy_changes_nothing():
+def test_an_unknown_policy_changes_nothing_and_the_cli_refuses_it():
     assert probe("tcmalloc")["policy"] is None
+    p = run_cli("info", "--help", check_rc=2, env_extra={"KLDTOOL_MALLOC": "tcmalloc"})
+    assert p.stderr.splitlines() == ["kldtool: error: KLDTOOL_MALLOC='tcmalloc': expected heap, mmap, glibc"]

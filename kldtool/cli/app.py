@@ -47,8 +47,12 @@ def _run(argv: list[str] | None) -> int:
 
 
 def _command(argv: list[str] | None) -> int:
-    from kldtool.memory import set_malloc_policy
+    from kldtool.memory import POLICIES, set_malloc_policy
 
+    chosen = os.environ.get("KLDTOOL_MALLOC")
+    if chosen and chosen not in POLICIES:  # a typo would silently leave glibc's defaults
+        print(f"kldtool: error: KLDTOOL_MALLOC={chosen!r}: expected {', '.join(POLICIES)}", file=sys.stderr)
+        return UsageError.exit_code
     set_malloc_policy()
     # A scheduler's SIGTERM gets the same orderly stop as Ctrl-C: checkpoints saved, partials kept.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
