@@ -145,21 +145,22 @@ def main() -> None:
     ap.add_argument("--results", default=None)
     ap.add_argument("--profile", action="store_true", help="print where one compare round spends its time")
     a = ap.parse_args()
+    if a.layers and not (a.random_llama_8b or a.tiny):
+        ap.error("--layers: only with --random-llama-8b or --tiny")
 
     import torch
 
-    from kldtool.memory import set_malloc_policy
-
-    set_malloc_policy()  # as the CLI allocates
     from kldtool.corpus import open_corpus
     from kldtool.engines.defaults import default_transformers_model
     from kldtool.engines.transformers import TransformersEngine
     from kldtool.logitsfile import open_base_file
+    from kldtool.memory import set_malloc_policy
     from kldtool.pipeline import run_compare
     from kldtool.pipeline.sinks import Sinks
     from kldtool.pipeline.write_base import run_base
     from kldtool.protocols import Protocol, llamacpp_windows
 
+    set_malloc_policy()  # as the CLI allocates
     model = a.model
     if a.random_llama_8b or a.tiny:
         t0 = time.perf_counter()
