@@ -157,12 +157,10 @@ def agreement(logits, rows, targets) -> str:
 def unsure_rows(logits, rows, targets) -> str:
     """How many rows the Triton reducer sends the exact way (its per-lane candidates may miss
     one of the top 10), of the compared logits and of the base rows."""
-    from kldtool.reduce.rowmath import candidate_top
-    from kldtool.reduce.triton_kernel import reduce_rows_triton
+    from kldtool.reduce.triton_kernel import COLUMNS, reduce_rows_triton
 
-    _, cand, ids = reduce_rows_triton(logits, rows, targets, KLD_FLOOR)
-    q, b = (int(candidate_top(cand[:, i], ids[:, i], 10)[1].sum()) for i in (0, 1))
-    return f"{q} (compared) and {b} (base) of {len(logits)}"
+    unsure = reduce_rows_triton(logits, rows, targets, KLD_FLOOR)[COLUMNS.index("unsure")].to(torch.int64)
+    return f"{int((unsure & 1).sum())} (compared) and {int((unsure & 2).bool().sum())} (base) of {len(logits)}"
 
 
 def run_reducer(kind: str, logits, rows, targets):
@@ -170,27 +168,52 @@ def run_reducer(kind: str, logits, rows, targets):
     return reduce_rows(logits, rows, targets)
 
 
-def sweep(n_rows: int, vocab: int, iters: int, peak: float) -> None:
-    """The kernel alone (no host copies) at several tile sizes and warp counts."""
-    from kldtool.reduce.triton_kernel import reduce_rows_triton
+SWEEP = (  # (tile, warps, stages) of the reducer's kernel
+    (256, 2, 1),
+    (512, 4, 1),
+    (1024, 4, 1),
+    (1024, 4, 2),
+    (1024, 8, 1),
+    (2048, 4, 1),
+    (2048, 8, 1),
+    (2048, 16, 1),
+    (4096, 16, 1),
+)
+ENCODER_SWEEP = ((1024, 4), (1024, 8), (2048, 8), (4096, 16))  # (tile, warps) of the row encoder
 
-    for dtype in (torch.bfloat16, torch.float32):
-        logits, rows, targets = inputs(n_rows, vocab, dtype)
-        moved = n_rows * (2 * row_width(vocab) + vocab * logits.element_size())
-        for tile, warps, stages in (
-            (512, 2, 3),
-            (512, 4, 1),
-            (512, 4, 3),
-            (1024, 4, 1),
-            (1024, 4, 2),
-            (1024, 8, 1),
-            (2048, 8, 1),
-        ):
-            ms = timed_ms(lambda: reduce_rows_triton(logits, rows, targets, KLD_FLOOR, tile, warps, stages), iters)
-            print(
-                f"  kernel {str(dtype):>14} tile {tile:5d} warps {warps:2d} stages {stages}: {ms:6.3f} ms, "
-                f"{100 * moved / (ms / 1e3) / peak:5.1f} % of peak"
-            )
+
+def sweep(row_counts, vocab: int, iters: int, peak: float) -> None:
+    """The kernel alone (no host copies) and the whole records (its candidates' top-10 and the
+    copy to the host included) at several tile sizes and warp counts."""
+    from kldtool.reduce.triton_kernel import reduce_rows_triton, triton_records
+
+    for n_rows in row_counts:
+        for dtype in (torch.bfloat16, torch.float32) if n_rows == row_counts[0] else (torch.bfloat16,):
+            logits, rows, targets = inputs(n_rows, vocab, dtype)
+            moved = n_rows * (2 * row_width(vocab) + vocab * logits.element_size())
+            for tile, warps, stages in SWEEP:
+                config = dict(tile=tile, num_warps=warps, stages=stages)
+                ms = timed_ms(lambda: reduce_rows_triton(logits, rows, targets, KLD_FLOOR, **config), iters)
+                whole = timed_ms(lambda: triton_records(logits, rows, targets, KLD_FLOOR, **config), iters)
+                print(
+                    f"  {n_rows} rows {str(dtype):>14} tile {tile:5d} warps {warps:2d} stages {stages}: kernel "
+                    f"{ms:6.3f} ms ({100 * moved / (ms / 1e3) / peak:5.1f} % of peak), records {whole:6.3f} ms"
+                )
+
+
+def encoder_sweep(logits, iters: int) -> str:
+    """The row encoder (rows_triton.py) at other tiles and warp counts, on the replayed logits."""
+    from kldtool.codec import rows_triton
+
+    kept = rows_triton.TILE, rows_triton.NUM_WARPS
+    times = []
+    try:
+        for tile, warps in ENCODER_SWEEP:
+            rows_triton.TILE, rows_triton.NUM_WARPS = tile, warps
+            times.append(f"tile {tile} warps {warps} {timed_ms(lambda: encode_device(logits, 'grid'), iters):.3f} ms")
+    finally:
+        rows_triton.TILE, rows_triton.NUM_WARPS = kept
+    return "; ".join(times)
 
 
 def main() -> None:
@@ -243,7 +266,7 @@ def main() -> None:
         print(f"{dt:>8} logits: {agreement(logits, rows, targets)}")
         del logits, rows, targets
     if a.sweep:
-        sweep(a.rows, a.vocab, a.iters, peak)
+        sweep((a.rows, ctx // 2 - 1), a.vocab, a.iters, peak)
     append_row(
         f"GPU reducer, {a.rows} rows x {a.vocab} vocab (base rows + logits read once)",
         "; ".join(figures),
@@ -297,6 +320,8 @@ def main() -> None:
             "encoding (as run)": timed_ms(lambda: encode_device(replayed, "grid"), a.iters),
         }
         same = torch.equal(encode_torch(replayed, "grid")[0], encode_device(replayed, "grid")[0])
+        if a.sweep:
+            print(f"row encoder on the {len(logits)} replayed rows: {encoder_sweep(replayed, a.iters)}")
         print(
             f"hidden-state base: head replay + encoding + triton reducer on the {len(logits)} rows: {replay_ms:.3f} ms = "
             f"{100 * replay_ms / fwd_ms:.2f} % of the forward (replayed logits vs the model's: max |diff| "

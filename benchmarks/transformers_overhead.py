@@ -125,6 +125,41 @@ def agreement(a: dict, b: dict) -> str:
     return f"{len(keys)} headline numbers, " + ("all equal" if not differ else "; ".join(differ))
 
 
+def host_decode(reader) -> None:
+    """The feed's host half alone: every frame read, decompressed, checked and pinned on the
+    threads compare's feed would use, nothing sent to a device (pinned only where there is one)."""
+    import torch
+
+    from kldtool.logitsfile.prefetch import prefetch_plan, submitted
+    from kldtool.logitsfile.reader_base import stage_frame
+
+    stage = stage_frame if torch.cuda.is_available() else (lambda frame: frame)
+    ahead, threads = prefetch_plan(reader.frame_nbytes)
+    for _, fut in submitted(range(reader.frames.n_frames), ahead, threads, lambda k: stage(reader.read_frame(k))):
+        fut.result()
+
+
+def device_profile(fn, sync) -> None:
+    """Where the device's time goes in one ``fn()``: its kernels by total time, and how much of
+    the wall time the device was busy at all (the rest it waited for the host)."""
+    import time
+
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        wall = time.perf_counter() - t0
+    from torch.autograd import DeviceType
+
+    events = prof.key_averages()
+    # Kernels on the side streams overlap the compute stream's: the sum may pass the wall time.
+    busy = sum(e.self_device_time_total for e in events if e.device_type == DeviceType.CUDA) / 1e6
+    print(f"device profile of one compare: {wall:.3f} s wall (profiled), kernels {busy:.3f} s in all")
+    print(events.table(sort_by="self_device_time_total", row_limit=22, max_name_column_width=70))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=None, help="model directory (default: the built-in fp32 SmolLM2)")
@@ -265,8 +300,11 @@ def main() -> None:
                 prof.disable()
                 pstats.Stats(prof).sort_stats("tottime").print_stats(14)
             raw.close()
+            if a.device.startswith("cuda"):
+                device_profile(lambda: run_compare(engine, reader, sinks=quiet), sync)
 
         runs = {"bare": bare, "kldtool": ours, "feed": feed}
+        runs["decode"] = lambda: host_decode(reader)
         if hidden is not None:
             runs["hidden"] = from_hidden
         for fn in runs.values():  # warm-up: first-call allocations and kernels (Triton compiles here too)
@@ -287,6 +325,10 @@ def main() -> None:
         f"base-row feed alone: {best['feed']:.3f} s for {row_bytes / 2**30:.2f} GiB of rows "
         f"({row_bytes / best['feed'] / 2**30:.2f} GiB/s): {best['feed'] / best['bare']:.2f} of the bare forward's "
         f"time ({'the device waits for the host' if best['feed'] > best['bare'] else 'the host keeps up'})"
+    )
+    print(
+        f"host decoding alone (read, decompress, check, pin; no device): {best['decode']:.3f} s "
+        f"({row_bytes / best['decode'] / 2**30:.2f} GiB/s of rows)"
     )
     if hidden is not None:
         print(
@@ -310,7 +352,8 @@ def main() -> None:
     append_row(
         f"base-row feed alone vs bare forward ({label} {a.dtype}, {a.device}, c={a.ctx}, {len(windows)} chunks, "
         f"container)",
-        f"feed {best['feed']:.3f} s ({row_bytes / best['feed'] / 2**30:.2f} GiB/s of rows), bare {best['bare']:.3f} s",
+        f"feed {best['feed']:.3f} s ({row_bytes / best['feed'] / 2**30:.2f} GiB/s of rows; its host half alone "
+        f"{best['decode']:.3f} s), bare {best['bare']:.3f} s",
         f"feed / bare {best['feed'] / best['bare']:.3f} (over 1: the device waits)",
         where,
         a.results,

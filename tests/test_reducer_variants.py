@@ -15,7 +15,7 @@ import pytest
 HERE = Path(__file__).resolve().parent
 VARIANTS = {
     "torch": ({"KLDTOOL_REDUCER": "torch"}, ["test_stats_reference.py", "test_extra_metrics.py"], 14),
-    # the kernel computes every record but the top-5/10 overlaps, which come from topk
+    # the kernel computes every record, the top-5/10 overlaps from its lanes' candidates included
     "triton": (
         {"KLDTOOL_REDUCER": "triton", "TRITON_INTERPRET": "1"},
         ["test_stats_reference.py", "test_extra_metrics.py"],

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from kldtool.codec.keys import order_keys, ordered_bits
+from kldtool.codec.keys import order_keys
 from kldtool.codec.rows import decode_torch, normalizer_torch
 
 KLD_FLOOR = -16.0  # llama.cpp's; a base file's own is header.kld_floor
@@ -78,22 +78,6 @@ def top_overlaps(top_q, top_b) -> list:
     """|top-k(q) ∩ top-k(base)| per row for each k of ``TOP_K``, from both models' top ids
     (most probable first, at least max(TOP_K) of them)."""
     return [(top_q[:, :n, None] == top_b[:, None, :n]).sum(dim=(1, 2)) for n in TOP_K]
-
-
-def candidate_top(vals, ids, k: int):
-    """(ids of the k largest, largest first and equal values lowest id first; rows whose
-    answer may be wrong) from per-lane candidates: ``vals`` and ``ids`` of shape (rows, 3,
-    lanes), each lane's three largest entries of a row (the Triton kernel's). An entry outside
-    them is at most its lane's third, so the answer is exact unless some lane's third reaches
-    the k-th value."""
-    import torch
-
-    n = vals.shape[0]
-    v, i = vals.reshape(n, -1), ids.reshape(n, -1).to(torch.int64)
-    keys = ordered_bits(v) * (1 << 32) + ((1 << 32) - 1 - i)
-    pick = keys.topk(k, dim=1).indices
-    kth = v.gather(1, pick[:, k - 1 :])[:, 0]
-    return i.gather(1, pick), vals[:, 2].amax(dim=1) >= kth
 
 
 # Candidates topk keeps beyond k: a tie at the k-th value that runs past them sends the row to

@@ -19,8 +19,10 @@ difference ``exp(d) - 1`` would lose the digits; Triton's libdevice versions do 
 its CPU interpreter). The first pass's argmaxes give both top-1 ids and the base's top-1
 probability. For the top-5/10 sets the second pass also keeps each lane's three largest
 logits and base codes: the top ten of a row are among those candidates unless a lane holds
-more than three of them, which rowmath.candidate_top detects (such rows, rare, go through
-topk over the whole row).
+more than three of them. After the pass the program takes the ten largest off the lanes' heads
+one at a time (the largest head, the lowest id among equal ones), counts the two sets' overlaps,
+and flags the row when some lane's third candidate reaches the tenth value: such rows, rare, go
+through topk over the whole row. Nothing vocabulary-sized or lane-sized leaves the kernel.
 
 Tested on CPU under ``TRITON_INTERPRET=1`` against float64 numpy references; the GPU
 benchmark (``benchmarks/gpu_reducer.py``) measures it against the torch reducer.
@@ -34,10 +36,11 @@ import triton.language as tl
 
 from kldtool.codec.rows import HEADER_SLOTS
 from kldtool.reduce.records import PendingRecords, TokenRecords, to_records
-from kldtool.reduce.rowmath import TOP_K, candidate_top, top_ids, top_overlaps
+from kldtool.reduce.rowmath import TOP_K, top_ids, top_overlaps
 
-# H100, 2048 rows of 128,256 (bf16 / fp32 logits): 1024 lanes, 4 warps, no pipelining 2.70 / 2.61 ms;
-# 512 lanes with 3 stages 3.14 / 3.31 ms (benchmarks/gpu_reducer.py --sweep).
+# H100, one window's 1,023 bf16 rows of 128,256, the records whole: 1024 lanes, 4 warps, no
+# pipelining 1.42-1.62 ms; 2048 lanes with 8 or 16 warps 1.52-1.69 ms; 2 stages, or 256-512
+# lanes, slower (benchmarks/gpu_reducer.py --sweep, 2026-11-26).
 TILE = 1024
 NUM_WARPS = 4
 STAGES = 1
@@ -109,14 +112,34 @@ def _top3(v, i, v1, i1, v2, i2, v3, i3):
 
 
 @triton.jit
-def _store_top3(vals, ids, lanes, TILE: tl.constexpr, v1, i1, v2, i2, v3, i3):
-    """A row's candidates, each lane's first, second and third in turn."""
-    tl.store(vals + lanes, v1)
-    tl.store(vals + TILE + lanes, v2)
-    tl.store(vals + 2 * TILE + lanes, v3)
-    tl.store(ids + lanes, i1)
-    tl.store(ids + TILE + lanes, i2)
-    tl.store(ids + 2 * TILE + lanes, i3)
+def _top_ids(v1, i1, v2, i2, v3, i3, none_id, K: tl.constexpr, SLOTS: tl.constexpr):
+    """(the row's K largest ids in slots 0..K-1, largest first and equal values lowest id
+    first; whether they may be wrong): the lanes' heads hold each lane's largest remaining
+    candidate, so the largest head is the row's next entry, unless a lane had more than three
+    of the K (its third candidate reaches the K-th value)."""
+    tl.static_assert(K <= SLOTS)
+    third = tl.max(v3, 0)
+    slots = tl.arange(0, SLOTS)
+    ids = tl.full((SLOTS,), -1, tl.int32)
+    kth = third
+    for j in tl.static_range(K):
+        best = tl.max(v1, 0)
+        pick = tl.min(tl.where(v1 == best, i1, none_id), 0)
+        ids = tl.where(slots == j, pick, ids)
+        hit = (v1 == best) & (i1 == pick)
+        v1, i1 = tl.where(hit, v2, v1), tl.where(hit, i2, i1)
+        v2, i2 = tl.where(hit, v3, v2), tl.where(hit, i3, i2)
+        v3, i3 = tl.where(hit, float("-inf"), v3), tl.where(hit, none_id, i3)
+        kth = best
+    return ids, third >= kth
+
+
+@triton.jit
+def _overlap(a, b, n: tl.constexpr, SLOTS: tl.constexpr):
+    """|first n of a ∩ first n of b| (ids)."""
+    slots = tl.arange(0, SLOTS)
+    both = (a[:, None] == b[None, :]) & (slots[:, None] < n) & (slots[None, :] < n)
+    return tl.sum(tl.sum(both.to(tl.int32), 1), 0)
 
 
 @triton.jit
@@ -128,13 +151,13 @@ def _reduce_kernel(
     head_ptr,
     targets_ptr,
     out_ptr,
-    cand_ptr,
-    cand_id_ptr,
     n_rows,
     n_vocab,
     floor,
     TILE: tl.constexpr,
     STAGES: tl.constexpr,
+    TOP_A: tl.constexpr,
+    TOP_B: tl.constexpr,
 ):
     r = tl.program_id(0).to(tl.int64)
     lrow = logits_ptr + r * logits_stride
@@ -190,8 +213,8 @@ def _reduce_kernel(
     rk = tl.zeros((TILE,), tl.float64)
     p_all = tl.zeros((TILE,), tl.float64)
     js = tl.zeros((TILE,), tl.float64)
-    # The same pass keeps each lane's three largest logits and base codes (top-k candidates:
-    # rowmath.candidate_top). Codes rank as the values they decode to unless the scale is 0.
+    # The same pass keeps each lane's three largest logits and base codes (the top-k
+    # candidates). Codes rank as the values they decode to unless the scale is 0.
     live = (scale > 0).to(tl.float32)
     none = tl.full((TILE,), float("-inf"), tl.float32)
     no_id = tl.full((TILE,), n_vocab, tl.int32)
@@ -214,9 +237,8 @@ def _reduce_kernel(
         rk, p_all, js = _extras(x, b, valid, big_m, floor, rk, p_all, js)
         x1, xi1, x2, xi2, x3, xi3 = _top3(tl.where(valid, x, none), offs, x1, xi1, x2, xi2, x3, xi3)
         c1, ci1, c2, ci2, c3, ci3 = _top3(tl.where(valid, c * live, none), offs, c1, ci1, c2, ci2, c3, ci3)
-    vals, ids = cand_ptr + r * (6 * TILE), cand_id_ptr + r * (6 * TILE)
-    _store_top3(vals, ids, lanes, TILE, x1, xi1, x2, xi2, x3, xi3)
-    _store_top3(vals + 3 * TILE, ids + 3 * TILE, lanes, TILE, c1, ci1, c2, ci2, c3, ci3)
+    top_q, unsure_q = _top_ids(x1, xi1, x2, xi2, x3, xi3, n_vocab, TOP_B, 16)
+    top_b, unsure_b = _top_ids(c1, ci1, c2, ci2, c3, ci3, n_vocab, TOP_B, 16)
 
     # One float64 record table (float32 values and ids are exact in it): one copy to the host.
     tl.store(out_ptr + r, nll.to(tl.float64))
@@ -229,15 +251,18 @@ def _reduce_kernel(
     tl.store(out_ptr + 7 * n_rows + r, tl.exp(tl.max(b_max, 0)).to(tl.float64))
     tl.store(out_ptr + 8 * n_rows + r, first.to(tl.float64))
     tl.store(out_ptr + 9 * n_rows + r, first_b.to(tl.float64))
+    tl.store(out_ptr + 10 * n_rows + r, _overlap(top_q, top_b, TOP_A, 16).to(tl.float64))
+    tl.store(out_ptr + 11 * n_rows + r, _overlap(top_q, top_b, TOP_B, 16).to(tl.float64))
+    tl.store(out_ptr + 12 * n_rows + r, (unsure_q.to(tl.int32) + 2 * unsure_b.to(tl.int32)).to(tl.float64))
 
 
 def reduce_rows_triton(
     logits, base_rows, targets, floor: float, tile: int = TILE, num_warps: int = NUM_WARPS, stages: int = STAGES
 ):
     """The kernel alone, the contract of ``reduce.reduce_rows`` for int16 ``base_rows`` on the logits' device;
-    returns, on it, the (10, rows) float64 record table (nll, nll_base, kld, dp, same_top, rkld,
-    jsd, ptop_base, top1_q, top1_base) and the top-k candidates: float32 values and int32 ids of
-    shape (rows, 2, 3, lanes), each lane's three largest logits, then base codes."""
+    returns, on it, the (13, rows) float64 record table: ``COLUMNS`` (nll, nll_base, kld, dp,
+    same_top, rkld, jsd, ptop_base, top1_q, top1_base, top5, top10, unsure). ``unsure`` is 1
+    where the compared top-10 may miss an entry, 2 where the base's may, 3 where both may."""
     import torch
 
     n_rows, n_vocab = logits.shape
@@ -248,8 +273,6 @@ def reduce_rows_triton(
     targets = _on_device(targets, logits.device)
     out = torch.empty((len(COLUMNS), n_rows), dtype=torch.float64, device=logits.device)
     tile = min(tile, triton.next_power_of_2(n_vocab))
-    cand = torch.empty((n_rows, 2, 3, tile), dtype=torch.float32, device=logits.device)
-    cand_ids = torch.empty((n_rows, 2, 3, tile), dtype=torch.int32, device=logits.device)
     if n_rows:
         _reduce_kernel[(n_rows,)](
             logits,
@@ -259,16 +282,16 @@ def reduce_rows_triton(
             head,
             targets,
             out,
-            cand,
-            cand_ids,
             n_rows,
             n_vocab,
             floor,
             TILE=tile,
             STAGES=stages,
+            TOP_A=TOP_K[0],
+            TOP_B=TOP_K[1],
             num_warps=num_warps,
         )
-    return out, cand, cand_ids
+    return out
 
 
 def _on_device(targets, device):
@@ -282,35 +305,28 @@ def _on_device(targets, device):
     return host.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else host.to(device)
 
 
-def triton_records(logits, base_rows, targets, floor: float, defer: bool = False):
-    """The records: the kernel's, and the top-5/10 overlaps from its candidates (rows where
-    they may miss an entry go through topk over the whole row), with one copy to the host;
-    ``defer``: as PendingRecords, everything queued on the device and nothing waited for."""
-    import torch
-
+def triton_records(logits, base_rows, targets, floor: float, defer: bool = False, **config):
+    """The kernel's records, with one copy to the host (rows whose top-10 from the candidates
+    may miss an entry go through topk over the whole row); ``defer``: as PendingRecords,
+    everything queued on the device and nothing waited for; ``config``: the kernel's tile,
+    num_warps and stages (benchmarks/gpu_reducer.py sweeps them)."""
     base_rows = base_rows.to(logits.device)
-    table, cand, cand_ids = reduce_rows_triton(logits, base_rows, targets, floor)
-    k = max(TOP_K)
-    top_q, unsure_q = candidate_top(cand[:, 0], cand_ids[:, 0], k)
-    top_b, unsure_b = candidate_top(cand[:, 1], cand_ids[:, 1], k)
-    overlaps = torch.stack(top_overlaps(top_q, top_b)).to(torch.float64)
-    packed = torch.cat([table, overlaps, (unsure_q | unsure_b).to(torch.float64)[None]])
-    finish = lambda: _on_host(packed, logits, base_rows)  # noqa: E731
+    table = reduce_rows_triton(logits, base_rows, targets, floor, **config)
+    finish = lambda: _on_host(table, logits, base_rows)  # noqa: E731
     return PendingRecords(finish) if defer else finish()
 
 
-def _on_host(packed, logits, base_rows) -> TokenRecords:
+def _on_host(table, logits, base_rows) -> TokenRecords:
     import torch
 
-    packed = packed.cpu().numpy()
-    cols = dict(zip(COLUMNS, packed))
-    top = packed[len(COLUMNS) : len(COLUMNS) + len(TOP_K)]
-    unsure = np.nonzero(packed[-1])[0]
+    cols = dict(zip(COLUMNS, table.cpu().numpy()))
+    top = np.stack([cols["top5"], cols["top10"]])
+    unsure = np.nonzero(cols["unsure"])[0]
     for a in range(0, len(unsure), TOP_ROWS):
         idx = unsure[a : a + TOP_ROWS]
         rows = torch.as_tensor(idx, device=logits.device)
         top[:, idx] = torch.stack(_exact_overlaps(logits[rows], base_rows[rows])).cpu().numpy()
-    return to_records([cols[f] for f in COLUMNS[:7]] + list(top) + [cols[f] for f in COLUMNS[7:]])
+    return to_records([cols[f] for f in COLUMNS[:7]] + list(top) + [cols[f] for f in COLUMNS[7:10]])
 
 
 def _exact_overlaps(logits, rows) -> list:
@@ -324,5 +340,19 @@ def _exact_overlaps(logits, rows) -> list:
     return top_overlaps(top_ids(logits, k), top_ids(codes, k))
 
 
-COLUMNS = ("nll", "nll_base", "kld", "dp", "same_top", "rkld", "jsd", "ptop_base", "top1_q", "top1_base")
+COLUMNS = (
+    "nll",
+    "nll_base",
+    "kld",
+    "dp",
+    "same_top",
+    "rkld",
+    "jsd",
+    "ptop_base",
+    "top1_q",
+    "top1_base",
+    "top5",
+    "top10",
+    "unsure",
+)
 TOP_ROWS = 256  # rows whose int32 codes exist at once for topk
