@@ -168,6 +168,7 @@ def main() -> None:
     ap.add_argument(
         "--layers", type=int, default=None, help="--random-llama-8b with this many of its 32 layers (a CPU's memory)"
     )
+    ap.add_argument("--vocab", type=int, default=None, help="--random-llama-8b with this vocabulary instead of 128,256")
     ap.add_argument("--tokenizer", default=None, help="tokenizer directory for --random-llama-8b (default: SmolLM2's)")
     ap.add_argument("--hidden", action="store_true", help="also compare against a hidden-state base file")
     ap.add_argument("--device", default="cpu")
@@ -180,8 +181,9 @@ def main() -> None:
     ap.add_argument("--results", default=None)
     ap.add_argument("--profile", action="store_true", help="print where one compare round spends its time")
     a = ap.parse_args()
-    if a.layers and not (a.random_llama_8b or a.tiny):
-        ap.error("--layers: only with --random-llama-8b or --tiny")
+    for flag, value in (("--layers", a.layers), ("--vocab", a.vocab)):
+        if value and not (a.random_llama_8b or a.tiny):
+            ap.error(f"{flag}: only with --random-llama-8b or --tiny")
 
     import torch
 
@@ -202,6 +204,8 @@ def main() -> None:
         shape = LLAMA_TINY if a.tiny else LLAMA_8B
         if a.layers:
             shape = dict(shape, num_hidden_layers=a.layers)
+        if a.vocab:
+            shape = dict(shape, vocab_size=a.vocab)
         engine = random_llama(shape, a.tokenizer or default_transformers_model(), a.device, a.dtype, a.batch)
         print(
             f"made a random Llama-3-{'tiny' if a.tiny else '8B'}-shaped model on {a.device} in "
@@ -340,6 +344,8 @@ def main() -> None:
     )
     if a.layers:
         label += f", {a.layers} of its layers"
+    if a.vocab:
+        label += f", vocabulary {a.vocab:,}"
     where = f"{torch.cuda.get_device_name()}, torch {torch.__version__}" if a.device.startswith("cuda") else machine()
     append_row(
         f"transformers compare vs bare forward+log_softmax ({label} {a.dtype}, {a.device}, c={a.ctx}, "

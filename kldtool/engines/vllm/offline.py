@@ -104,6 +104,7 @@ class VllmEngine(HookedEngine):
             raise EngineError(f"{model}: vLLM could not load it: {_summary(e)}") from None
         try:
             self.hooks = seam.rpc(self.llm, "kldtool_install")
+            self.allocator = seam.rpc(self.llm, "kldtool_allocator")
         except Exception as e:
             raise EngineError(f"vLLM {version}: the kldtool hook could not be installed: {e}") from None
         facts = seam.llm_facts(self.llm)
@@ -161,6 +162,7 @@ class VllmEngine(HookedEngine):
             "dtype": self.dtype,
             "device": "cuda" if _has_cuda() else "cpu",
             "hooks": self.hooks,
+            "allocator": self.allocator,  # each worker's allocation policy (kldtool/memory.py)
             "vllm_args": {k: v for k, v in self.llm_kwargs.items() if k != "model"},
             "versions": self._versions,
         }

@@ -330,6 +330,15 @@ class KldtoolWorker:
     def kldtool_install(self) -> str:
         return install(self, Policy.offline())
 
+    def kldtool_allocator(self) -> str | None:
+        """Set this worker's allocation policy as the CLI sets its own (memory.py), and name it:
+        its vocabulary-sized logits and rows are then reused from block to block instead of
+        faulted in afresh. Only kldtool's own workers are asked; a served model's belong to its
+        operator, whose allocator kldtool leaves alone."""
+        from kldtool.memory import set_malloc_policy
+
+        return set_malloc_policy()
+
     def kldtool_pop(self, keys: list[str]) -> dict:
         return seam.attached(self).pop(keys)
 
