@@ -185,7 +185,8 @@ ENCODER_SWEEP = ((1024, 4), (1024, 8), (2048, 8), (4096, 16))  # (tile, warps) o
 def sweep(row_counts, vocab: int, iters: int, peak: float) -> None:
     """The kernel alone (no host copies) and the whole records (its candidates' top-10 and the
     copy to the host included) at several tile sizes and warp counts."""
-    from kldtool.reduce.triton_kernel import reduce_rows_triton, triton_records
+    from kldtool.reduce.triton_kernel import reduce_rows_triton
+    from kldtool.reduce.triton_records import triton_records
 
     for n_rows in row_counts:
         for dtype in (torch.bfloat16, torch.float32) if n_rows == row_counts[0] else (torch.bfloat16,):

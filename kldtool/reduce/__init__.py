@@ -76,7 +76,7 @@ def reduce_rows(logits, base_rows, targets, floor: float = KLD_FLOOR, defer: boo
 
         logits, base_rows = _torch(logits), rows_to_torch(base_rows)
     if kind == "triton":
-        from kldtool.reduce.triton_kernel import triton_records
+        from kldtool.reduce.triton_records import triton_records
 
         return triton_records(logits, base_rows, targets, floor, defer)
     from kldtool.reduce.torch_ops import reduce_rows_torch
