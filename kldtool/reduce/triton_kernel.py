@@ -43,6 +43,7 @@ from kldtool.reduce.rowmath import TOP_K
 TILE = 1024
 NUM_WARPS = 4
 STAGES = 1
+SLOTS = 16  # a row's top-10 ids in a Triton vector, whose length must be a power of two
 
 
 @triton.jit
@@ -157,6 +158,7 @@ def _reduce_kernel(
     STAGES: tl.constexpr,
     TOP_A: tl.constexpr,
     TOP_B: tl.constexpr,
+    SLOTS: tl.constexpr,
 ):
     r = tl.program_id(0).to(tl.int64)
     lrow = logits_ptr + r * logits_stride
@@ -236,8 +238,8 @@ def _reduce_kernel(
         rk, p_all, js = _extras(x, b, valid, big_m, floor, rk, p_all, js)
         x1, xi1, x2, xi2, x3, xi3 = _top3(tl.where(valid, x, none), offs, x1, xi1, x2, xi2, x3, xi3)
         c1, ci1, c2, ci2, c3, ci3 = _top3(tl.where(valid, c * live, none), offs, c1, ci1, c2, ci2, c3, ci3)
-    top_q, unsure_q = _top_ids(x1, xi1, x2, xi2, x3, xi3, n_vocab, TOP_B, 16)
-    top_b, unsure_b = _top_ids(c1, ci1, c2, ci2, c3, ci3, n_vocab, TOP_B, 16)
+    top_q, unsure_q = _top_ids(x1, xi1, x2, xi2, x3, xi3, n_vocab, TOP_B, SLOTS)
+    top_b, unsure_b = _top_ids(c1, ci1, c2, ci2, c3, ci3, n_vocab, TOP_B, SLOTS)
 
     # One float64 record table (float32 values and ids are exact in it): one copy to the host.
     tl.store(out_ptr + r, nll.to(tl.float64))
@@ -250,8 +252,8 @@ def _reduce_kernel(
     tl.store(out_ptr + 7 * n_rows + r, tl.exp(tl.max(b_max, 0)).to(tl.float64))
     tl.store(out_ptr + 8 * n_rows + r, first.to(tl.float64))
     tl.store(out_ptr + 9 * n_rows + r, first_b.to(tl.float64))
-    tl.store(out_ptr + 10 * n_rows + r, _overlap(top_q, top_b, TOP_A, 16).to(tl.float64))
-    tl.store(out_ptr + 11 * n_rows + r, _overlap(top_q, top_b, TOP_B, 16).to(tl.float64))
+    tl.store(out_ptr + 10 * n_rows + r, _overlap(top_q, top_b, TOP_A, SLOTS).to(tl.float64))
+    tl.store(out_ptr + 11 * n_rows + r, _overlap(top_q, top_b, TOP_B, SLOTS).to(tl.float64))
     tl.store(out_ptr + 12 * n_rows + r, (unsure_q.to(tl.int32) + 2 * unsure_b.to(tl.int32)).to(tl.float64))
 
 
@@ -288,6 +290,7 @@ def reduce_rows_triton(
             STAGES=stages,
             TOP_A=TOP_K[0],
             TOP_B=TOP_K[1],
+            SLOTS=SLOTS,
             num_warps=num_warps,
         )
     return out
