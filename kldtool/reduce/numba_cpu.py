@@ -23,6 +23,11 @@ from __future__ import annotations
 from contextlib import nullcontext
 
 import numpy as np
+
+# numba checks every array argument against np.ma.MaskedArray, and numpy imports np.ma on first
+# use: two reducer threads doing that at once (llama.cpp's lanes) recursed until RecursionError
+# (a CI run of test_vocabularies). Imported here, it is whole before any thread can reduce.
+import numpy.ma  # noqa: F401
 from numba import njit, prange
 
 from kldtool.codec.rows import HEADER_SLOTS
