@@ -27,16 +27,28 @@ ROOT = Path(__file__).resolve().parent.parent
 WIKI = ROOT.parent / "shared" / "data" / "wikitext-2" / "wiki.test.txt"
 
 
-def run_measured(args: list[str]) -> tuple[float, float]:
-    """(peak RSS in MiB, wall seconds) of one kldtool process."""
+def run_usage(args: list[str], env: dict | None = None):
+    """(resource usage, wall seconds) of one kldtool process and the children it waited for
+    (wait4: vLLM's engine process among them), run with ``env`` added to the environment."""
     t0 = time.time()
-    p = subprocess.Popen([sys.executable, "-m", "kldtool", *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    p = subprocess.Popen(
+        [sys.executable, "-m", "kldtool", *args],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        env=os.environ | (env or {}),
+    )
+    err = p.stderr.read().decode()  # before waiting: a child blocked on a full pipe never ends
     _, status, usage = os.wait4(p.pid, 0)
-    err = p.stderr.read().decode()
     p.stderr.close()
     if os.waitstatus_to_exitcode(status) != 0:
         raise SystemExit(f"kldtool {' '.join(args)} failed:\n{err}")
-    return usage.ru_maxrss / 1024, time.time() - t0
+    return usage, time.time() - t0
+
+
+def run_measured(args: list[str]) -> tuple[float, float]:
+    """(peak RSS in MiB, wall seconds) of one kldtool process."""
+    usage, wall = run_usage(args)
+    return usage.ru_maxrss / 1024, wall
 
 
 def main() -> None:

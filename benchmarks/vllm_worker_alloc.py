@@ -20,13 +20,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
+from compare_peak_memory import run_usage
 from results import append_row, machine
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -35,19 +33,8 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 def run_tree(args: list[str], env: dict) -> dict:
     """One kldtool process tree: minor faults, system and wall seconds, peak RSS (MiB)."""
-    t0 = time.time()
-    p = subprocess.Popen(
-        [sys.executable, "-m", "kldtool", *args],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        env=os.environ | env,
-    )
-    err = p.stderr.read().decode()  # vLLM logs a lot: read it before waiting
-    _, status, usage = os.wait4(p.pid, 0)
-    p.stderr.close()
-    if os.waitstatus_to_exitcode(status) != 0:
-        raise SystemExit(f"kldtool {' '.join(args)} failed:\n{err[-3000:]}")
-    return {"faults": usage.ru_minflt, "sys": usage.ru_stime, "wall": time.time() - t0, "peak": usage.ru_maxrss / 1024}
+    usage, wall = run_usage(args, env)
+    return {"faults": usage.ru_minflt, "sys": usage.ru_stime, "wall": wall, "peak": usage.ru_maxrss / 1024}
 
 
 def main() -> None:

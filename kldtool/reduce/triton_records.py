@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from kldtool.codec.rows import HEADER_SLOTS
-from kldtool.reduce.records import PendingRecords, TokenRecords, to_records
+from kldtool.reduce.records import PendingRecords, TokenRecords
 from kldtool.reduce.rowmath import TOP_K, top_ids, top_overlaps
 from kldtool.reduce.triton_kernel import COLUMNS, reduce_rows_triton
 
@@ -29,13 +29,13 @@ def _on_host(table, logits, base_rows) -> TokenRecords:
     import torch
 
     cols = dict(zip(COLUMNS, table.cpu().numpy()))
-    top = np.stack([cols["top5"], cols["top10"]])
     unsure = np.nonzero(cols["unsure"])[0]
     for a in range(0, len(unsure), TOP_ROWS):
         idx = unsure[a : a + TOP_ROWS]
         rows = torch.as_tensor(idx, device=logits.device)
-        top[:, idx] = torch.stack(_exact_overlaps(logits[rows], base_rows[rows])).cpu().numpy()
-    return to_records([cols[f] for f in COLUMNS[:7]] + list(top) + [cols[f] for f in COLUMNS[7:10]])
+        for n, exact in zip(TOP_K, _exact_overlaps(logits[rows], base_rows[rows])):
+            cols[f"top{n}"][idx] = exact.cpu().numpy()
+    return TokenRecords.from_columns(cols | {"kld_tail": np.zeros(len(cols["nll"]))})
 
 
 def _exact_overlaps(logits, rows) -> list:
