@@ -60,14 +60,12 @@ class LaneSchedule(Schedule):
     def reducer_loops(self) -> tuple[bool, bool]:
         return self.parallel > 1, self.parallel == 1 or self.alone_at_the_end()
 
-    def run(
-        self, work: Callable, open_source: Callable | None = None, beside: Callable | None = None
-    ) -> Iterator[tuple[list, object]]:
+    def run(self, work: Callable, reader=None, beside: Callable | None = None) -> Iterator[tuple[list, object]]:
         """As Schedule.run; ``beside()`` is called once every lane has its first call ready (a
         context made), not before: what it starts (numba's import and cache load) holds the
         interpreter for long stretches, and held the lanes' way into their first decodes."""
         if self.parallel == 1:
-            yield from super().run(work, open_source, beside)
+            yield from super().run(work, reader, beside)
             return
         lanes, calls, n = self.lanes, self.calls, self.parallel
         run = _Run(
@@ -82,7 +80,7 @@ class LaneSchedule(Schedule):
         threads = [
             threading.Thread(
                 target=_lane,
-                args=(i, lane, calls[i::n], open_source, work, outs[i], run),
+                args=(i, lane, calls[i::n], (self.engine, reader), work, outs[i], run),
                 name=f"kldtool-lane-{i}",
                 daemon=True,
             )
@@ -120,15 +118,15 @@ class _Run:
     ready: threading.Semaphore  # released once by each lane when its first call is ready (or it failed)
 
 
-def _lane(
-    i: int, engine, batches: list[list], open_source: Callable, work: Callable, out: queue.Queue, run: _Run
-) -> None:
+def _lane(i: int, engine, batches: list[list], feed_of: tuple, work: Callable, out: queue.Queue, run: _Run) -> None:
+    """Lane ``i``: its ``batches`` through ``engine`` (a context of its own) with a feed of its
+    own (``feed_of``: the run's engine and base-file reader), results handed on in order."""
     source = None
     tail = batches[-1:] if i < run.tail else []
     ready = False
     try:
         with one_core():
-            source = open_feed(open_source, batches)
+            source = open_feed(*feed_of, batches)
             if batches:
                 engine.prepare(batches[0])
             run.ready.release()

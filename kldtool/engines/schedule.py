@@ -1,12 +1,15 @@
 """How an engine runs a run's batches of windows. By default each batch is one call, in order,
 on the calling thread; an engine that can do better (llama.cpp's contexts side by side:
 llamacpp_lanes.py) returns its own schedule from ``Engine.schedule``. The runs see only this:
-the calls in order with their results, what the first line says, and which compiled reducer
-loops the calls will use."""
+the calls in order with their results (:meth:`Schedule.scored` for compare, :meth:`Schedule.nlls`
+for ppl) and what the first line says; the schedule opens the base-row feeds and starts the
+reducer's warm-up itself, so a run hands it no callbacks."""
 
 from __future__ import annotations
 
 from typing import Callable, Iterator
+
+from kldtool import reduce
 
 
 class Schedule:
@@ -30,14 +33,27 @@ class Schedule:
         """Make ready what ``engine``'s first call needs, so the call goes straight to the model
         (nothing, unless the engine's schedule says otherwise)."""
 
-    def run(
-        self, work: Callable, open_source: Callable | None = None, beside: Callable | None = None
-    ) -> Iterator[tuple[list, object]]:
-        """(call, work(engine, call, source)) for every call in order. ``open_source(chunks)``
-        makes the base-row feed over the chunk indices the calls will ask for, in that order
-        (closed after the last call); ``beside()`` is called once the first call is ready
-        (:meth:`ready`), before it runs."""
-        source = open_feed(open_source, self.calls)
+    def scored(self, reader, warm: bool = False) -> Iterator[tuple[list, object]]:
+        """compare: (call, the engine's records for its windows against ``reader``'s rows) for
+        every call in order. ``warm``: a run's first schedule loads the host reducer's compiled
+        loops on a thread once the first call is ready (numba's import holds the interpreter,
+        which the engine's way into its first calls needs)."""
+        beside = self._warm_reducer if warm and self.engine.reduces_here else None
+        return self.run(_score, reader, beside)
+
+    def nlls(self) -> Iterator[tuple[list, object]]:
+        """ppl: (call, the float32 NLL of each of its windows' targets) for every call in order."""
+        return self.run(_nll)
+
+    def _warm_reducer(self) -> None:
+        reduce.warm_up(self.engine.device, *self.reducer_loops())
+
+    def run(self, work: Callable, reader=None, beside: Callable | None = None) -> Iterator[tuple[list, object]]:
+        """(call, work(engine, call, source)) for every call in order, where ``source`` is the
+        engine's feed of ``reader``'s rows over the chunks the calls will ask for, in that order
+        (closed after the last call; None without a reader); ``beside()`` is called once the
+        first call is ready (:meth:`ready`), before it runs."""
+        source = open_feed(self.engine, reader, self.calls)
         try:
             if self.calls:
                 self.ready(self.engine, self.calls[0])
@@ -50,5 +66,14 @@ class Schedule:
                 source.close()
 
 
-def open_feed(open_source: Callable | None, calls: list[list]):
-    return open_source([w.index for c in calls for w in c]) if open_source else None
+def open_feed(engine, reader, calls: list[list]):
+    """``engine``'s feed of ``reader``'s base rows for ``calls``' windows, in order, or None."""
+    return engine.rows_source(reader, [w.index for c in calls for w in c]) if reader is not None else None
+
+
+def _score(engine, call: list, source) -> list:
+    return engine.score(call, source)
+
+
+def _nll(engine, call: list, source) -> list:
+    return engine.nll(call)

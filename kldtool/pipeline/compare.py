@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import time
 
-from kldtool import reduce
 from kldtool.analysis.per_token import PerTokenWriter
 from kldtool.identity import base_identity
 from kldtool.logitsfile import frame_facts
@@ -68,6 +67,7 @@ class CompareRun:
     ) -> None:
         engine, reader, sinks = self.engine, self.reader, self.sinks
         self.warnings = check_compatible(engine, reader, force)
+        windows = base_windows(reader, engine.bos_id)
         for w in self.warnings:
             sinks.info("warning: " + w)
         h = reader.header
@@ -87,7 +87,7 @@ class CompareRun:
             "manifest": run_manifest(described, engine.tokenizer_identity()),
         }
         self.state = start_state(self.ck, self.meta, sinks)
-        self.in_range = order.arrange(base_windows(reader, engine.bos_id)[a:b])
+        self.in_range = order.arrange(windows[a:b])
         self.ends = stopping.ends(b - a)
         self.batch_ends = batch_ends(self.in_range, self.n_seq, self.ends)  # no batch runs across a segment's end
         self.schedule = self._schedule()
@@ -143,16 +143,8 @@ class CompareRun:
 
     def _score(self, schedule, first: bool) -> None:
         """Score one segment's windows, adding their records as they come."""
-        engine, acc, ck, sinks = self.engine, self.acc, self.ck, self.sinks
-        # numba's import holds the interpreter, which the checks in start (the tokenizer's
-        # identity: a loop over the vocabulary) and the engine's way into its first calls need:
-        # it starts once those calls are ready to go.
-        warm = (lambda: reduce.warm_up(engine.device, *schedule.reducer_loops())) if engine.reduces_here else None
-        scored = schedule.run(
-            lambda eng, group, source: eng.score(group, source),
-            lambda chunks: engine.rows_source(self.reader, chunks),
-            beside=warm if first else None,
-        )
+        acc, ck, sinks = self.acc, self.ck, self.sinks
+        scored = schedule.scored(self.reader, warm=first)
         last_save, saved_at = time.time(), len(acc.chunks)
         t_pass = time.time()
         try:

@@ -79,7 +79,7 @@ def run_ppl(
     total = PplAccumulator()
     per_length = {n: PplAccumulator() for n in protocol.lengths}
     masked = 0
-    with closing(schedule.run(lambda eng, group, _: eng.nll(group))) as scored:
+    with closing(schedule.nlls()) as scored:
         for group, nlls in scored:
             for w, nll in zip(group, nlls):
                 keep = np.asarray(w.targets) != engine.pad_id if engine.pad_id is not None else None
