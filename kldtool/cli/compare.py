@@ -115,8 +115,8 @@ def compare(
             )
         if not run.server:  # a server's workers read the head themselves: the client loads none
             reader.use_head(head_from)  # an external head is found and checked now, before the model runs
-        check_protocol_flags(reader, protocol, ctx_size, stride, lengths)
         span = parse_chunk_range(chunk_range, chunks, reader.header.n_chunk, base_file)
+        check_protocol_flags(reader, protocol, ctx_size, stride, lengths)
         if file is not None:
             print(f"note: -f {file} ignored: the tokens come from {base_file}", file=sys.stderr)
         eng = open_engine(run, model, reader.header.n_ctx)
