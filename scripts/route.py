@@ -3,15 +3,21 @@
     python scripts/route.py BASE_FILE MODEL [more compare flags]
 
 runs ``kldtool compare`` on BASE_FILE's first two windows in this process and prints its route:
-the modules it stops in, their floors, the climbs, and how often the busiest module is entered.
+the modules it stops in, their floors, the climbs, how often the busiest module is entered, and
+the upcalls.
 
-A value is *carried* when it is the reader a command opened, or came back from a kldtool call
-that was handed a carried value (a feed of its rows, a window list, a batch's records, the
-accumulator they fill, the summary computed from it). A *stop* is the first call of a kldtool
-function that receives a carried value; the route is the modules of those stops in the order
-they happen, a module's consecutive stops counted once. A *climb* is a move from a module to
-one on a higher floor, where a module's floor is one above the highest kldtool module it
-imports (a module importing none of them is floor 1).
+A value is *carried* when it is the base file's name, or came back from a kldtool call that was
+handed a carried value (the reader, a feed of its rows, a window list, the rows of a frame, a
+batch's records), or is an element of such a returned list or tuple (the rows of one frame, one
+window's records: without this the trace lost the rows where a feed hands them over as a list,
+and never reached the reducers). A *stop* is the first call of a kldtool function that receives
+a carried value; the route is the modules of those stops in the order they happen, a module's
+consecutive stops counted once. A *climb* is a move in that sequence from a module to one on a
+higher floor, where a module's floor is one above the highest kldtool module it imports (a
+module importing none of them is floor 1): a run's orchestrator calling its helpers in turn
+climbs each time it calls the next. An *upcall* is a stop whose nearest kldtool caller on its
+thread's stack sits on a lower floor: a callback, a base class calling its subclass, a schedule
+calling the engine it was handed.
 """
 
 from __future__ import annotations
@@ -68,6 +74,7 @@ def floors() -> dict[str, int]:
 @dataclass
 class Route:
     stops: list[tuple[str, str]] = field(default_factory=list)  # (module, first function)
+    callers: list[str | None] = field(default_factory=list)  # each stop's nearest kldtool caller module
 
     def modules(self) -> list[str]:
         out: list[str] = []
@@ -79,6 +86,14 @@ class Route:
     def climbs(self, floor: dict[str, int]) -> int:
         ms = self.modules()
         return sum(floor[b] > floor[a] for a, b in zip(ms, ms[1:]))
+
+    def upcalls(self, floor: dict[str, int]) -> list[tuple[str, str, str]]:
+        """The stops called from a module on a lower floor: (caller, callee, function)."""
+        return [
+            (c, m, fn)
+            for (m, fn), c in zip(self.stops, self.callers)
+            if c is not None and c != m and floor[m] > floor[c]
+        ]
 
     def most_visits(self) -> int:
         ms = self.modules()
@@ -110,6 +125,10 @@ class Tracer:
     def carry(self, obj) -> None:
         if not isinstance(obj, _SCALARS):
             self.carried[id(obj)] = obj
+            if isinstance(obj, (list, tuple)):  # a call's results, one per window or frame
+                for v in obj[:64]:
+                    if not isinstance(v, _SCALARS):
+                        self.carried[id(v)] = v
 
     def _holds(self, value, depth: int = 0) -> bool:
         if id(value) in self.carried or (isinstance(value, str) and value == self.path):
@@ -134,6 +153,7 @@ class Tracer:
                 if code not in self.seen_code:
                     self.seen_code.add(code)
                     self.route.stops.append((module_name(Path(code.co_filename)), code.co_qualname))
+                    self.route.callers.append(_caller_module(frame))
             elif event == "return" and id(frame) in self.open_frames:
                 self.carry(arg)
                 owner = frame.f_locals.get("self")
@@ -152,6 +172,16 @@ class Tracer:
         threading.setprofile(None)
 
 
+def _caller_module(frame) -> str | None:
+    """The module of the nearest kldtool frame below ``frame`` on its thread's stack."""
+    f = frame.f_back
+    while f is not None:
+        if f.f_code.co_filename.startswith(str(PACKAGE)):
+            return module_name(Path(f.f_code.co_filename))
+        f = f.f_back
+    return None
+
+
 def main(argv: list[str]) -> None:
     from kldtool.cli import app
 
@@ -160,9 +190,12 @@ def main(argv: list[str]) -> None:
         app(["compare", "--kl-divergence-base", base, "-m", model, "--chunks", "2", *more], standalone_mode=False)
     floor = floors()
     print(tracer.route.table(floor))
+    up = tracer.route.upcalls(floor)
+    for caller, callee, fn in up:
+        print(f"upcall: {caller} (floor {floor[caller]}) -> {callee}.{fn} (floor {floor[callee]})")
     print(
         f"stops {len(tracer.route.modules())}, climbs {tracer.route.climbs(floor)}, "
-        f"most visits to one module {tracer.route.most_visits()}"
+        f"most visits to one module {tracer.route.most_visits()}, upcalls {len(up)}"
     )
 
 
