@@ -161,7 +161,7 @@ class XlstmCheckpoint:
         ids = ids.to(self.device)
         out = []
         # One token's ops are too small to split: on a CPU, intra-op threads only spin, and beside
-        # another busy process they cost 2.7x (2 cores: 6.3 vs 2.3 ms a token).
+        # another busy process they slow the loop down (docs/benchmarks.md, xLSTM).
         threads = torch.get_num_threads()
         if self.device.type == "cpu":
             torch.set_num_threads(1)

@@ -37,9 +37,8 @@ import triton.language as tl
 from kldtool.codec.rows import HEADER_SLOTS
 from kldtool.reduce.rowmath import TOP_K
 
-# H100, one window's 1,023 bf16 rows of 128,256, the records whole: 1024 lanes, 4 warps, no
-# pipelining 1.42-1.62 ms; 2048 lanes with 8 or 16 warps 1.52-1.69 ms; 2 stages, or 256-512
-# lanes, slower (benchmarks/gpu_reducer.py --sweep, 2026-11-26).
+# The fastest launch found for one window's 1,023 bf16 rows of 128,256 on an H100, or within
+# 0.1 ms of it (benchmarks/gpu_reducer.py --sweep; the figures are in docs/benchmarks.md).
 TILE = 1024
 NUM_WARPS = 4
 STAGES = 1
