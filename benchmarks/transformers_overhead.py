@@ -31,6 +31,7 @@ import os
 import sys
 import tempfile
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -130,13 +131,34 @@ def host_decode(reader) -> None:
     threads compare's feed would use, nothing sent to a device (pinned only where there is one)."""
     import torch
 
-    from kldtool.logitsfile.prefetch import prefetch_plan, submitted
+    from kldtool.logitsfile import prefetch
     from kldtool.logitsfile.reader_base import stage_frame
 
     stage = stage_frame if torch.cuda.is_available() else (lambda frame: frame)
-    ahead, threads = prefetch_plan(reader.frame_nbytes)
+    ahead, threads = prefetch.prefetch_plan(reader.frame_nbytes)
+    submitted = prefetch.submitted
     for _, fut in submitted(range(reader.frames.n_frames), ahead, threads, lambda k: stage(reader.read_frame(k))):
         fut.result()
+
+
+def wide_plan(frame_nbytes: int, cpus: int | None = None, budget: int = 2 << 30) -> tuple[int, int]:
+    """A feed's plan with every core but two decoding (prefetch_plan gives half, at most 8): on a
+    GPU the host has little else to do, and compare cannot beat its feed's host half."""
+    threads = max(2, (cpus or os.cpu_count() or 2) - 2)
+    ahead = max(1, min(2 * threads, budget // max(frame_nbytes, 1)))
+    return ahead, min(threads, ahead)
+
+
+@contextmanager
+def wide_feed():
+    """Compare's feeds (and host_decode) planned by :func:`wide_plan` inside the block."""
+    from kldtool.logitsfile import prefetch
+
+    planned, prefetch.prefetch_plan = prefetch.prefetch_plan, wide_plan
+    try:
+        yield
+    finally:
+        prefetch.prefetch_plan = planned
 
 
 def device_profile(fn, sync) -> None:
@@ -191,6 +213,7 @@ def main() -> None:
     from kldtool.engines.defaults import default_transformers_model
     from kldtool.engines.transformers import TransformersEngine
     from kldtool.logitsfile import open_base_file
+    from kldtool.logitsfile.prefetch import prefetch_plan
     from kldtool.memory import set_malloc_policy
     from kldtool.pipeline import run_compare
     from kldtool.pipeline.sinks import Sinks
@@ -309,6 +332,17 @@ def main() -> None:
 
         runs = {"bare": bare, "kldtool": ours, "feed": feed}
         runs["decode"] = lambda: host_decode(reader)
+        if a.device.startswith("cuda") and (os.cpu_count() or 2) - 2 > prefetch_plan(reader.frame_nbytes)[1]:
+
+            def kldtool_wide() -> None:
+                with wide_feed():
+                    ours()
+
+            def decode_wide() -> None:
+                with wide_feed():
+                    host_decode(reader)
+
+            runs["kldtool_wide"], runs["decode_wide"] = kldtool_wide, decode_wide
         if hidden is not None:
             runs["hidden"] = from_hidden
         for fn in runs.values():  # warm-up: first-call allocations and kernels (Triton compiles here too)
@@ -334,6 +368,12 @@ def main() -> None:
         f"host decoding alone (read, decompress, check, pin; no device): {best['decode']:.3f} s "
         f"({row_bytes / best['decode'] / 2**30:.2f} GiB/s of rows)"
     )
+    if "kldtool_wide" in best:
+        print(
+            f"with {wide_plan(reader.frame_nbytes)[1]} decoding threads instead of "
+            f"{prefetch_plan(reader.frame_nbytes)[1]}: compare {best['kldtool_wide']:.3f} s, ratio "
+            f"{best['kldtool_wide'] / best['bare']:.3f}; host decoding alone {best['decode_wide']:.3f} s"
+        )
     if hidden is not None:
         print(
             f"compare from the hidden-state file: {best['hidden']:.3f} s, ratio {best['hidden'] / best['bare']:.3f} "

@@ -7,7 +7,8 @@ tests/helpers/vocab_models.py. For each vocabulary, in one process:
   records, hidden states (the head counted once, not per token);
 - compare against the bare forward of the same engine (the model, one log-softmax, the targets'
   log-probs to the host), timed in alternating rounds: the time ratio, minor page faults per
-  scored row and system time of each (getrusage around each run, after a warm-up round), under
+  scored row and system time of each (getrusage around each run, after a warm-up round; the
+  medians of the rounds, as single rounds swing widely), under
   the CLI's allocation policy (kldtool/memory.py), and compare again under the mmap policy it
   replaced;
 - the host reducer's nanoseconds per vocabulary entry (numba, one core, rows of random logits);
@@ -28,6 +29,7 @@ import argparse
 import json
 import os
 import resource
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -65,19 +67,26 @@ def usage() -> tuple[int, float]:
 
 
 def measured(fn, rounds: int) -> dict:
-    """Best wall time of ``fn`` over ``rounds`` (after one warm-up), with the faults and system
-    seconds of that best round."""
+    """Best wall time of ``fn`` over ``rounds`` (after one warm-up), and the median of the
+    rounds' minor faults and system seconds, with the faults' range: a round's faults swing
+    from none to hundreds of thousands as torch's threads and the heap's top happen to land
+    (the bare forward's too), so one round's count says little."""
     fn()
-    best = None
+    times, faults, sys_s = [], [], []
     for _ in range(rounds):
         f0, s0 = usage()
         t0 = time.perf_counter()
         fn()
-        t = time.perf_counter() - t0
+        times.append(time.perf_counter() - t0)
         f1, s1 = usage()
-        if best is None or t < best["s"]:
-            best = {"s": t, "faults": f1 - f0, "sys": s1 - s0}
-    return best
+        faults.append(f1 - f0)
+        sys_s.append(s1 - s0)
+    return {
+        "s": min(times),
+        "faults": statistics.median(faults),
+        "faults_range": [min(faults), max(faults)],
+        "sys": statistics.median(sys_s),
+    }
 
 
 def reducer_ns_per_entry(vocab: int, rows: int = 64) -> float:
@@ -164,6 +173,7 @@ def one_vocabulary(name: str, a, tmp: str) -> dict:
         "ratio_mmap": runs["compare_mmap"]["s"] / runs["bare"]["s"],
         "seconds": {k: v["s"] for k, v in runs.items()},
         "faults_per_row": {k: v["faults"] / rows for k, v in runs.items()},
+        "faults_per_row_range": {k: [f / rows for f in v["faults_range"]] for k, v in runs.items()},
         "sys_s": {k: v["sys"] for k, v in runs.items()},
         "reducer_ns_per_entry": reducer_ns_per_entry(h.n_vocab),
         "decode_gbps": decode_gbps(reader),
@@ -229,6 +239,11 @@ def plot(results: dict, path: str) -> None:
     print(f"plot: {path}")
 
 
+def _faults(r: dict, run: str) -> str:
+    lo, hi = r["faults_per_row_range"][run]
+    return f"{r['faults_per_row'][run]:.1f} [{lo:.1f}-{hi:.1f}]"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--vocab", action="append", choices=SIMPLE, help="vocabularies to run (default: all)")
@@ -274,8 +289,8 @@ def main() -> None:
                         flush=True,
                     )
     figures = "; ".join(
-        f"{r['vocab']}: {r['ratio']:.3f}x bare ({r['ratio_mmap']:.3f}x mmap policy), faults/row "
-        f"{r['faults_per_row']['compare']:.0f} vs {r['faults_per_row']['bare']:.0f} bare "
+        f"{r['vocab']}: {r['ratio']:.3f}x bare ({r['ratio_mmap']:.3f}x mmap policy), faults/row (median "
+        f"[range] of {a.rounds} rounds) {_faults(r, 'compare')} vs {_faults(r, 'bare')} bare "
         f"({r['faults_per_row']['compare_mmap']:.0f} mmap policy), sys s {r['sys_s']['compare']:.2f} vs "
         f"{r['sys_s']['bare']:.2f} ({r['sys_s']['compare_mmap']:.2f}), {r['bytes_per_token']['container']:.0f}/"
         f"{r['bytes_per_token']['raw']:.0f}/{r['bytes_per_token']['top32']:.0f}/"
