@@ -23,11 +23,6 @@ from kldtool.logitsfile.transforms import CODES, ROWS
 class ContainerReader(BaseFileReader):
     format_name = "kldtool"
 
-    def __init__(self, path: str | os.PathLike):
-        super().__init__(path)
-        with self.closed_on_error():
-            self._parse()
-
     def _parse(self) -> None:
         transform, tokens_end = self._preamble()
         index_offset = self._trailer(tokens_end)

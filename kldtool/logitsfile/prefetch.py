@@ -78,7 +78,7 @@ def _loader(reader, device, copy_ahead: bool = False):
     (``copy_ahead``: the threads also start the copy there, on a side stream); otherwise the
     threads decode the rows on the host."""
     if device is None or str(device).startswith("cpu"):
-        return (lambda index: reader.frame_rows(reader.read_frame(index))), rows_to_torch
+        return reader.read_frame_rows, rows_to_torch
     to = device if copy_ahead and str(device).startswith("cuda") else None
     return (lambda index: stage_frame(reader.read_frame(index), to)), reader.frame_to_torch
 

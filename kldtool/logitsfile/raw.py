@@ -31,11 +31,6 @@ PREAMBLE = 20
 class RawReader(BaseFileReader):
     format_name = "llamacpp"
 
-    def __init__(self, path: str | os.PathLike):
-        super().__init__(path)
-        with self.closed_on_error():
-            self._parse()
-
     def _parse(self) -> None:
         head = os.pread(self.fd, PREAMBLE, 0)
         if head[:8] != MAGIC:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import threading
 import warnings
-from contextlib import contextmanager
 from typing import NamedTuple
 
 import numpy as np
@@ -92,24 +91,21 @@ class BaseFileReader:
     format_name = "?"
     header: BaseHeader
     metadata: dict
-    frames: FrameLayout  # how the rows are cut for reading, set by the format's constructor
-    form: Transform  # what a frame's bytes are (transforms.py), set by the format's constructor
+    frames: FrameLayout  # how the rows are cut for reading, set by _parse
+    form: Transform  # what a frame's bytes are (transforms.py), set by _parse
 
     def __init__(self, path: str | os.PathLike):
-        """Opens the file; each format's constructor then reads its own header and tables
-        inside :meth:`closed_on_error`."""
         self.path = os.fspath(path)
         self.fd = os.open(self.path, os.O_RDONLY)
-        self.file_size = os.fstat(self.fd).st_size
-
-    @contextmanager
-    def closed_on_error(self):
-        """A reader whose parse fails keeps no descriptor or map open."""
         try:
-            yield
+            self.file_size = os.fstat(self.fd).st_size
+            self._parse()
         except BaseException:
             self.close()
             raise
+
+    def _parse(self) -> None:
+        raise NotImplementedError
 
     def use_head(self, source: str | None) -> None:
         """``compare --head-from``: only a hidden-state file with an external head takes one."""
