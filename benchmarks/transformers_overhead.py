@@ -26,6 +26,7 @@ device waits for the host.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
@@ -135,26 +136,25 @@ def host_decode(reader) -> None:
     from kldtool.logitsfile.reader_base import stage_frame
 
     stage = stage_frame if torch.cuda.is_available() else (lambda frame: frame)
-    ahead, threads = prefetch.prefetch_plan(reader.frame_nbytes)
-    submitted = prefetch.submitted
-    for _, fut in submitted(range(reader.frames.n_frames), ahead, threads, lambda k: stage(reader.read_frame(k))):
+    ahead, threads = prefetch.prefetch_plan(reader.frame_nbytes)  # looked up here: wide_feed swaps it
+    frames = range(reader.frames.n_frames)
+    for _, fut in prefetch.submitted(frames, ahead, threads, lambda k: stage(reader.read_frame(k))):
         fut.result()
 
 
-def wide_plan(frame_nbytes: int, cpus: int | None = None, budget: int = 2 << 30) -> tuple[int, int]:
-    """A feed's plan with every core but two decoding (prefetch_plan gives half, at most 8): on a
-    GPU the host has little else to do, and compare cannot beat its feed's host half."""
-    threads = max(2, (cpus or os.cpu_count() or 2) - 2)
-    ahead = max(1, min(2 * threads, budget // max(frame_nbytes, 1)))
-    return ahead, min(threads, ahead)
+def wide_threads() -> int:
+    """Every core but two (prefetch_plan gives half, at most 8): on a GPU the host has little
+    else to do, and compare cannot beat its feed's host half."""
+    return max(2, (os.cpu_count() or 2) - 2)
 
 
 @contextmanager
 def wide_feed():
-    """Compare's feeds (and host_decode) planned by :func:`wide_plan` inside the block."""
+    """Compare's feeds (and host_decode) planned with :func:`wide_threads` inside the block."""
     from kldtool.logitsfile import prefetch
 
-    planned, prefetch.prefetch_plan = prefetch.prefetch_plan, wide_plan
+    planned = prefetch.prefetch_plan
+    prefetch.prefetch_plan = functools.partial(planned, threads=wide_threads())
     try:
         yield
     finally:
@@ -332,7 +332,7 @@ def main() -> None:
 
         runs = {"bare": bare, "kldtool": ours, "feed": feed}
         runs["decode"] = lambda: host_decode(reader)
-        if a.device.startswith("cuda") and (os.cpu_count() or 2) - 2 > prefetch_plan(reader.frame_nbytes)[1]:
+        if a.device.startswith("cuda") and wide_threads() > prefetch_plan(reader.frame_nbytes)[1]:
 
             def kldtool_wide() -> None:
                 with wide_feed():
@@ -370,7 +370,7 @@ def main() -> None:
     )
     if "kldtool_wide" in best:
         print(
-            f"with {wide_plan(reader.frame_nbytes)[1]} decoding threads instead of "
+            f"with {prefetch_plan(reader.frame_nbytes, threads=wide_threads())[1]} decoding threads instead of "
             f"{prefetch_plan(reader.frame_nbytes)[1]}: compare {best['kldtool_wide']:.3f} s, ratio "
             f"{best['kldtool_wide'] / best['bare']:.3f}; host decoding alone {best['decode_wide']:.3f} s"
         )

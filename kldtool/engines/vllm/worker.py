@@ -338,7 +338,7 @@ class KldtoolWorker:
         own workers are asked; a served model's belong to its operator."""
         from kldtool.memory import set_malloc_policy
 
-        return set_malloc_policy() if os.environ.get("KLDTOOL_MALLOC") else "glibc"
+        return set_malloc_policy(os.environ.get("KLDTOOL_MALLOC") or "glibc")
 
     def kldtool_pop(self, keys: list[str]) -> dict:
         return seam.attached(self).pop(keys)
