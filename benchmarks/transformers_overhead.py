@@ -26,13 +26,11 @@ device waits for the host.
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import os
 import sys
 import tempfile
 import time
-from contextlib import contextmanager
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -136,29 +134,10 @@ def host_decode(reader) -> None:
     from kldtool.logitsfile.reader_base import stage_frame
 
     stage = stage_frame if torch.cuda.is_available() else (lambda frame: frame)
-    ahead, threads = prefetch.prefetch_plan(reader.frame_nbytes)  # looked up here: wide_feed swaps it
+    ahead, threads = prefetch.prefetch_plan(reader.frame_nbytes)
     frames = range(reader.frames.n_frames)
     for _, fut in prefetch.submitted(frames, ahead, threads, lambda k: stage(reader.read_frame(k))):
         fut.result()
-
-
-def wide_threads() -> int:
-    """Every core but two (prefetch_plan gives half, at most 8): on a GPU the host has little
-    else to do, and compare cannot beat its feed's host half."""
-    return max(2, (os.cpu_count() or 2) - 2)
-
-
-@contextmanager
-def wide_feed():
-    """Compare's feeds (and host_decode) planned with :func:`wide_threads` inside the block."""
-    from kldtool.logitsfile import prefetch
-
-    planned = prefetch.prefetch_plan
-    prefetch.prefetch_plan = functools.partial(planned, threads=wide_threads())
-    try:
-        yield
-    finally:
-        prefetch.prefetch_plan = planned
 
 
 def device_profile(fn, sync) -> None:
@@ -213,7 +192,6 @@ def main() -> None:
     from kldtool.engines.defaults import default_transformers_model
     from kldtool.engines.transformers import TransformersEngine
     from kldtool.logitsfile import open_base_file
-    from kldtool.logitsfile.prefetch import prefetch_plan
     from kldtool.memory import set_malloc_policy
     from kldtool.pipeline import run_compare
     from kldtool.pipeline.sinks import Sinks
@@ -332,17 +310,6 @@ def main() -> None:
 
         runs = {"bare": bare, "kldtool": ours, "feed": feed}
         runs["decode"] = lambda: host_decode(reader)
-        if a.device.startswith("cuda") and wide_threads() > prefetch_plan(reader.frame_nbytes)[1]:
-
-            def kldtool_wide() -> None:
-                with wide_feed():
-                    ours()
-
-            def decode_wide() -> None:
-                with wide_feed():
-                    host_decode(reader)
-
-            runs["kldtool_wide"], runs["decode_wide"] = kldtool_wide, decode_wide
         if hidden is not None:
             runs["hidden"] = from_hidden
         for fn in runs.values():  # warm-up: first-call allocations and kernels (Triton compiles here too)
@@ -368,12 +335,6 @@ def main() -> None:
         f"host decoding alone (read, decompress, check, pin; no device): {best['decode']:.3f} s "
         f"({row_bytes / best['decode'] / 2**30:.2f} GiB/s of rows)"
     )
-    if "kldtool_wide" in best:
-        print(
-            f"with {prefetch_plan(reader.frame_nbytes, threads=wide_threads())[1]} decoding threads instead of "
-            f"{prefetch_plan(reader.frame_nbytes)[1]}: compare {best['kldtool_wide']:.3f} s, ratio "
-            f"{best['kldtool_wide'] / best['bare']:.3f}; host decoding alone {best['decode_wide']:.3f} s"
-        )
     if hidden is not None:
         print(
             f"compare from the hidden-state file: {best['hidden']:.3f} s, ratio {best['hidden'] / best['bare']:.3f} "

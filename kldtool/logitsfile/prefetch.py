@@ -62,14 +62,14 @@ def submitted(indices: Iterable[int], ahead: int, threads: int, read) -> Iterato
             yield i, fut
 
 
-def prefetch_plan(
-    frame_nbytes: int, cpus: int | None = None, budget: int = 2 << 30, threads: int | None = None
-) -> tuple[int, int]:
+def prefetch_plan(frame_nbytes: int, cpus: int | None = None, budget: int = 2 << 30) -> tuple[int, int]:
     """(frames ahead, threads): a GPU scores rows faster than one core decodes them (an 8B
-    model on an H100 wants ~4 GB/s of rows), so half the cores decode (or ``threads``), with up
-    to two frames each in flight, as long as those fit ``budget`` bytes (one frame per window in
-    files from before frames: 16k tokens of a 49k vocabulary are 1.5 GiB, so then down to one)."""
-    threads = threads or max(2, min(8, (cpus or os.cpu_count() or 2) // 2))
+    model on an H100 wants ~4 GB/s of rows), so half the cores decode, with up to two frames
+    each in flight, as long as those fit ``budget`` bytes (one frame per window in files from
+    before frames: 16k tokens of a 49k vocabulary are 1.5 GiB, so then down to one). Not more
+    than half, at most 8: more threads decode faster but slow the thread that launches the
+    forward, and compare with them (docs/benchmarks.md, the GPU sessions)."""
+    threads = max(2, min(8, (cpus or os.cpu_count() or 2) // 2))
     ahead = max(1, min(2 * threads, budget // max(frame_nbytes, 1)))
     return ahead, min(threads, ahead)
 
