@@ -130,13 +130,13 @@ def host_decode(reader) -> None:
     threads compare's feed would use, nothing sent to a device (pinned only where there is one)."""
     import torch
 
-    from kldtool.logitsfile import prefetch
+    from kldtool.logitsfile.prefetch import prefetch_plan, submitted
     from kldtool.logitsfile.reader_base import stage_frame
 
     stage = stage_frame if torch.cuda.is_available() else (lambda frame: frame)
-    ahead, threads = prefetch.prefetch_plan(reader.frame_nbytes)
+    ahead, threads = prefetch_plan(reader.frame_nbytes)
     frames = range(reader.frames.n_frames)
-    for _, fut in prefetch.submitted(frames, ahead, threads, lambda k: stage(reader.read_frame(k))):
+    for _, fut in submitted(frames, ahead, threads, lambda k: stage(reader.read_frame(k))):
         fut.result()
 
 

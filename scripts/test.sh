@@ -13,7 +13,7 @@ bash scripts/setup.sh
 .venv/bin/ruff check --quiet .
 # One OpenMP thread per process while two workers share the cores: torch's threads wait for
 # each other at every parallel region, and one descheduled by the other worker's process stalls
-# the rest (test_attribute's float64 case beside a busy 2-thread process: 257 s with two threads,
-# 81 s with one). vLLM sets its own workers' threads.
+# the rest (the float64 attribution tests ran three times slower beside a busy worker). vLLM
+# sets its own workers' threads.
 [ "${KLDTOOL_TEST_WORKERS:-2}" != 0 ] && export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 exec .venv/bin/python -m pytest -n "${KLDTOOL_TEST_WORKERS:-2}" --dist loadfile "$@"
