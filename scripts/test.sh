@@ -11,9 +11,8 @@ bash scripts/setup.sh
 # The tree is formatted and linted (pyproject.toml's [tool.ruff]) before anything runs.
 .venv/bin/ruff format --check --quiet .
 .venv/bin/ruff check --quiet .
-# One OpenMP thread per process while two workers share the cores: torch's threads wait for
-# each other at every parallel region, and one descheduled by the other worker's process stalls
-# the rest (the float64 attribution tests ran three times slower beside a busy worker). vLLM
-# sets its own workers' threads.
-[ "${KLDTOOL_TEST_WORKERS:-2}" != 0 ] && export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
+# Two vLLM engines started by the two workers would both bind their compute to core 0 under
+# vLLM-CPU's automatic binding (it keeps the last core for the rest); unbound, the kernel spreads
+# them. kldtool itself sets this only for several ranks.
+export VLLM_CPU_OMP_THREADS_BIND=${VLLM_CPU_OMP_THREADS_BIND:-nobind}
 exec .venv/bin/python -m pytest -n "${KLDTOOL_TEST_WORKERS:-2}" --dist loadfile "$@"

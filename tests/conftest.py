@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 import zstandard
+from helpers.warm_cli import WarmCli
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARED = Path(os.environ.get("KLDTOOL_SHARED", ROOT.parent / "shared"))
@@ -45,11 +46,17 @@ def sha256(path) -> str:
     return h.hexdigest()
 
 
+WARM = WarmCli()
+
+
 def run_cli(*args, check_rc: int | None = 0, env_extra: dict | None = None) -> subprocess.CompletedProcess:
     """Run ``python -m kldtool ARGS`` as a user would; returns the completed process."""
     env = dict(os.environ)
     env.update(env_extra or {})
-    p = subprocess.run([sys.executable, "-m", "kldtool", *map(str, args)], capture_output=True, text=True, env=env)
+    argv = [str(a) for a in args]
+    p = WARM.run(argv, env)  # a fork of a warm interpreter where it is one (helpers/warm_cli.py)
+    if p is None:
+        p = subprocess.run([sys.executable, "-m", "kldtool", *argv], capture_output=True, text=True, env=env)
     if check_rc is not None and p.returncode != check_rc:
         raise AssertionError(
             f"kldtool {' '.join(map(str, args))} -> rc {p.returncode}\nstdout:\n{p.stdout}\nstderr:\n{p.stderr}"

@@ -17,16 +17,7 @@ from helpers.vocab_models import corpus_flags, model_dir
 
 pytest.importorskip("vllm")
 pytestmark = [pytest.mark.filterwarnings("ignore"), pytest.mark.long_module]
-
-
-def probe(model, base, dtype, *extra):
-    p = subprocess.run(
-        [sys.executable, str(ROOT / "tests" / "helpers" / "vllm_probe.py"), model, str(base), dtype, *map(str, extra)],
-        capture_output=True,
-        text=True,
-    )
-    assert p.returncode == 0, p.stderr[-3000:]
-    return json.loads(next(l for l in p.stdout.splitlines() if l.startswith("PROBE "))[6:])
+STRIDE_TEXT = 4500  # bytes of wikitext: 1,161 tokens, 9 stride windows of 256
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +55,7 @@ def fp32_runs(fp32_dir, hf_base, fixture_base, hub_env, tmp_path_factory):
     window = ("-f", WIKI, "-c", 128, "--chunks", 2)
     jobs.append(("hub-base", ["base", *hub, *window, "--kl-divergence-base", d / "hub.kldt"]))
     jobs.append(("hub-ppl", ["ppl", *hub, *window]))
-    for ctx, chunks in ((64, 1), (32, 100)):  # every scored position exactly once, in batches of many windows
+    for ctx, chunks in ((64, 1), (32, 40)):  # every scored position exactly once, in batches of many windows
         base = d / f"pos-{ctx}.kldt"
         run_cli(
             "base",
@@ -83,7 +74,7 @@ def fp32_runs(fp32_dir, hf_base, fixture_base, hub_env, tmp_path_factory):
         )
         jobs.append((f"pos-{ctx}-{chunks}", ["compare", *vllm, "--kl-divergence-base", base]))
     text = d / "t.txt"  # stride: the first window scores more positions than the rest
-    text.write_bytes(WIKI.read_bytes()[:9000])
+    text.write_bytes(WIKI.read_bytes()[:STRIDE_TEXT])
     stride = ("-f", text, "--protocol", "stride", "-c", "256", "--stride", "128")
     run_cli("base", "--engine", "transformers", "-m", fp32_dir, *stride, "--kl-divergence-base", d / "stride.kldt")
     jobs += [
@@ -112,20 +103,28 @@ def fp32_runs(fp32_dir, hf_base, fixture_base, hub_env, tmp_path_factory):
     )
     jobs.append(("rolling", ["compare", *vllm, "--kl-divergence-base", d / "rolling.kldt"]))
     # vLLM bf16's own base file (a second dtype: its own engine), read by vLLM's prompt logprobs.
-    bf16 = ("--engine", "vllm", "-m", fp32_dir, "--dtype", "bfloat16", "-f", WIKI, "-c", 128, "--chunks", 4)
+    bf16 = ("--engine", "vllm", "-m", fp32_dir, "--dtype", "bfloat16", "-f", WIKI, "-c", 128, "--chunks", 2)
     jobs.append(("bf16-base", ["base", *bf16, "--kl-divergence-base", d / "vllm-bf16.kldt"]))
     jobs += vocab
     spec = [{"name": n, "argv": [*argv, "--json", d / f"{n}.json"]} for n, argv in jobs]
+    # vLLM's own prompt logprobs against the hook, on the engines above (tests/helpers/vllm_probe.py):
+    # bf16 on its own base file; fp32 with blocks of 16 rows and a 4096-token window (so every
+    # engine here is built for 4096 tokens).
+    probes = {
+        "probe-bf16": {"model": fp32_dir, "dtype": "bfloat16", "base": d / "vllm-bf16.kldt"},
+        "probe-fp32": {"model": fp32_dir, "dtype": "float32", "base": hf_base, "long": 4096, "text": WIKI},
+    }
+    spec += [{"name": n, "probe": p} for n, p in probes.items()]
     (d / "jobs.json").write_text(json.dumps(spec, default=str))
     p = subprocess.run(
-        [sys.executable, str(ROOT / "tests" / "helpers" / "vllm_jobs.py"), d / "jobs.json", d, "256"],
+        [sys.executable, str(ROOT / "tests" / "helpers" / "vllm_jobs.py"), d / "jobs.json", d, "4096"],
         capture_output=True,
         text=True,
         env=os.environ | hub_env,
     )
     assert p.returncode == 0, p.stderr[-3000:]
     out = {}
-    for n, _ in jobs:
+    for n in [n for n, _ in jobs] + list(probes):
         rc = int((d / f"{n}.rc").read_text())
         assert rc == 0, (d / f"{n}.err").read_text()[-3000:]
         out[n] = (
@@ -139,21 +138,20 @@ def fp32_runs(fp32_dir, hf_base, fixture_base, hub_env, tmp_path_factory):
     return out
 
 
-def test_vllm_against_itself_and_its_own_prompt_logprobs(fp32_dir, fp32_runs):
+def test_vllm_against_itself_and_its_own_prompt_logprobs(fp32_runs):
     assert "Final estimate" in fp32_runs["bf16-base"][1]
-    base = fp32_runs["dir"] / "vllm-bf16.kldt"
-    r = probe(fp32_dir, base, "bfloat16")
+    r = fp32_runs["probe-bf16"][3]
     print(r)
-    assert r["tokens"] == 4 * 63
+    assert r["tokens"] == 2 * 63
     assert abs(r["mean_kld"]) < 1e-5
     assert r["max_abs_logprob_diff"] < 1e-4
 
 
-def test_logits_blocks_give_the_records_of_one_block(hf_base, fp32_dir):
+def test_logits_blocks_give_the_records_of_one_block(fp32_runs):
     """The hook computes a step's logits in blocks of --logits-block rows: blocks of 16 rows
     (c=128 windows) and a 4096-token window in blocks of 128 rows give the same records as
     one block, to the bit in float32."""
-    r = probe(fp32_dir, hf_base, "float32", 4096, WIKI)
+    r = fp32_runs["probe-fp32"][3]
     print(r)
     assert r["default_block"] == 256 * 2**20 // (49152 * 8)  # 256 MiB of float32 logits and their copy
     assert r["block_16_max_diff"] == {"nll": 0.0, "kld": 0.0}
@@ -276,15 +274,24 @@ def test_hidden_states_and_the_head_gathered_from_three_tensor_parallel_ranks(fp
     assert abs(kld[0] - kld[1]) <= 1e-4 * kld[1] and pa["same top %"] == pb["same top %"]
 
 
-def test_w8a8_same_in_process_multiprocess_and_tensor_parallel(hf_base, w8a8_dir, tmp_path):
-    mp = compare_json(hf_base, tmp_path, "--engine", "vllm", "-m", w8a8_dir)
+@pytest.fixture(scope="module")
+def sweep(hf_base, fp32_dir, w8a8_dir, tmp_path_factory):
+    """scripts/sweep_vllm.sh over the fp32 and W8A8 checkpoints, 4 windows each: the output
+    directory and the rows' labels (the directories' names)."""
+    out = tmp_path_factory.mktemp("sweep") / "sweep"
+    run_script("sweep_vllm.sh", "-b", hf_base, "-o", out, fp32_dir, w8a8_dir, "--", "--chunks", 4)
+    return out, [os.path.basename(d.rstrip("/")) for d in (fp32_dir, w8a8_dir)]
+
+
+def test_w8a8_same_in_process_multiprocess_and_tensor_parallel(hf_base, w8a8_dir, sweep, tmp_path):
+    out, labels = sweep
+    mp = json.loads((out / f"{labels[1]}.json").read_text())  # the sweep's compare: vLLM's own processes
     # vLLM-CPU cannot start a second engine core in one process (its kernel registry): the
     # in-process mode gets a command of its own, not fp32_runs' shared jobs.
-    inproc = compare_json(
-        hf_base, tmp_path, "--engine", "vllm", "-m", w8a8_dir, env_extra={"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
-    )
+    w8a8 = ("--engine", "vllm", "-m", w8a8_dir, "--chunks", 4)
+    inproc = compare_json(hf_base, tmp_path, *w8a8, env_extra={"VLLM_ENABLE_V1_MULTIPROCESSING": "0"})
     # SmolLM2 has 9 attention heads: tensor parallelism needs a divisor of 9, so 3 ranks.
-    tp = compare_json(hf_base, tmp_path, "--engine", "vllm", "-m", w8a8_dir, "--tensor-parallel-size", 3)
+    tp = compare_json(hf_base, tmp_path, *w8a8, "--tensor-parallel-size", 3)
     k = {name: r["statistics"]["kld_mean"] for name, r in (("mp", mp), ("inproc", inproc), ("tp3", tp))}
     print("W8A8 mean KLD:", k)
     assert len(tp["model"]["hooks"]) == 3
@@ -294,7 +301,7 @@ def test_w8a8_same_in_process_multiprocess_and_tensor_parallel(hf_base, w8a8_dir
     assert abs(k["tp3"]["value"] - k["mp"]["value"]) < 3 * (k["mp"]["uncertainty"] + k["tp3"]["uncertainty"])
 
 
-@pytest.mark.parametrize("ctx, chunks", [(64, 1), (32, 100)])
+@pytest.mark.parametrize("ctx, chunks", [(64, 1), (32, 40)])
 def test_every_scored_position_exactly_once(fp32_runs, ctx, chunks):
     r = fp32_runs[f"pos-{ctx}-{chunks}"][3]
     assert r["scored_tokens"] == chunks * (ctx - 1 - ctx // 2)
@@ -351,11 +358,9 @@ def test_every_scored_position_exactly_once_over_several_prefill_steps(fp32_dir,
     assert abs(r["statistics"]["kld_mean"]["value"]) < 1e-3
 
 
-def test_vllm_sweep_script(hf_base, fp32_dir, w8a8_dir, tmp_path):
-    out = tmp_path / "sweep"
-    run_script("sweep_vllm.sh", "-b", hf_base, "-o", out, fp32_dir, w8a8_dir, "--", "--chunks", 4)
+def test_vllm_sweep_script(hf_base, fp32_dir, w8a8_dir, sweep):
+    out, labels = sweep
     rows = markdown_rows(out / "report.md")
-    labels = [os.path.basename(fp32_dir.rstrip("/")), os.path.basename(w8a8_dir.rstrip("/"))]
     assert list(rows) == labels[::-1]  # sorted by size: the int8 checkpoint first
     for label in labels:
         want = printed((out / f"{label}.txt").read_text())
@@ -370,7 +375,7 @@ def test_vllm_score_mode_and_a_stride_base_file(fp32_dir, fp32_runs, tmp_path):
     """`ppl --engine vllm` (NLL computed in the workers) and a compare over windows of two
     shapes (stride's first window scores more than the rest) agree with transformers."""
     text = tmp_path / "t.txt"
-    text.write_bytes(WIKI.read_bytes()[:9000])
+    text.write_bytes(WIKI.read_bytes()[:STRIDE_TEXT])
     run_cli(
         "ppl",
         "--engine",

@@ -5,7 +5,9 @@ __main__ guard).
     python tests/helpers/vllm_jobs.py JOBS.json OUT_DIR MAX_CTX
 
 JOBS.json is a list of {"name": ..., "argv": [kldtool's arguments]}; each job's stdout, stderr
-and exit code go to OUT_DIR/NAME.out, .err and .rc. Every ``--engine vllm`` command of the same
+and exit code go to OUT_DIR/NAME.out, .err and .rc. A job {"name": ..., "probe": {"model",
+"dtype", "base", and optionally "long" and "text"}} runs tests/helpers/vllm_probe.py on the
+engine of that model and dtype instead and writes its summaries to OUT_DIR/NAME.json. Every ``--engine vllm`` command of the same
 weights (a hub snapshot linking to a directory's files counts as that directory), dtype and vLLM
 arguments gets the same engine, built for windows of up to MAX_CTX tokens
 (what the command would have built for its own window is the same engine with a shorter
@@ -17,12 +19,15 @@ import contextlib
 import json
 import os
 import sys
+import traceback
 
 
 def main() -> None:
     jobs, out, max_ctx = json.load(open(sys.argv[1])), sys.argv[2], int(sys.argv[3])
     from kldtool.cli.app import _run
+    from kldtool.engines import EngineOptions
     from kldtool.engines.vllm.offline import VllmEngine
+    from vllm_probe import probe
 
     engines = {}
     build = VllmEngine.from_options.__func__
@@ -41,11 +46,23 @@ def main() -> None:
         return engine
 
     VllmEngine.from_options = classmethod(shared)
+
+    def _probe(spec: dict, path: str) -> int:
+        try:
+            engine = VllmEngine.from_options(EngineOptions("vllm", spec["model"], spec["dtype"]), max_ctx)
+            summary = probe(engine, spec["base"], spec.get("long", 0), spec.get("text"))
+        except Exception:
+            traceback.print_exc()
+            return 1
+        with open(path + ".json", "w") as f:
+            json.dump(summary, f)
+        return 0
+
     for job in jobs:
         path = os.path.join(out, job["name"])
         with open(path + ".out", "w") as o, open(path + ".err", "w") as e:
             with contextlib.redirect_stdout(o), contextlib.redirect_stderr(e):
-                rc = _run([str(a) for a in job["argv"]])
+                rc = _probe(job["probe"], path) if "probe" in job else _run([str(a) for a in job["argv"]])
         with open(path + ".rc", "w") as f:
             f.write(str(rc))
     for engine in engines.values():

@@ -1,33 +1,24 @@
-"""Run by the vLLM tests in a fresh process (vLLM spawns workers: keep the __main__ guard).
-
-Scores a base file's windows through kldtool's hook and asks vLLM itself for the same
+"""Scores a base file's windows through kldtool's hook and asks vLLM itself for the same
 positions' target log-probs with ``prompt_logprobs=0``; then the same windows with the hook's
 logits in blocks of 16 rows, and one window of LONG tokens (prefilled over several steps) in
 blocks of 128 rows and in the largest blocks the hook holds (1 GiB of logits: what a step
-computed at once, up to that); prints the summaries as JSON.
-
-    python tests/helpers/vllm_probe.py MODEL BASE_FILE DTYPE [LONG TEXT]
+computed at once, up to that). tests/helpers/vllm_jobs.py runs it on the engine its
+commands of the same weights and dtype share.
 """
-
-import json
-import sys
 
 import numpy as np
 
 
-def main() -> None:
-    model, base, dtype = sys.argv[1:4]
-    long_n = int(sys.argv[4]) if len(sys.argv) > 4 else 0
+def probe(engine, base: str, long_n: int = 0, text: str | None = None) -> dict:
+    """The summaries of ``engine`` (a VllmEngine) on ``base``; its logits block is left as found."""
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
-    from kldtool.engines.vllm.offline import VllmEngine
     from kldtool.logitsfile import open_base_file
     from kldtool.protocols import llamacpp_windows
 
     reader = open_base_file(base)
     h = reader.header
-    engine = VllmEngine(model, dtype=dtype, max_model_len=max(h.n_ctx, long_n) + 1)
     windows = llamacpp_windows(reader.tokens, h.n_ctx, h.n_chunk, engine.bos_id)
     records = engine.score(windows, engine.rows_source(reader, list(range(h.n_chunk))))
     default_block = engine.logits_block
@@ -58,7 +49,7 @@ def main() -> None:
     if long_n:
         from kldtool.protocols import Window
 
-        ids = engine.tokenize(open(sys.argv[5], "rb").read())[:long_n]
+        ids = engine.tokenize(open(text, "rb").read())[:long_n]
         w = Window(0, ids, 0, ids[1:].astype(np.int64))
         runs = {}
         for block in (128, long_n):  # 128 rows, or as much of a step as the hook holds at once
@@ -69,9 +60,6 @@ def main() -> None:
             "max_nll_diff": float(np.abs(runs[128] - runs[long_n]).max()),
             "ppl": float(np.exp(runs[128].mean())),
         }
-    print("PROBE " + json.dumps(out))
-    engine.close()
-
-
-if __name__ == "__main__":
-    main()
+    engine.logits_block = default_block
+    reader.close()
+    return out
