@@ -114,7 +114,7 @@ def fp32_runs(fp32_dir, hf_base, fixture_base, hub_env, tmp_path_factory):
         "probe-bf16": {"model": fp32_dir, "dtype": "bfloat16", "base": d / "vllm-bf16.kldt"},
         "probe-fp32": {"model": fp32_dir, "dtype": "float32", "base": hf_base, "long": 4096, "text": WIKI},
     }
-    spec += [{"name": n, "probe": p} for n, p in probes.items()]
+    spec += [{"name": n, "probe": job} for n, job in probes.items()]
     (d / "jobs.json").write_text(json.dumps(spec, default=str))
     p = subprocess.run(
         [sys.executable, str(ROOT / "tests" / "helpers" / "vllm_jobs.py"), d / "jobs.json", d, "4096"],

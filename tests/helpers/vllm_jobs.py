@@ -7,12 +7,13 @@ __main__ guard).
 JOBS.json is a list of {"name": ..., "argv": [kldtool's arguments]}; each job's stdout, stderr
 and exit code go to OUT_DIR/NAME.out, .err and .rc. A job {"name": ..., "probe": {"model",
 "dtype", "base", and optionally "long" and "text"}} runs tests/helpers/vllm_probe.py on the
-engine of that model and dtype instead and writes its summaries to OUT_DIR/NAME.json. Every ``--engine vllm`` command of the same
-weights (a hub snapshot linking to a directory's files counts as that directory), dtype and vLLM
-arguments gets the same engine, built for windows of up to MAX_CTX tokens
-(what the command would have built for its own window is the same engine with a shorter
-``max_model_len``: the scored numbers do not depend on it); the windows per call are still the
-command's own. The commands are kldtool's real CLI, run through its entry point.
+engine of that model and dtype instead and writes its summaries to OUT_DIR/NAME.json.
+
+Every ``--engine vllm`` command of the same weights (a hub snapshot linking to a directory's
+files counts as that directory), dtype and vLLM arguments gets the same engine, built for
+windows of up to MAX_CTX tokens (what the command would have built for its own window is the
+same engine with a shorter ``max_model_len``: the scored numbers do not depend on it); the
+windows per call are still the command's own. The commands are kldtool's real CLI, run through its entry point.
 """
 
 import contextlib
