@@ -162,7 +162,18 @@ def test_a_window_the_workers_cannot_score_is_its_error_and_the_server_lives_on(
 def test_served_w8a8_in_two_pipeline_stages_prints_what_offline_vllm_prints(w8a8_dir, hf_base, tmp_path):
     """The server splits the model over two pipeline stages (two worker processes, each loading
     the plugin); only the last stage's rank 0 reports, and the numbers are the single process's."""
-    offline = run_cli("compare", "--engine", "vllm", "-m", w8a8_dir, "--kl-divergence-base", hf_base)
+    # Offline in vLLM's in-process mode (one process, not three; test_vllm_engine's W8A8 test
+    # holds it equal to the multiprocess one).
+    offline = run_cli(
+        "compare",
+        "--engine",
+        "vllm",
+        "-m",
+        w8a8_dir,
+        "--kl-divergence-base",
+        hf_base,
+        env_extra={"VLLM_ENABLE_V1_MULTIPROCESSING": "0"},
+    )
     j = tmp_path / "served.json"
     operator = operator_env([hf_base.parent], tmp_path)  # no token: any client of this server may use the hook
     with served(w8a8_dir, tmp_path, CTX + 1, "--pipeline-parallel-size", 2, operator=operator) as url:
