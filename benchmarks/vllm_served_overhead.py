@@ -7,7 +7,9 @@ target log-prob of every prompt position, as JSON), sent together from a thread 
 kldtool's full compare pipeline through ``--server`` (the hook reduces in the server's worker
 against the base rows; records come back through the exchange directory; statistics are
 accumulated and printed). Server and client start-up are excluded. Prints the best time of each
-and their ratio, and appends a dated row to benchmarks/RESULTS.md.
+and their ratio, and appends a dated row to benchmarks/RESULTS.md. The server's one worker runs
+inside its engine core's process (tests/helpers/vllm_serve.py; since 2026-11-27, after the
+figures in docs/benchmarks.md, which had it in a process of its own).
 
     .venv/bin/python benchmarks/vllm_served_overhead.py [--ctx 512] [--chunks 40] [--dtype bfloat16] [--rounds 2]
 """
