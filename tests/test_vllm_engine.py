@@ -13,12 +13,12 @@ import pytest
 
 from conftest import ROOT, WIKI, compare_json, markdown_rows, printed, run_cli, run_script
 from helpers.hub_cache import MODEL, SNAPSHOTS
+from helpers.vllm_serve import IN_PROCESS
 from helpers.vocab_models import corpus_flags, model_dir
 
 pytest.importorskip("vllm")
 pytestmark = [pytest.mark.filterwarnings("ignore"), pytest.mark.long_module]
 STRIDE_TEXT = 4500  # bytes of wikitext: 1,161 tokens, 9 stride windows of 256
-INPROC = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}  # vLLM in the command's process (fp32_runs says why)
 
 
 @pytest.fixture(scope="module")
@@ -132,7 +132,7 @@ def fp32_runs(fp32_dir, hf_base, fixture_base, hub_env, tmp_path_factory):
             [sys.executable, str(ROOT / "tests" / "helpers" / "vllm_jobs.py"), d / f"jobs-{name}.json", d, "2048"],
             capture_output=True,
             text=True,
-            env=os.environ | hub_env | INPROC,
+            env=os.environ | hub_env | IN_PROCESS,
         )
         assert p.returncode == 0, p.stderr[-3000:]
     out = {}
@@ -301,7 +301,7 @@ def test_w8a8_same_in_process_multiprocess_and_tensor_parallel(hf_base, w8a8_dir
     # The sweep's run went through vLLM's own processes; this one runs in-process, as
     # fp32_runs' engines do.
     w8a8 = ("--engine", "vllm", "-m", w8a8_dir, "--chunks", 4)
-    inproc = compare_json(hf_base, tmp_path, *w8a8, env_extra=INPROC)
+    inproc = compare_json(hf_base, tmp_path, *w8a8, env_extra=IN_PROCESS)
     # SmolLM2 has 9 attention heads: tensor parallelism needs a divisor of 9, so 3 ranks.
     tp = compare_json(hf_base, tmp_path, *w8a8, "--tensor-parallel-size", 3)
     k = {name: r["statistics"]["kld_mean"] for name, r in (("mp", mp), ("inproc", inproc), ("tp3", tp))}
@@ -366,7 +366,7 @@ def test_every_scored_position_exactly_once_over_several_prefill_steps(fp32_dir,
         "float32",
         "--vllm-arg",
         "max_num_batched_tokens=96",
-        env_extra=INPROC,
+        env_extra=IN_PROCESS,
     )
     assert r["scored_tokens"] == 3 * (256 - 1 - 128)
     assert abs(r["statistics"]["kld_mean"]["value"]) < 1e-3

@@ -24,7 +24,7 @@ import pytest
 from conftest import WIKI, final_block_lines, run_cli
 from helpers.spec_fuzz import Fuzzer, Sandbox
 from helpers.hub_cache import MODEL, SNAPSHOTS
-from helpers.vllm_serve import operator_env, served
+from helpers.vllm_serve import IN_PROCESS, operator_env, served
 from helpers.vocab_models import corpus_flags, model_dir
 
 pytest.importorskip("vllm")
@@ -172,7 +172,7 @@ def test_served_w8a8_in_two_pipeline_stages_prints_what_offline_vllm_prints(w8a8
         w8a8_dir,
         "--kl-divergence-base",
         hf_base,
-        env_extra={"VLLM_ENABLE_V1_MULTIPROCESSING": "0"},
+        env_extra=IN_PROCESS,
     )
     j = tmp_path / "served.json"
     operator = operator_env([hf_base.parent], tmp_path)  # no token: any client of this server may use the hook

