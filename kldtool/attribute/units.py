@@ -92,6 +92,7 @@ def load_quant(path: str, dtype: str):
     import torch
     from transformers import AutoModelForCausalLM
 
+    from kldtool.engines.transformers_gguf import gguf_loading
     from kldtool.errors import EngineError
 
     kwargs = {"dtype": getattr(torch, dtype)}
@@ -109,6 +110,7 @@ def load_quant(path: str, dtype: str):
 
             kwargs["quantization_config"] = CompressedTensorsConfig(run_compressed=False)
     try:
-        return AutoModelForCausalLM.from_pretrained(source, **kwargs).eval()
+        with gguf_loading():
+            return AutoModelForCausalLM.from_pretrained(source, **kwargs).eval()
     except (OSError, ValueError) as e:
         raise EngineError(f"{path}: transformers could not load it: {str(e).splitlines()[0]}") from None

@@ -44,12 +44,15 @@ def default_transformers_model() -> str:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from kldtool.engines.transformers_gguf import gguf_loading
+
     tmp = target.with_name(f".{target.name}.partial-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     try:
-        tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-        loaded = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+        with gguf_loading():
+            tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+            loaded = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
         # transformers marks GGUF-loaded models as quantized and refuses to save them; the
         # weights are plain fp32 by now, so move them into a model built from a clean config.
         config = loaded.config

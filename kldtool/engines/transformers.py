@@ -42,6 +42,8 @@ class TransformersEngine(Engine):
         import transformers
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
+        from kldtool.engines.transformers_gguf import gguf_loading
+
         transformers.utils.logging.disable_progress_bar()
         if dtype not in DTYPES:
             raise UsageError(f"--dtype {dtype!r}: the transformers engine takes {', '.join(DTYPES)}")
@@ -63,8 +65,9 @@ class TransformersEngine(Engine):
             if not path.exists() and os.sep in model:
                 raise EngineError(f"{model}: no such model directory")
         try:
-            self.tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
-            self.model = AutoModelForCausalLM.from_pretrained(source, dtype=getattr(torch, dtype), **kwargs)
+            with gguf_loading():
+                self.tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
+                self.model = AutoModelForCausalLM.from_pretrained(source, dtype=getattr(torch, dtype), **kwargs)
             self.model.to(device).eval()
         except (OSError, ValueError) as e:
             raise EngineError(f"{model}: transformers could not load it: {str(e).splitlines()[0]}") from None

@@ -1,0 +1,38 @@
+"""transformers' GGUF loader without its repeated work.
+
+Loading one GGUF through transformers (``from_pretrained(..., gguf_file=...)``) parses the
+file's metadata once for every config, tokenizer and weights pass, each a Python walk over every
+vocabulary string, and builds gguf-py's tensor-name map afresh for every module of the model
+(for SmolLM2, 397 maps of the same architecture and depth). Inside ``gguf_loading()`` both are
+built once per file and per architecture, the loader unchanged otherwise; the weights and config
+it returns are the same objects' contents. The saving grows with the model's depth and
+vocabulary: docs/benchmarks.md has the figures.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+
+
+@contextlib.contextmanager
+def gguf_loading():
+    import gguf
+
+    name_map, reader_class = gguf.get_tensor_name_map, gguf.GGUFReader
+    readers: dict[tuple, object] = {}
+
+    def reader(path, mode="r"):
+        st = os.stat(path)
+        key = (os.path.realpath(path), mode, st.st_size, st.st_mtime_ns)
+        if key not in readers:
+            readers[key] = reader_class(path, mode)
+        return readers[key]
+
+    gguf.get_tensor_name_map = functools.lru_cache(maxsize=None)(name_map)
+    gguf.GGUFReader = reader
+    try:
+        yield
+    finally:
+        gguf.get_tensor_name_map, gguf.GGUFReader = name_map, reader_class
