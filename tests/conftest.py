@@ -232,13 +232,13 @@ def w8a8_dir(fp32_dir) -> str:
     return str(dst)
 
 
-def run_script(name: str, *args) -> subprocess.CompletedProcess:
+def run_script(name: str, *args, env_extra: dict | None = None) -> subprocess.CompletedProcess:
     """Run ``scripts/NAME ARGS`` with this environment's kldtool; it must succeed."""
     p = subprocess.run(
         ["bash", str(ROOT / "scripts" / name), *map(str, args)],
         capture_output=True,
         text=True,
-        env=dict(os.environ, KLDTOOL=str(Path(sys.executable).parent / "kldtool")),
+        env=dict(os.environ, KLDTOOL=str(Path(sys.executable).parent / "kldtool"), **(env_extra or {})),
     )
     assert p.returncode == 0, p.stderr[-4000:]
     return p

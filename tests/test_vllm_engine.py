@@ -288,20 +288,20 @@ def test_hidden_states_and_the_head_gathered_from_three_tensor_parallel_ranks(fp
 
 @pytest.fixture(scope="module")
 def sweep(hf_base, fp32_dir, w8a8_dir, tmp_path_factory):
-    """scripts/sweep_vllm.sh over the fp32 and W8A8 checkpoints, 4 windows each: the output
-    directory and the rows' labels (the directories' names)."""
+    """scripts/sweep_vllm.sh over the fp32 and W8A8 checkpoints, 4 windows each, in vLLM's
+    in-process mode: the output directory and the rows' labels (the directories' names)."""
     out = tmp_path_factory.mktemp("sweep") / "sweep"
-    run_script("sweep_vllm.sh", "-b", hf_base, "-o", out, fp32_dir, w8a8_dir, "--", "--chunks", 4)
+    args = ("sweep_vllm.sh", "-b", hf_base, "-o", out, fp32_dir, w8a8_dir, "--", "--chunks", 4)
+    run_script(*args, env_extra=IN_PROCESS)
     return out, [os.path.basename(d.rstrip("/")) for d in (fp32_dir, w8a8_dir)]
 
 
 def test_w8a8_same_in_process_multiprocess_and_tensor_parallel(hf_base, w8a8_dir, sweep, tmp_path):
     out, labels = sweep
-    mp = json.loads((out / f"{labels[1]}.json").read_text())  # the sweep's compare: vLLM's own processes
-    # The sweep's run went through vLLM's own processes; this one runs in-process, as
-    # fp32_runs' engines do.
+    inproc = json.loads((out / f"{labels[1]}.json").read_text())  # the sweep's compare, in-process
+    # This one runs in vLLM's own processes (vLLM-CPU's default: the engine core's and its worker's).
     w8a8 = ("--engine", "vllm", "-m", w8a8_dir, "--chunks", 4)
-    inproc = compare_json(hf_base, tmp_path, *w8a8, env_extra=IN_PROCESS)
+    mp = compare_json(hf_base, tmp_path, *w8a8)
     # SmolLM2 has 9 attention heads: tensor parallelism needs a divisor of 9, so 3 ranks.
     tp = compare_json(hf_base, tmp_path, *w8a8, "--tensor-parallel-size", 3)
     k = {name: r["statistics"]["kld_mean"] for name, r in (("mp", mp), ("inproc", inproc), ("tp3", tp))}
