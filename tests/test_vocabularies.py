@@ -18,7 +18,6 @@ from conftest import compare_json, run_cli
 from helpers.vocab_gguf import gguf_of
 from helpers.vocab_models import SHAPES, corpus, corpus_flags, model_dir
 
-pytestmark = pytest.mark.long_module
 CTX = 64
 
 
