@@ -48,3 +48,15 @@ def test_json_has_the_run_metadata(hf_base, q4_1_gguf, tmp_path):
     ):
         assert set(r["statistics"][stat]) == {"value", "uncertainty"}
     assert set(r["statistics"]["kld_quantiles"]) >= {"max", "99.9%", "median", "0.1%", "min"}
+
+
+def test_transformers_on_the_gguf_is_the_model_it_dequantizes_to(hf_base, q4_1_gguf, tmp_path):
+    """transformers' GGUF loader (inside kldtool.engines.transformers_gguf's gguf_loading) on the
+    built-in Q4_1 file gives the weights of the fp32 checkpoint that the base file came from:
+    the same statistics, to the bit, as that checkpoint's own run."""
+    run = ("--engine", "transformers", "--dtype", "float32", "--chunks", 2)
+    on_gguf = _stats(hf_base, tmp_path, *run, "-m", q4_1_gguf)
+    on_dir = _stats(hf_base, tmp_path, *run)
+    assert on_gguf["model"]["engine"] == "transformers" and on_gguf["scored_tokens"] == 2 * 63
+    assert on_gguf["statistics"] == on_dir["statistics"]
+    assert on_gguf["statistics"]["same_top_p"]["value"] == 1.0
