@@ -7,6 +7,7 @@
 # local wheel directories, constraint files), choosing among all indexes as pip does, and compiles
 # the modules' bytecode at install as pip does (else every first import would). Where uv
 # cannot be installed, or fails for any reason, pip installs instead, so uv only ever saves time.
+# KLDTOOL_SETUP_PIP_ONLY=1 skips uv where a venv does not have it yet.
 
 _uv_sources() {  # pip's configured sources and constraints, as uv's options
   local py=$1 line key value item
