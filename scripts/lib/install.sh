@@ -44,6 +44,9 @@ install() {
     fi
     echo "setup: uv could not install $*; pip installs it instead" >&2
   fi
-  "$py" -m pip install -q --upgrade pip
+  if [ "${_pip_upgraded:-}" != "$venv" ]; then
+    "$py" -m pip install -q --upgrade pip
+    _pip_upgraded=$venv
+  fi
   "$py" -m pip install -q "$@"
 }
