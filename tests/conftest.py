@@ -26,6 +26,15 @@ SHARED = Path(os.environ.get("KLDTOOL_SHARED", ROOT.parent / "shared"))
 FIXTURES = SHARED / "fixtures" / "llamacpp"
 WIKI = SHARED / "data" / "wikitext-2" / "wiki.test.txt"
 
+
+def interpreted_triton(*path) -> dict:
+    """The environment of a child process whose Triton kernels run in Triton's CPU interpreter
+    (set before triton is first imported), ``path`` first on its PYTHONPATH, then
+    helpers/triton_site (whose sitecustomize skips the interpreter's repeated patching)."""
+    site = Path(__file__).resolve().parent / "helpers" / "triton_site"
+    return {"TRITON_INTERPRET": "1", "PYTHONPATH": os.pathsep.join(map(str, [*path, site]))}
+
+
 # sha256 of the files as documented in fixtures/llamacpp/README.md
 SHA = {
     "base": "84904d105cc82fafbbab7970a9b50abb173396c165a7b6e43c6678313139cc66",

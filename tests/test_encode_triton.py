@@ -9,13 +9,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+from conftest import interpreted_triton
+
 HERE = Path(__file__).resolve().parent
 
 
 def test_triton_encoder_equals_encode_torch():
     p = subprocess.run(
         [sys.executable, str(HERE / "helpers" / "encode_triton_check.py")],
-        env=os.environ | {"TRITON_INTERPRET": "1", "PYTHONPATH": str(HERE.parent)},
+        env=os.environ | interpreted_triton(HERE.parent),
         capture_output=True,
         text=True,
         timeout=600,

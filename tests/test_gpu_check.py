@@ -6,7 +6,7 @@ import os
 import subprocess
 import sys
 
-from conftest import ROOT
+from conftest import ROOT, interpreted_triton
 
 
 def test_the_gpu_check_runs_every_step_at_toy_sizes(tmp_path):
@@ -17,7 +17,9 @@ def test_the_gpu_check_runs_every_step_at_toy_sizes(tmp_path):
         text=True,
         capture_output=True,
         timeout=900,
-        env=os.environ | {"PYTHON": sys.executable, "RESULTS": str(results)},
+        # the script sets TRITON_INTERPRET itself; its Python processes get the interpreter's shortcut
+        env=os.environ
+        | {"PYTHON": sys.executable, "RESULTS": str(results), "PYTHONPATH": interpreted_triton()["PYTHONPATH"]},
     )
     assert p.returncode == 0, (p.stdout + p.stderr)[-4000:]
     rows = results.read_text()

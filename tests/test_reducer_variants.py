@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import interpreted_triton
+
 HERE = Path(__file__).resolve().parent
 SUITES = ["test_stats_reference.py", "test_extra_metrics.py"]
 VARIANTS = {
@@ -21,7 +23,7 @@ VARIANTS = {
     # suite runs, on 100 rows (the adversarial rows, ties and tail tiles all do), which keeps
     # CI within its budget.
     "triton": (
-        {"KLDTOOL_REDUCER": "triton", "TRITON_INTERPRET": "1", "KLDTOOL_TEST_RANDOM_ROWS": "100"},
+        {"KLDTOOL_REDUCER": "triton", "KLDTOOL_TEST_RANDOM_ROWS": "100", **interpreted_triton()},
         [
             "test_stats_reference.py::test_random_rows_match_float64_reference[1]",
             "test_stats_reference.py::test_random_rows_match_float64_reference[2]",

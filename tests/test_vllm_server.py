@@ -220,18 +220,29 @@ def test_served_at_262k_vocabulary_is_transformers(tmp_path):
 def test_the_plugin_switch_reaches_ray_workers():
     """vLLM's Ray executor copies only the variables it is told to: with the switch on, the
     plugin adds itself to that list (vLLM's own get_env_vars_to_copy decides), and it wraps the
-    worker's load_model; with the switch off it touches nothing."""
+    worker's load_model; with the switch off it touches nothing. vLLM loads its plugins once per
+    process: each setting gets a fork of one interpreter that has imported vLLM but loaded none."""
     code = (
-        "import os\nfrom vllm.plugins import load_general_plugins\nload_general_plugins()\n"
+        "import os, sys\nfrom vllm.plugins import load_general_plugins\n"
         "from vllm.ray.ray_env import get_env_vars_to_copy\nfrom vllm.v1.worker.gpu_worker import Worker\n"
-        "print(sorted(v for v in get_env_vars_to_copy() if v in ('KLDTOOL_VLLM_HOOK', 'MINE')),"
-        " getattr(Worker.load_model, '_kldtool', False))\n"
+        "assert not getattr(Worker.load_model, '_kldtool', False)\n"
+        "for switch in sys.argv[1:]:\n"
+        "    sys.stdout.flush()\n"
+        "    pid = os.fork()\n"
+        "    if pid == 0:\n"
+        "        os.environ['KLDTOOL_VLLM_HOOK'] = switch\n"
+        "        load_general_plugins()\n"
+        "        copied = sorted(v for v in get_env_vars_to_copy() if v in ('KLDTOOL_VLLM_HOOK', 'MINE'))\n"
+        "        print(f'switch {switch}:', copied, getattr(Worker.load_model, '_kldtool', False), flush=True)\n"
+        "        os._exit(0)\n"
+        "    assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0, switch\n"
     )
-    for switch, want in (("1", "['KLDTOOL_VLLM_HOOK', 'MINE'] True"), ("0", "['MINE'] False")):
-        env = dict(os.environ, KLDTOOL_VLLM_HOOK=switch, VLLM_RAY_EXTRA_ENV_VARS_TO_COPY="MINE")
-        p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
-        assert p.returncode == 0, p.stderr[-2000:]
-        assert p.stdout.strip().splitlines()[-1] == want
+    env = dict(os.environ, VLLM_RAY_EXTRA_ENV_VARS_TO_COPY="MINE")
+    env.pop("KLDTOOL_VLLM_HOOK", None)
+    p = subprocess.run([sys.executable, "-c", code, "1", "0"], capture_output=True, text=True, env=env, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    got = [l for l in p.stdout.splitlines() if l.startswith("switch ")]
+    assert got == ["switch 1: ['KLDTOOL_VLLM_HOOK', 'MINE'] True", "switch 0: ['MINE'] False"], p.stdout[-2000:]
 
 
 def test_a_server_without_the_plugin_is_a_one_line_error(fp32_dir, hf_base, tmp_path):
