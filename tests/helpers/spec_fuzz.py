@@ -58,9 +58,19 @@ class Sandbox:
 
 class Fuzzer:
     def __init__(
-        self, box: Sandbox, token: str, n_vocab: int, window: list[int], first: int, n_scored: int, seed: int = 20261126
+        self,
+        box: Sandbox,
+        token: str,
+        n_vocab: int,
+        window: list[int],
+        first: int,
+        n_scored: int,
+        base: Path | None = None,
+        seed: int = 20261126,
     ):
-        self.box, self.token, self.n_vocab = box, token, n_vocab
+        """``window``, ``first`` and ``n_scored``: a window of ``base`` (default box.base), as a
+        real compare of it sends them."""
+        self.box, self.token, self.n_vocab, self.base = box, token, n_vocab, base or box.base
         self.window, self.first, self.n_scored = window, first, n_scored
         self.rng = random.Random(seed)
         self.count = 0
@@ -74,7 +84,7 @@ class Fuzzer:
         common = {"v": VERSION, "out": str(self.box.run), "token": self.token}
         window = {"first": self.first, "n_scored": self.n_scored, "chunk": 0, "after": 0, "logits_block": 64}
         return {
-            "compare": {**common, "mode": "compare", **window, "base": str(self.box.base)},
+            "compare": {**common, "mode": "compare", **window, "base": str(self.base)},
             "encode": {
                 **common,
                 "mode": "encode",
