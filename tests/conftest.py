@@ -81,8 +81,9 @@ def compare_json(base, tmp_path, *args, env_extra: dict | None = None) -> dict:
 
 
 def pytest_collection_modifyitems(items):
-    """Modules marked long_module first: each parallel worker takes one at the start rather
-    than the last of them running alone at the end."""
+    """Modules marked long_module first. Under scripts/test.sh this decides less than it seems:
+    xdist's loadfile scheduler hands out files by their number of tests, most first (its
+    loadscope-reorder default), and keeps this order only among files of equal count."""
     items.sort(key=lambda item: item.get_closest_marker("long_module") is None)
 
 
