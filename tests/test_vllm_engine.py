@@ -279,11 +279,14 @@ def test_hidden_states_and_the_head_gathered_from_three_tensor_parallel_ranks(fp
     assert info["metadata"]["head"]["sha256"] == hashlib.sha256(embed.tobytes()).hexdigest()
     print("vLLM fp32 TP3 replay floor:", info["replay_floor_kld_mean"], info["replay_max_abs_dlogit"])
     assert info["replay_floor_kld_mean"] < 1e-7 and info["metadata"]["replay"]["tokens"] == 2 * 63
-    a = run_cli("compare", "--kl-divergence-base", hidden).stdout  # the built-in Q4_1 GGUF
-    b = run_cli("compare", "--kl-divergence-base", hf_base).stdout
-    pa, pb = printed(a), printed(b)
-    kld = [float(p["mean KLD"].split(" ± ")[0]) for p in (pa, pb)]
-    assert abs(kld[0] - kld[1]) <= 1e-4 * kld[1] and pa["same top %"] == pb["same top %"]
+    # The built-in Q4_1 GGUF against both files, their means compared unrounded. Printed to six
+    # decimals they once straddled a rounding step (0.003475 against 0.003474), which a relative
+    # 1e-4 on the printed values could not absorb. Unrounded they differed by 5.5e-5 relative in
+    # another run (the replayed rows are vLLM's logits, not transformers'). 3e-4 relative is
+    # ~1e-6, the printed resolution the test held them to before.
+    a, b = (compare_json(f, tmp_path)["statistics"] for f in (hidden, hf_base))
+    assert abs(a["kld_mean"]["value"] - b["kld_mean"]["value"]) <= 3e-4 * b["kld_mean"]["value"]
+    assert a["same_top_p"]["value"] == b["same_top_p"]["value"] and a["count"] == b["count"]
 
 
 @pytest.fixture(scope="module")
