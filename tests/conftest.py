@@ -31,7 +31,7 @@ def interpreted_triton(*path) -> dict:
     """The environment of a child process whose Triton kernels run in Triton's CPU interpreter
     (set before triton is first imported), ``path`` first on its PYTHONPATH, then
     helpers/triton_site (whose sitecustomize skips the interpreter's repeated patching)."""
-    site = Path(__file__).resolve().parent / "helpers" / "triton_site"
+    site = ROOT / "tests" / "helpers" / "triton_site"
     return {"TRITON_INTERPRET": "1", "PYTHONPATH": os.pathsep.join(map(str, [*path, site]))}
 
 
