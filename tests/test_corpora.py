@@ -87,3 +87,23 @@ def test_ppl_reproduces_llama_perplexity_final_estimate(gguf):
     theirs = [l for l in (FIXTURES / "base.txt").read_text().splitlines() if "Final estimate" in l][0]
     ours = [l for l in p.stderr.splitlines() if l.startswith("Final estimate")][0]
     assert ours == theirs[theirs.index("Final estimate") :] == "Final estimate: PPL = 37.7882 +/- 5.89857"
+
+
+def test_llama_cpp_tokens_are_llama_cpp_pythons_at_any_bytes_per_token(gguf):
+    """The engine's one-pass tokenization (a second only where a text averages under two bytes
+    a token) against llama-cpp-python's own tokenizer on the same GGUF's vocabulary."""
+    from llama_cpp import Llama
+
+    from conftest import WIKI
+    from kldtool.engines.llamacpp import LlamaCppEngine
+
+    ref = Llama(model_path=str(gguf), vocab_only=True, verbose=False)
+    engine = LlamaCppEngine(str(gguf))
+    try:
+        dense = "日本語のテキスト、漢字と仮名。".encode() * 40  # under two bytes a token
+        for text in (WIKI.read_bytes()[:200_000], dense, b"x"):
+            ours = engine.tokenize(text).tolist()
+            assert ours == ref.tokenize(text, add_bos=True, special=False)
+        assert len(engine.tokenize(dense)) > len(dense) // 2
+    finally:
+        engine.close()

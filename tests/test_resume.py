@@ -119,17 +119,27 @@ def test_base_resume_refuses_other_settings(uninterrupted, q4_1_gguf, tmp_path):
     assert out.read_bytes() == uninterrupted["llamacpp"][0].read_bytes()
 
 
-@pytest.mark.parametrize("sig, seed", [(signal.SIGKILL, 5), (signal.SIGINT, 6)])
-def test_compare_resume_gives_the_same_statistics(uninterrupted, requant, tmp_path, sig, seed):
-    base = uninterrupted["llamacpp"][0]
-    model = requant("Q2_K")
-    common = ["compare", "--kl-divergence-base", base, "-m", model, "-b", 256, "--checkpoint-every", 1]
-    ref = run_cli(
-        *common, "--state", tmp_path / "ref.state", "--json", tmp_path / "ref.json", "--per-token", tmp_path / "ref.h5"
-    )
+def compare_common(base, model) -> list:
+    return ["compare", "--kl-divergence-base", base, "-m", model, "-b", 256, "--checkpoint-every", 1]
+
+
+@pytest.fixture(scope="module")
+def compared(uninterrupted, requant, tmp_path_factory):
+    """The uninterrupted checkpointed compare both signals' runs must end as: (stdout, --json
+    result, --per-token columns)."""
+    d = tmp_path_factory.mktemp("compared")
+    base, model = uninterrupted["llamacpp"][0], requant("Q2_K")
+    files = {"--state": d / "ref.state", "--json": d / "ref.json", "--per-token": d / "ref.h5"}
+    ref = run_cli(*compare_common(base, model), *(x for kv in files.items() for x in kv))
     plain = run_cli("compare", "--kl-divergence-base", base, "-m", model, "-b", 256)
     assert plain.stdout == ref.stdout  # checkpointing changes nothing
+    return ref.stdout, json.loads(files["--json"].read_text()), per_token_columns(files["--per-token"])
 
+
+@pytest.mark.parametrize("sig, seed", [(signal.SIGKILL, 5), (signal.SIGINT, 6)])
+def test_compare_resume_gives_the_same_statistics(uninterrupted, requant, compared, tmp_path, sig, seed):
+    ref_stdout, theirs, ref_columns = compared
+    common = compare_common(uninterrupted["llamacpp"][0], requant("Q2_K"))
     k = random.Random(seed).randrange(2, N_CHUNKS - 6)
     args = [
         *common,
@@ -147,15 +157,15 @@ def test_compare_resume_gives_the_same_statistics(uninterrupted, requant, tmp_pa
     assert (tmp_path / "run.state").exists() and (tmp_path / ".run.h5.partial").exists()
     p = run_cli(*args, "--resume")
     assert "resuming" in p.stderr
-    assert p.stdout == ref.stdout
-    ours, theirs = (json.loads((tmp_path / n).read_text()) for n in ("run.json", "ref.json"))
+    assert p.stdout == ref_stdout
+    ours = json.loads((tmp_path / "run.json").read_text())
     assert ours["statistics"] == theirs["statistics"]
     assert ours["resumed_at_chunks"] and ours["resumed_at_chunks"][0] % 2 == 0
-    assert per_token_columns(tmp_path / "run.h5") == per_token_columns(tmp_path / "ref.h5")
+    assert per_token_columns(tmp_path / "run.h5") == ref_columns
     assert not (tmp_path / ".run.h5.partial").exists()
 
     again = run_cli(*args, "--resume")  # a finished state: only replays
-    assert again.stdout == ref.stdout
+    assert again.stdout == ref_stdout
 
 
 def test_compare_resume_refuses_another_model(uninterrupted, requant, q4_1_gguf, tmp_path):

@@ -206,13 +206,21 @@ class LlamaCppEngine(Engine):
         self.model = None
 
     def tokenize(self, text: bytes) -> np.ndarray:
+        # One pass where the text averages two bytes a token or more (English prose is ~4): a
+        # full-size buffer (a token per byte at most) would cost four times the text's memory,
+        # and counting first would tokenize everything twice. Too small a buffer only makes
+        # llama.cpp say how many tokens it needs, for the second pass.
         lib = self.lib
-        n = -lib.llama_tokenize(self.vocab, text, len(text), None, 0, True, False)
-        buf = (lib.llama_token * max(n, 1))()
-        got = lib.llama_tokenize(self.vocab, text, len(text), buf, n, True, False)
-        if got < 0:
-            raise EngineError(f"llama.cpp tokenization failed ({got})")
-        return np.frombuffer(buf, dtype=np.int32, count=got).copy()
+        cap = len(text) // 2 + 8
+        for _ in range(2):
+            buf = (lib.llama_token * cap)()
+            got = lib.llama_tokenize(self.vocab, text, len(text), buf, cap, True, False)
+            if got >= 0:
+                return np.frombuffer(buf, dtype=np.int32, count=got).copy()
+            if -got > len(text) + 8:  # INT32_MIN: more tokens than an int32 counts
+                break
+            cap = -got
+        raise EngineError(f"llama.cpp tokenization failed ({got})")
 
     def token_strings(self):
         text, vocab = self.lib.llama_vocab_get_text, self.vocab
