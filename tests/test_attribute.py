@@ -88,30 +88,40 @@ def _with(model, source, prefixes):
                 p.copy_(saved[k])
 
 
-def _output_of(model, module_name: str, windows: np.ndarray) -> list[torch.Tensor]:
-    module = dict(model.named_modules())[module_name]
-    got = []
-    handle = module.register_forward_hook(lambda m, a, out: got.append(out[0] if isinstance(out, tuple) else out))
+def _outputs_of(model, module_names: list[str], windows: np.ndarray) -> dict[str, torch.Tensor]:
+    """Each named module's outputs over the windows, from one forward per window: (tokens, width)."""
+    modules = dict(model.named_modules())
+    got = {name: [] for name in module_names}
+
+    def keep(name):
+        return lambda m, a, out: got[name].append(out[0] if isinstance(out, tuple) else out)
+
+    handles = [modules[name].register_forward_hook(keep(name)) for name in module_names]
     with torch.inference_mode():
         for w in windows:
             model(input_ids=torch.from_numpy(w.astype(np.int64))[None], use_cache=False)
-    handle.remove()
-    return got
+    for h in handles:
+        h.remove()
+    return {name: torch.cat([r.reshape(-1, r.shape[-1]) for r in outs]) for name, outs in got.items()}
 
 
-def _reference(base, quant, name: str, windows) -> dict:
-    ref = _output_of(base, name, windows)
-    with _with(base, quant, [name]) as hybrid:
-        got = _output_of(hybrid, name, windows)
-    y = torch.cat([r.reshape(-1, r.shape[-1]) for r in ref])
-    q = torch.cat([g.reshape(-1, g.shape[-1]) for g in got])
-    d = q - y
-    cos = (q * y).sum(-1) / (q.norm(dim=-1) * y.norm(dim=-1))
-    return {
-        "rel_rms": float(d.norm() / y.norm()),
-        "cosine": float(cos.mean()),
-        "sqnr_db": float(10 * torch.log10((y * y).sum() / (d * d).sum())),
-    }
+def _reference(base, quant, names: list[str], windows) -> dict:
+    """name -> the unit's errors. The base model's outputs at every unit come from one forward;
+    each hybrid (only that unit from the quant) needs its own."""
+    ref = _outputs_of(base, names, windows)
+    errors = {}
+    for name in names:
+        with _with(base, quant, [name]) as hybrid:
+            q = _outputs_of(hybrid, [name], windows)[name]
+        y = ref[name]
+        d = q - y
+        cos = (q * y).sum(-1) / (q.norm(dim=-1) * y.norm(dim=-1))
+        errors[name] = {
+            "rel_rms": float(d.norm() / y.norm()),
+            "cosine": float(cos.mean()),
+            "sqnr_db": float(10 * torch.log10((y * y).sum() / (d * d).sum())),
+        }
+    return errors
 
 
 @pytest.mark.parametrize(
@@ -141,8 +151,7 @@ def test_unit_errors_equal_a_float64_reference(models, fp32_dir, fixture_base, t
     rest = [u["rel_rms"] for u in r["units"] if "out" not in u]  # after the KLD-ranked ones
     assert rest == sorted(rest, reverse=True)
     windows = _windows(fixture_base)
-    for name in names:
-        want = _reference(base, quant, name, windows)
+    for name, want in _reference(base, quant, names, windows).items():
         for key, value in want.items():
             assert units[name][key] == pytest.approx(value, rel=1e-6), (name, key)
         assert units[name]["positions"] == CHUNKS * windows.shape[1]

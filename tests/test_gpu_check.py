@@ -6,7 +6,13 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from conftest import ROOT, interpreted_triton
+
+# Its one test takes about a minute: first among the one-test files xdist hands out last, so a
+# run does not end on it while the other worker idles.
+pytestmark = pytest.mark.long_module
 
 
 def test_the_gpu_check_runs_every_step_at_toy_sizes(tmp_path):
