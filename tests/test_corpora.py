@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from conftest import run_cli
+from conftest import FIXTURES, WIKI, run_cli
 
 
 @pytest.fixture(scope="module")
@@ -81,8 +81,6 @@ def test_bad_corpora_get_one_line_errors(gguf, tmp_path, name, content, args, rc
 
 
 def test_ppl_reproduces_llama_perplexity_final_estimate(gguf):
-    from conftest import FIXTURES, WIKI
-
     p = run_cli("ppl", "-m", gguf, "-f", WIKI, "--protocol", "llamacpp", "-c", "128", "--chunks", "8")
     theirs = [l for l in (FIXTURES / "base.txt").read_text().splitlines() if "Final estimate" in l][0]
     ours = [l for l in p.stderr.splitlines() if l.startswith("Final estimate")][0]
@@ -94,7 +92,6 @@ def test_llama_cpp_tokens_are_llama_cpp_pythons_at_any_bytes_per_token(gguf):
     a token) against llama-cpp-python's own tokenizer on the same GGUF's vocabulary."""
     from llama_cpp import Llama
 
-    from conftest import WIKI
     from kldtool.engines.llamacpp import LlamaCppEngine
 
     ref = Llama(model_path=str(gguf), vocab_only=True, verbose=False)
