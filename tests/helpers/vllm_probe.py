@@ -1,6 +1,6 @@
 """Scores a base file's windows through kldtool's hook and asks vLLM itself for the same
-positions' target log-probs with ``prompt_logprobs=0``; then the same windows with the hook's
-logits in blocks of 16 rows, and one window of LONG tokens in blocks of 128 rows and in blocks
+positions' target log-probs with ``prompt_logprobs=0``; then (unless told not to) the same
+windows with the hook's logits in blocks of 16 rows, and one window of LONG tokens in blocks of 128 rows and in blocks
 of LONG rows (the whole window at once, up to the 1 GiB of logits the hook holds).
 tests/helpers/vllm_jobs.py runs it on the engine its commands of the same weights and dtype
 share.
@@ -9,8 +9,9 @@ share.
 import numpy as np
 
 
-def probe(engine, base: str, long_n: int = 0, text: str | None = None) -> dict:
-    """The summaries of ``engine`` (a VllmEngine) on ``base``; its logits block is left as found."""
+def probe(engine, base: str, long_n: int = 0, text: str | None = None, blocks: bool = True) -> dict:
+    """The summaries of ``engine`` (a VllmEngine) on ``base``; its logits block is left as found.
+    ``blocks``: also score in blocks of 16 rows (a second pass over every window)."""
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
@@ -22,12 +23,16 @@ def probe(engine, base: str, long_n: int = 0, text: str | None = None) -> dict:
     windows = llamacpp_windows(reader.tokens, h.n_ctx, h.n_chunk, engine.bos_id)
     records = engine.score(windows, engine.rows_source(reader, list(range(h.n_chunk))))
     default_block = engine.logits_block
-    engine.logits_block = 16
-    blocked = engine.score(windows, engine.rows_source(reader, list(range(h.n_chunk))))
-    block_diff = {
-        f: float(max(np.abs(getattr(a, f).astype(np.float64) - getattr(b, f)).max() for a, b in zip(records, blocked)))
-        for f in ("nll", "kld")
-    }
+    block_diff = None
+    if blocks:
+        engine.logits_block = 16
+        blocked = engine.score(windows, engine.rows_source(reader, list(range(h.n_chunk))))
+        block_diff = {
+            f: float(
+                max(np.abs(getattr(a, f).astype(np.float64) - getattr(b, f)).max() for a, b in zip(records, blocked))
+            )
+            for f in ("nll", "kld")
+        }
     prompts = [TokensPrompt(prompt_token_ids=[int(t) for t in w.tokens]) for w in windows]
     outs = engine.llm.generate(prompts, SamplingParams(max_tokens=1, prompt_logprobs=0), use_tqdm=False)
     diffs = []
