@@ -16,7 +16,7 @@ import pytest
 from conftest import WIKI, run_cli
 from kldtool.logitsfile import container
 
-N_CHUNKS = 16  # each pass is ~1 s on 2 cores; a kill lands within a pass or two
+N_CHUNKS = 12  # a pass (2 chunks) is ~2 s on 2 cores; a kill lands within a pass or two
 BASE_FLAGS = ["-f", WIKI, "-c", 128, "--chunks", N_CHUNKS, "-b", 256]  # 2 chunks a pass
 # The container in frames of 20 rows (4 per chunk of 63 rows): a kill may land between a
 # chunk's frames, and resume must drop the chunk's frames already written.

@@ -108,11 +108,18 @@ def fp32_runs(fp32_dir, hf_base, fixture_base, hub_env, tmp_path_factory):
     jobs += vocab
     spec = [{"name": n, "argv": [*argv, "--json", d / f"{n}.json"]} for n, argv in jobs]
     # vLLM's own prompt logprobs against the hook, on the engines above (tests/helpers/vllm_probe.py):
-    # bf16 on its own base file; fp32 with blocks of 16 rows and a 2048-token window (so every
-    # engine here is built for 2048 tokens).
+    # bf16 on its own base file; fp32, without them, with blocks of 16 rows and a 2048-token
+    # window (so every engine here is built for 2048 tokens).
     probes = {
         "probe-bf16": {"model": fp32_dir, "dtype": "bfloat16", "base": d / "vllm-bf16.kldt", "blocks": False},
-        "probe-fp32": {"model": fp32_dir, "dtype": "float32", "base": hf_base, "long": 2048, "text": WIKI},
+        "probe-fp32": {
+            "model": fp32_dir,
+            "dtype": "float32",
+            "base": hf_base,
+            "long": 2048,
+            "text": WIKI,
+            "own": False,
+        },
     }
     spec += [{"name": n, "probe": job} for n, job in probes.items()]
 

@@ -7,7 +7,7 @@ one engine per process: give such a process the jobs of one configuration.
 
 JOBS.json is a list of {"name": ..., "argv": [kldtool's arguments]}; each job's stdout, stderr
 and exit code go to OUT_DIR/NAME.out, .err and .rc. A job {"name": ..., "probe": {"model",
-"dtype", "base", and optionally "long", "text" and "blocks"}} runs tests/helpers/vllm_probe.py on the
+"dtype", "base", and optionally "long", "text", "blocks" and "own"}} runs tests/helpers/vllm_probe.py on the
 engine of that model and dtype instead and writes its summaries to OUT_DIR/NAME.json.
 
 Every ``--engine vllm`` command of the same weights (a hub snapshot linking to a directory's
@@ -76,7 +76,14 @@ def main() -> None:
     def _probe(spec: dict, path: str) -> int:
         try:
             engine = VllmEngine.from_options(EngineOptions("vllm", spec["model"], spec["dtype"]), max_ctx)
-            summary = probe(engine, spec["base"], spec.get("long", 0), spec.get("text"), spec.get("blocks", True))
+            summary = probe(
+                engine,
+                spec["base"],
+                spec.get("long", 0),
+                spec.get("text"),
+                spec.get("blocks", True),
+                spec.get("own", True),
+            )
         except Exception:
             traceback.print_exc()
             return 1
