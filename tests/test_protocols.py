@@ -204,7 +204,7 @@ def hf_model(fp32_dir):
 
 def test_exl3_ppl_is_the_mean_over_every_window_position(hf_model, fp32_dir, tmp_path):
     tok, model = hf_model
-    text = WIKI.read_bytes()[:12000]
+    text = WIKI.read_bytes()[:6000]
     (tmp_path / "t.txt").write_bytes(text)
     out = tmp_path / "p.json"
     run_cli(
@@ -222,17 +222,17 @@ def test_exl3_ppl_is_the_mean_over_every_window_position(hf_model, fp32_dir, tmp
         "--stride",
         "64",
         "--chunks",
-        "12",
+        "6",
         "--json",
         out,
     )
     r = json.loads(out.read_text())
     ids = np.array(tok(text.rstrip(b"\n").decode())["input_ids"])
-    # The seeds' formula, window by window: exp(-mean(all logprobs)).
-    logprobs = np.concatenate([-_direct_nll(model, ids[a : a + 256]) for a in range(0, 12 * 64, 64)])
-    assert r["scored_tokens"] == len(logprobs) == 12 * 255
+    # The seeds' formula, window by window: exp(-mean(all logprobs)), over windows that overlap by 3/4.
+    logprobs = np.concatenate([-_direct_nll(model, ids[a : a + 256]) for a in range(0, 6 * 64, 64)])
+    assert r["scored_tokens"] == len(logprobs) == 6 * 255
     assert r["ppl"] == pytest.approx(np.exp(-logprobs.mean()), rel=2e-6)
-    assert r["protocol"] == {"name": "exl3", "n_ctx": 256, "stride": 64, "bos_id": None, "windows": 12}
+    assert r["protocol"] == {"name": "exl3", "n_ctx": 256, "stride": 64, "bos_id": None, "windows": 6}
 
 
 def test_documents_ppl_per_length_equals_direct_computation(hf_model, fp32_dir, tmp_path):

@@ -48,8 +48,18 @@ def _ids(path) -> list[list[int]]:
     return [[vocab[t] for t in line.split()] for line in path.read_text().splitlines() if line.strip()]
 
 
+_PASSES: dict = {}  # (model, song) -> its pass: the last checkpoint's at 1024 serves two tests
+
+
 def _song_nll(model, ids: list[int]) -> np.ndarray:
     """The evaluation's teacher-forced pass over one (already truncated) song."""
+    key = (id(model), tuple(ids))
+    if key not in _PASSES:
+        _PASSES[key] = _pass(model, ids)
+    return _PASSES[key]
+
+
+def _pass(model, ids: list[int]) -> np.ndarray:
     x = torch.tensor(ids[:-1])[None]
     with torch.inference_mode():
         if x.shape[1] <= CONTEXT:
