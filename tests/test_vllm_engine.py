@@ -258,8 +258,9 @@ def test_three_tensor_parallel_ranks_gather_the_head_the_hidden_states_and_the_l
             "argv": ["compare", *tp3, "--kl-divergence-base", hf_base, "--json", tmp_path / "compare.json"],
         },
     ]
-    # The engine core in this process, its three workers in their own (as a TP3 server's): one
-    # vLLM import fewer than vLLM's default layout.
+    # SmolLM2 has 9 attention heads: tensor parallelism needs a divisor of 9, so 3 ranks. The
+    # engine core in this process, its three workers in their own (as a TP3 server's): one vLLM
+    # import fewer than vLLM's default layout.
     runs = run_jobs(jobs, tmp_path, 128, os.environ | IN_PROCESS)
     info = json.loads(run_cli("info", "--json", hidden).stdout)
     with safe_open(os.path.join(fp32_dir, "model.safetensors"), "pt") as st:

@@ -7,8 +7,9 @@ one engine per process: give such a process the jobs of one configuration.
 
 JOBS.json is a list of {"name": ..., "argv": [kldtool's arguments]}; each job's stdout, stderr
 and exit code go to OUT_DIR/NAME.out, .err and .rc. A job {"name": ..., "probe": {"model",
-"dtype", "base", and optionally "long", "text", "blocks" and "own"}} runs tests/helpers/vllm_probe.py on the
-engine of that model and dtype instead and writes its summaries to OUT_DIR/NAME.json.
+"dtype", "base", and optionally "long", "text", "blocks" and "own"}} runs
+tests/helpers/vllm_probe.py on the engine of that model and dtype instead and writes its
+summaries to OUT_DIR/NAME.json.
 
 Every ``--engine vllm`` command of the same weights (a hub snapshot linking to a directory's
 files counts as that directory), dtype and vLLM arguments gets the same engine, built for

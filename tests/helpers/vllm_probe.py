@@ -35,18 +35,20 @@ def probe(engine, base: str, long_n: int = 0, text: str | None = None, blocks: b
             )
             for f in ("nll", "kld")
         }
-    diffs = [np.zeros(0)]
+    logprob_diff = None
     if own:
         prompts = [TokensPrompt(prompt_token_ids=[int(t) for t in w.tokens]) for w in windows]
         outs = engine.llm.generate(prompts, SamplingParams(max_tokens=1, prompt_logprobs=0), use_tqdm=False)
+        diffs = []
         for w, got, rec in zip(windows, outs, records):
             span = range(w.first, w.first + w.n_scored)
             theirs = np.array([got.prompt_logprobs[p + 1][int(w.tokens[p + 1])].logprob for p in span], np.float64)
             diffs.append(np.abs(-rec.nll.astype(np.float64) - theirs))
+        logprob_diff = float(np.concatenate(diffs).max())
     kld = np.concatenate([r.kld for r in records])
     out = {
         "tokens": int(sum(len(r) for r in records)),
-        "max_abs_logprob_diff": float(np.concatenate(diffs).max()) if own else None,
+        "max_abs_logprob_diff": logprob_diff,
         "mean_kld": float(kld.mean()),
         "hooks": engine.hooks,
         "default_block": default_block,
