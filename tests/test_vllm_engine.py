@@ -6,6 +6,9 @@ W8A8 checkpoint made with llm-compressor in its own environment (.venv-quant).
 
 import json
 import os
+import shutil
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -153,12 +156,16 @@ def fp32_runs(fp32_dir, hf_base, fixture_base, hub_env, tmp_path_factory):
     for job in spec:
         job["group"] = group_of(job["name"])
         job["max_ctx"] = windows.get(job["group"], 2048)
-    tmp = tmp_path_factory.mktemp("tmpdir")  # the jobs' temporary directory, for their socket files
+    # The jobs' temporary directory, where their socket files would go. Directly under /tmp: a
+    # socket's path holds 107 bytes, and below pytest's own directories (their length varies
+    # with the user's name and the run's number) kldtool would fall back to vLLM's default.
+    tmp = Path(tempfile.mkdtemp(prefix="vj-", dir="/tmp"))
     out = run_jobs(spec, d, 2048, os.environ | hub_env | IN_PROCESS | {"TMPDIR": str(tmp)})
     out["tmp"] = tmp
     out["rolling-base"] = (None, None, 0, json.loads((d / "rolling-base.json").read_text()))
     out["dir"] = d  # where the jobs wrote their files
-    return out
+    yield out
+    shutil.rmtree(tmp, ignore_errors=True)
 
 
 def test_vllm_against_itself_and_its_own_prompt_logprobs(fp32_runs):
