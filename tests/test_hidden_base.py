@@ -68,7 +68,10 @@ def test_a_hidden_file_is_the_row_file_replayed(hidden8, hf_base, tmp_path):
 def test_bytes_per_token_and_bf16_replayed_as_computed(hidden8, tmp_path):
     """The per-token part, from two runs of different lengths: under 1/40 of a raw row with
     float32 states, under 1/80 with bf16 ones; the head is the rest. A bf16 model's logits are
-    replayed in bf16, as it computed them: its floor is 0 too."""
+    replayed in bf16, as it computed them, not in float32. That is bit-exact only where the CPU's
+    bf16 matmul takes one kernel for the forward's batch and for the replay's rows: on an AVX2
+    Zen 3 the floor is 0; on an AVX-512/AMX Xeon oneDNN takes another from 353 rows on (the
+    forward here: 6 windows of 65), and a rare logit differs by one bf16 step (floor 3e-10)."""
     per_token = {}
     for dtype in ("float32", "bfloat16"):
         long = hidden8 if dtype == "float32" else hidden_base(tmp_path, 6, dtype)
@@ -77,7 +80,11 @@ def test_bytes_per_token_and_bf16_replayed_as_computed(hidden8, tmp_path):
             (os.path.getsize(long) - os.path.getsize(short)) / ((8 if dtype == "float32" else 6) - 2) / 63
         )
         info = json.loads(run_cli("info", "--json", long).stdout)
-        assert info["replay_floor_kld_mean"] == 0.0
+        print(dtype, "replay floor:", info["replay_floor_kld_mean"], "|Δlogit|", info["replay_max_abs_dlogit"])
+        if dtype == "float32":
+            assert info["replay_floor_kld_mean"] == 0.0
+        else:  # at most one bf16 step (1/8 below a logit of 32) on a rare logit
+            assert info["replay_floor_kld_mean"] < 1e-8 and info["replay_max_abs_dlogit"] <= 0.125
     print("bytes per scored token:", per_token, "raw row / them:", {k: RAW_ROW / v for k, v in per_token.items()})
     assert per_token["float32"] <= RAW_ROW / 40 and per_token["bfloat16"] <= RAW_ROW / 80
 

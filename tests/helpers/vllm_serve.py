@@ -2,10 +2,12 @@
 
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 
@@ -61,6 +63,11 @@ def served(
         # multi-rank servers'.
         env.update(IN_PROCESS)
     env.update(operator or {})
+    # vLLM names its processes' ZMQ sockets as files here; a server stopped by a signal leaves
+    # them, so each server gets a directory that is removed with it (/tmp itself: the path must
+    # fit a Unix socket's 107 bytes).
+    sockets = tempfile.mkdtemp(prefix="vs-", dir="/tmp")
+    env["VLLM_RPC_BASE_PATH"] = sockets
     kv = cpu_sizing.kv_cache_bytes(config_dir or model, dtype, max_model_len, cpu_sizing.host_budget(0.3), None)
     log_path = os.path.join(log_dir, f"server-{port}.log")
     log = open(log_path, "w")
@@ -108,3 +115,4 @@ def served(
         except subprocess.TimeoutExpired:
             os.killpg(p.pid, signal.SIGKILL)
         log.close()
+        shutil.rmtree(sockets, ignore_errors=True)
