@@ -83,8 +83,8 @@ def test_bytes_per_token_and_bf16_replayed_as_computed(hidden8, tmp_path):
         print(dtype, "replay floor:", info["replay_floor_kld_mean"], "|Δlogit|", info["replay_max_abs_dlogit"])
         if dtype == "float32":
             assert info["replay_floor_kld_mean"] == 0.0
-        else:  # at most one bf16 step (1/8 below a logit of 32) on a rare logit
-            assert info["replay_floor_kld_mean"] < 1e-8 and info["replay_max_abs_dlogit"] <= 0.125
+        else:  # a rare logit one bf16 step off: 1/8 below a logit of 32, 1/4 below 64
+            assert info["replay_floor_kld_mean"] < 1e-8 and info["replay_max_abs_dlogit"] <= 0.25
     print("bytes per scored token:", per_token, "raw row / them:", {k: RAW_ROW / v for k, v in per_token.items()})
     assert per_token["float32"] <= RAW_ROW / 40 and per_token["bfloat16"] <= RAW_ROW / 80
 
