@@ -15,7 +15,7 @@ import pytest
 from conftest import WIKI, compare_json, markdown_rows, printed, run_cli, run_script
 from helpers.hub_cache import MODEL, SNAPSHOTS
 from helpers.vllm_jobs import run_jobs
-from helpers.vllm_serve import IN_PROCESS
+from helpers.vllm_serve import IN_PROCESS, SOCKET_ROOT
 from helpers.vocab_models import corpus_flags, model_dir
 
 pytest.importorskip("vllm")
@@ -156,10 +156,7 @@ def fp32_runs(fp32_dir, hf_base, fixture_base, hub_env, tmp_path_factory):
     for job in spec:
         job["group"] = group_of(job["name"])
         job["max_ctx"] = windows.get(job["group"], 2048)
-    # The jobs' temporary directory, where their socket files would go. Directly under /tmp: a
-    # socket's path holds 107 bytes, and below pytest's own directories (their length varies
-    # with the user's name and the run's number) kldtool would fall back to vLLM's default.
-    tmp = Path(tempfile.mkdtemp(prefix="vj-", dir="/tmp"))
+    tmp = Path(tempfile.mkdtemp(prefix="vj-", dir=SOCKET_ROOT))  # the jobs' TMPDIR: kldtool's socket directories
     out = run_jobs(spec, d, 2048, os.environ | hub_env | IN_PROCESS | {"TMPDIR": str(tmp)})
     out["tmp"] = tmp
     out["rolling-base"] = (None, None, 0, json.loads((d / "rolling-base.json").read_text()))

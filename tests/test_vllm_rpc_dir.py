@@ -10,12 +10,13 @@ from pathlib import Path
 
 import pytest
 
+from helpers.vllm_serve import SOCKET_ROOT
 from kldtool.engines.vllm.rpc_dir import VAR, RpcDir
 
 
 @pytest.fixture
 def tmpdir_env(tmp_path, monkeypatch):
-    short = Path(tempfile.mkdtemp(prefix="rd-", dir="/tmp"))  # a socket's path must stay short
+    short = Path(tempfile.mkdtemp(prefix="rd-", dir=SOCKET_ROOT))
     monkeypatch.delenv(VAR, raising=False)
     monkeypatch.setattr(tempfile, "tempdir", str(short))
     yield short

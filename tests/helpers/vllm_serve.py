@@ -2,7 +2,6 @@
 
 import contextlib
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -16,6 +15,11 @@ import urllib.request
 # offline, everything in the command's process (one engine per process); served, a one-rank
 # worker inside the engine core's process, as vLLM runs one rank on a GPU.
 IN_PROCESS = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+
+# Where tests put the directories that vLLM's socket files go to (VLLM_RPC_BASE_PATH): a Unix
+# socket's path holds 107 bytes, and below pytest's own directories, whose length varies with the
+# user's name and the run's number, kldtool would fall back to vLLM's default (rpc_dir.MAX_DIR).
+SOCKET_ROOT = "/tmp"
 
 
 def _free_port() -> int:
@@ -52,7 +56,7 @@ def served(
     local port, stopped with its whole process group afterwards; ``operator``: the server's
     environment (the hook's settings, operator_env; a hub cache), none for a server without the
     hook. ``config_dir``: where the config of a ``model`` named by hub id is, to size the KV cache."""
-    from kldtool.engines.vllm import cpu_sizing, policy
+    from kldtool.engines.vllm import cpu_sizing, policy, rpc_dir
 
     port = _free_port()
     env = {k: v for k, v in os.environ.items() if k not in policy.SETTINGS}
@@ -63,56 +67,53 @@ def served(
         # multi-rank servers'.
         env.update(IN_PROCESS)
     env.update(operator or {})
-    # vLLM names its processes' ZMQ sockets as files here; a server stopped by a signal leaves
-    # them, so each server gets a directory that is removed with it (/tmp itself: the path must
-    # fit a Unix socket's 107 bytes).
-    sockets = tempfile.mkdtemp(prefix="vs-", dir="/tmp")
-    env["VLLM_RPC_BASE_PATH"] = sockets
     kv = cpu_sizing.kv_cache_bytes(config_dir or model, dtype, max_model_len, cpu_sizing.host_budget(0.3), None)
     log_path = os.path.join(log_dir, f"server-{port}.log")
-    log = open(log_path, "w")
-    p = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "vllm.entrypoints.openai.api_server",
-            "--model",
-            model,
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--max-model-len",
-            str(max_model_len),
-            "--dtype",
-            dtype,
-            "--enforce-eager",
-            "--kv-cache-memory-bytes",
-            str(kv),
-            *map(str, extra),
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        env=env,
-        start_new_session=True,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 300
-        while True:
-            try:
-                urllib.request.urlopen(url + "/v1/models", timeout=5).read()
-                break
-            except OSError:
-                assert p.poll() is None, open(log_path).read()[-3000:]
-                assert time.monotonic() < deadline, "the server did not come up in 300 s"
-                time.sleep(1)
-        yield url
-    finally:
-        os.killpg(p.pid, signal.SIGTERM)
+    # A server stopped by a signal leaves its processes' socket files: each server's go to a
+    # directory removed with it.
+    sockets = tempfile.TemporaryDirectory(prefix="vs-", dir=SOCKET_ROOT, ignore_cleanup_errors=True)
+    with sockets as sockets_dir, open(log_path, "w") as log:
+        env[rpc_dir.VAR] = sockets_dir
+        p = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "vllm.entrypoints.openai.api_server",
+                "--model",
+                model,
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--max-model-len",
+                str(max_model_len),
+                "--dtype",
+                dtype,
+                "--enforce-eager",
+                "--kv-cache-memory-bytes",
+                str(kv),
+                *map(str, extra),
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
+        url = f"http://127.0.0.1:{port}"
         try:
-            p.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(p.pid, signal.SIGKILL)
-        log.close()
-        shutil.rmtree(sockets, ignore_errors=True)
+            deadline = time.monotonic() + 300
+            while True:
+                try:
+                    urllib.request.urlopen(url + "/v1/models", timeout=5).read()
+                    break
+                except OSError:
+                    assert p.poll() is None, open(log_path).read()[-3000:]
+                    assert time.monotonic() < deadline, "the server did not come up in 300 s"
+                    time.sleep(1)
+            yield url
+        finally:
+            os.killpg(p.pid, signal.SIGTERM)
+            try:
+                p.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
