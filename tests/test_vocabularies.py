@@ -1,10 +1,11 @@
 """Every vocabulary users quantize, end to end through transformers: random-weight models of the
 real architectures (Llama 3 at 128,256, Qwen 2 at 151,936 with tied embeddings, Qwen 3 at Qwen
-3.5's 248,320, Gemma 3 at 262,144 with soft-capping; tests/helpers/vocab_models.py) over a corpus
-whose ids run past 65,535. Each model against itself, its first window against a float64
-forward computed here, and at the largest vocabulary every stored form (raw layout, container,
-top-K, hidden states), convert, ppl and shards merged; llama.cpp at 128,256 from a GGUF written
-here. vLLM at 262,144: test_vllm_engine.py."""
+3.5's 248,320, Gemma 3 at 262,144 with soft-capping, Qwen 3's mixture of experts at 151,936 and
+DeepSeek V3's at Kimi K2's 163,840; tests/helpers/vocab_models.py) over a corpus whose ids run
+past 65,535. Each model against itself, its first window against a float64 forward computed
+here, and at the largest vocabulary every stored form (raw layout, container, top-K, hidden
+states), convert, ppl and shards merged; llama.cpp from GGUFs written here for the dense
+architectures. vLLM at every vocabulary: test_vllm_engine.py."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import numpy as np
 import pytest
 
 from conftest import compare_json, run_cli
-from helpers.vocab_gguf import gguf_of
+from helpers.vocab_gguf import ARCH, gguf_of
 from helpers.vocab_models import SHAPES, corpus, corpus_flags, model_dir
 
 CTX = 64
@@ -39,7 +40,8 @@ def float64_nll(model: str, base) -> np.ndarray:
     reader = open_base_file(str(base))
     w = base_windows(reader, reader.metadata["protocol"].get("bos_id"))[0]
     reader.close()
-    m = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float64).eval()
+    # The experts' grouped matrix products take no float64: the mixtures run them one expert at a time.
+    m = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float64, experts_implementation="eager").eval()
     with torch.inference_mode():
         logits = m(input_ids=torch.from_numpy(np.asarray(w.tokens, np.int64))[None]).logits[0].numpy()
     rows = logits[w.first : w.first + w.n_scored]
@@ -56,7 +58,9 @@ def test_a_model_against_itself_and_a_float64_forward(name, tmp_path):
     s = r["statistics"]
     print(name, SHAPES[name][1], s["kld_mean"], s["same_top_p"])
     assert r["base_file"]["n_vocab"] == SHAPES[name][1]
-    assert abs(s["kld_mean"]["value"]) < 1e-6 and abs(s["ln_ppl_ratio"]["value"]) < 1e-5
+    # PPL(base) is read from the stored rows: each target's log-prob rounded to the 2^-12-nat grid,
+    # an error uniform within half a step, whose mean over 62 tokens has a spread of 9e-6.
+    assert abs(s["kld_mean"]["value"]) < 1e-6 and abs(s["ln_ppl_ratio"]["value"]) < 5e-5
     # Near-uniform predictions: the uint16 codes' step decides a few near-ties of the top.
     assert s["same_top_p"]["value"] > 0.98
     with h5py.File(tmp_path / "t.h5") as f:
@@ -94,7 +98,7 @@ def test_the_largest_vocabulary_in_every_stored_form(tmp_path):
     assert "Final estimate: PPL = " in ppl
 
 
-@pytest.mark.parametrize("name", list(SHAPES))
+@pytest.mark.parametrize("name", [n for n in SHAPES if SHAPES[n][0] in ARCH])
 def test_llama_cpp_at_every_vocabulary_and_its_quants_in_order(name, tmp_path):
     """Each shape as a GGUF in llama.cpp's conventions for its architecture
     (helpers/vocab_gguf.py), against transformers' float32 base file: F32 is the same model, its

@@ -6,7 +6,11 @@ in llama.cpp's tensor names and conventions for each architecture:
 - qwen3: per-head q/k RMS norms;
 - gemma3: four norms a layer stored as 1 + w (Gemma's RMSNorm scales by 1 + w), q/k norms,
   the embedding scaled by sqrt(hidden) in llama.cpp's graph as in transformers', a sliding window
-  and per-kind rope bases, the final-logit soft-cap.
+  and per-kind rope bases, the final-logit soft-cap;
+- qwen3moe: qwen3's attention, and each layer's experts stacked into one tensor per projection
+  (expert, rows, columns), their router kept in float32 as llama.cpp's converter keeps it.
+
+DeepSeek V3's latent attention (llama.cpp's deepseek2) is not written here.
 
 Rotate-half (NEOX) rope needs no permutation: llama.cpp runs qwen2, qwen3 and gemma3 in that
 layout. The vocabulary is the word-level one as a byte-level BPE whose merges build each word
@@ -22,7 +26,8 @@ from pathlib import Path
 
 from helpers.vocab_models import SHAPES, SPECIALS, cache_root, model_dir
 
-ARCH = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma3_text": "gemma3"}
+ARCH = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma3_text": "gemma3", "qwen3_moe": "qwen3moe"}
+EXPERTS = {"gate_proj": "ffn_gate_exps", "up_proj": "ffn_up_exps", "down_proj": "ffn_down_exps"}
 LAYER = {  # transformers' name in a layer -> llama.cpp's
     "input_layernorm.weight": "attn_norm.weight",
     "self_attn.q_proj.weight": "attn_q.weight",
@@ -76,6 +81,11 @@ def gguf_of(name: str, kind: str = "F16", softcap: float | None = None) -> Path:
     out.add_rope_dimension_count(head_dim)
     out.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
     out.add_rope_freq_base(_rope_base(cfg))
+    n_experts = cfg.get("num_local_experts") or 0
+    if n_experts:
+        out.add_expert_count(n_experts)
+        out.add_expert_used_count(cfg["num_experts_per_tok"])
+        out.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
     if arch == "gemma3":
         out.add_sliding_window(cfg["sliding_window"])
         out.add_final_logit_softcapping(softcap or cfg["final_logit_softcapping"])
@@ -107,6 +117,11 @@ def gguf_of(name: str, kind: str = "F16", softcap: float | None = None) -> Path:
             if ours.endswith("norm.weight"):
                 t = norm(t)
             out.add_tensor(f"blk.{i}.{ours}", t.astype(np.float32) if t.ndim == 1 else f16(t))
+        if n_experts:
+            out.add_tensor(f"blk.{i}.ffn_gate_inp.weight", w[prefix + "mlp.gate.weight"].astype(np.float32))
+            for hf, ours in EXPERTS.items():
+                stacked = np.stack([w[f"{prefix}mlp.experts.{e}.{hf}.weight"] for e in range(n_experts)])
+                out.add_tensor(f"blk.{i}.{ours}.weight", f16(stacked))
     out.write_header_to_file()
     out.write_kv_data_to_file()
     out.write_tensors_to_file()

