@@ -96,7 +96,7 @@ def compare(
     """Phase 2: run a model over a base file's tokens and print llama-perplexity's KLD statistics."""
     start_loading(run, model)
     from kldtool.logitsfile import open_base_file
-    from kldtool.pipeline import run_compare
+    from kldtool.pipeline.compare import run_compare
     from kldtool.cli.compare_flags import check_protocol_flags, checkpoints_of, parse_chunk_range, stopping_of
     from kldtool.pipeline.noise_floor import load_floor
 
