@@ -4,8 +4,8 @@ real architectures (Llama 3 at 128,256, Qwen 2 at 151,936 with tied embeddings, 
 DeepSeek V3's at Kimi K2's 163,840; tests/helpers/vocab_models.py) over a corpus whose ids run
 past 65,535. Each model against itself, its first window against a float64 forward computed
 here, and at the largest vocabulary every stored form (raw layout, container, top-K, hidden
-states), convert, ppl and shards merged; llama.cpp from GGUFs written here for the dense
-architectures. vLLM at every vocabulary: test_vllm_engine.py."""
+states), convert, ppl and shards merged; llama.cpp from GGUFs written here for every architecture
+but DeepSeek V3's. vLLM at every vocabulary: test_vllm_engine.py."""
 
 from __future__ import annotations
 
