@@ -29,29 +29,28 @@ def fp32_runs(fp32_dir, hf_base, fixture_base, hub_env, tmp_path_factory):
     that imports vLLM once (tests/helpers/vllm_jobs.py): name -> (stdout, stderr, exit code,
     --json result). Their base files come from transformers first."""
     d = tmp_path_factory.mktemp("fp32-runs")
-    # Gemma 3's 262,144-token vocabulary, soft-capped (tests/helpers/vocab_models.py): a second engine.
-    gemma = model_dir("gemma3")
-    run_cli(
-        "base", "-m", gemma, *corpus_flags("gemma3"), "-c", 64, "--chunks", 2, "--kl-divergence-base", d / "v262k.kldt"
-    )
-    g = ("--engine", "vllm", "-m", gemma, "--dtype", "float32")
+    # Every shape of tests/helpers/vocab_models.py (the vocabularies, the mixtures of experts)
+    # against the base file transformers writes of it, each on an engine of its own; Gemma 3's
+    # (262,144, soft-capped) is also written, scored by ppl and compared in shards below.
+    bases = {name: d / f"shape-{name}.kldt" for name in SHAPES}
+    vocab = []
+    for name, base in bases.items():
+        m = model_dir(name)
+        run_cli("base", "-m", m, *corpus_flags(name), "-c", 64, "--chunks", 2, "--kl-divergence-base", base)
+        if name != "gemma3":
+            on = ("--engine", "vllm", "-m", m, "--dtype", VLLM_DTYPE.get(name, "float32"))
+            vocab.append((f"shape-{name}", ["compare", *on, "--kl-divergence-base", base]))
+    g = ("--engine", "vllm", "-m", model_dir("gemma3"), "--dtype", "float32")
     g_text = (*corpus_flags("gemma3"), "-c", 64, "--chunks", 2)
-    vocab = [
-        ("vocab-262k", ["compare", *g, "--kl-divergence-base", d / "v262k.kldt"]),
+    vocab += [
+        ("vocab-262k", ["compare", *g, "--kl-divergence-base", bases["gemma3"]]),
         # vLLM writes the base file, scores ppl and compares in shards at this vocabulary too.
         ("vocab-262k-base", ["base", *g, *g_text, "--kl-divergence-base", d / "v262k-vllm.kldt"]),
         ("vocab-262k-ppl", ["ppl", *g, *g_text]),
     ]
     for k in (0, 1):
         shard = ("--chunk-range", f"{k}:{k + 1}", "--state", d / f"v262k-s{k}.npz")
-        vocab.append((f"vocab-262k-s{k}", ["compare", *g, "--kl-divergence-base", d / "v262k.kldt", *shard]))
-    # Every other shape of tests/helpers/vocab_models.py (the other vocabularies, the mixtures of
-    # experts), each an engine of its own, against the base file transformers writes of it.
-    for name in [n for n in SHAPES if n != "gemma3"]:
-        m, base = model_dir(name), d / f"shape-{name}.kldt"
-        run_cli("base", "-m", m, *corpus_flags(name), "-c", 64, "--chunks", 2, "--kl-divergence-base", base)
-        on = ("--engine", "vllm", "-m", m, "--dtype", VLLM_DTYPE.get(name, "float32"))
-        vocab.append((f"shape-{name}", ["compare", *on, "--kl-divergence-base", base]))
+        vocab.append((f"vocab-262k-s{k}", ["compare", *g, "--kl-divergence-base", bases["gemma3"], *shard]))
     vllm = ("--engine", "vllm", "-m", fp32_dir, "--dtype", "float32")
     jobs = [("hf", ["compare", *vllm, "--kl-divergence-base", hf_base])]
     # llama-perplexity's base file of the Q4_1 GGUF (its Q8 activations: a KLD of ~0.003), in the
