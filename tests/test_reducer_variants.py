@@ -17,19 +17,24 @@ from conftest import interpreted_triton
 HERE = Path(__file__).resolve().parent
 SUITES = ["test_stats_reference.py", "test_extra_metrics.py"]
 VARIANTS = {
-    "torch": ({"KLDTOOL_REDUCER": "torch"}, [], 14),
+    "torch": ({"KLDTOOL_REDUCER": "torch"}, [], 19),
     # The kernel computes every record, the top-5/10 overlaps from its lanes' candidates
     # included. Its interpreter runs each row as a program in Python: one seed of each random
-    # suite runs, on 100 rows (the adversarial rows, ties and tail tiles all do), which keeps
-    # CI within its budget.
+    # suite runs, on 100 rows (the adversarial rows, ties and tail tiles all do), and of the
+    # vocabularies users quantize the one least aligned to a tile (151,936 = 593.5 x 256; 15 s
+    # for its 12 rows, 100 s for all five), which keeps CI within its budget.
     "triton": (
         {"KLDTOOL_REDUCER": "triton", "KLDTOOL_TEST_RANDOM_ROWS": "100", **interpreted_triton()},
         [
             "test_stats_reference.py::test_random_rows_match_float64_reference[1]",
             "test_stats_reference.py::test_random_rows_match_float64_reference[2]",
             "test_extra_metrics.py::test_random_rows_match_float64_reference[1-0.05]",
+            *(
+                f"test_stats_reference.py::test_the_vocabularies_users_quantize[{v}]"
+                for v in (128256, 163840, 248320, 262144)
+            ),
         ],
-        11,
+        12,
     ),
 }
 

@@ -14,6 +14,7 @@ from kldtool.reduce import reduce_rows, reducer_for
 from kldtool.stats import KldAccumulator, summarize
 from kldtool.stats.summary import median, percentile
 from helpers.rows import make_base_rows, random_case as _random_case
+from helpers.vocab_models import SHAPES
 
 
 def reference(logits: np.ndarray, rows: np.ndarray, targets: np.ndarray) -> dict:
@@ -102,6 +103,15 @@ def check(logits, rows, targets):
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_random_rows_match_float64_reference(seed):
     check(*_random_case(seed))
+
+
+@pytest.mark.parametrize("vocab", sorted({v for _, v, _ in SHAPES.values()}))
+def test_the_vocabularies_users_quantize(vocab):
+    """128k-262k entries a row (tests/helpers/vocab_models.py): the tail tiles of vocabularies
+    that are no power of two, targets past 65,535."""
+    q, rows, targets = _random_case(3, n=12, v=vocab)
+    targets[::2] = vocab - 1 - targets[::2] % 1000
+    check(q, rows, targets)
 
 
 def test_adversarial_rows():

@@ -4,8 +4,9 @@ real architectures (Llama 3 at 128,256, Qwen 2 at 151,936 with tied embeddings, 
 DeepSeek V3's at Kimi K2's 163,840; tests/helpers/vocab_models.py) over a corpus whose ids run
 past 65,535. Each model against itself, its first window against a float64 forward computed
 here, and at the largest vocabulary every stored form (raw layout, container, top-K, hidden
-states), convert, ppl and shards merged; llama.cpp from GGUFs written here for every architecture
-but DeepSeek V3's. vLLM at every vocabulary: test_vllm_engine.py."""
+states), convert, ppl and shards merged; at every vocabulary the stored forms' bytes in process;
+llama.cpp from GGUFs written here for every architecture. vLLM at every vocabulary:
+test_vllm_engine.py."""
 
 from __future__ import annotations
 
@@ -96,6 +97,76 @@ def test_the_largest_vocabulary_in_every_stored_form(tmp_path):
     assert json.loads(merged.read_text())["statistics"]["kld_mean"] == whole["kld_mean"]
     ppl = run_cli("ppl", "-m", model, *corpus_flags(name), "-c", CTX, "--chunks", 2).stderr
     assert "Final estimate: PPL = " in ppl
+
+
+@pytest.mark.parametrize("vocab", sorted({v for _, v, _ in SHAPES.values()}))
+def test_every_stored_form_at_every_vocabulary(vocab, tmp_path):
+    """The rows of one run stored in every form at each vocabulary, in process (no model): what
+    each file reads back is what the encoder made, the raw layout's row is 2 * V + 8 bytes, the
+    container's frames cut mid-chunk join up, a top-K record keeps the K best codes with ties
+    to the lower id, and the codes decode to a float64 log-softmax within half a step."""
+    import torch
+
+    from kldtool.codec import Coding
+    from kldtool.codec.encode import encode_base_rows
+    from kldtool.codec.topk_records import split_records
+    from kldtool.logitsfile import BaseHeader, create_writer, open_base_file
+
+    ctx = 16  # 7 scored rows a chunk: the frames of 3 rows below cut each chunk twice
+    rng = np.random.default_rng(vocab)
+    n_chunk, per_chunk = 2, ctx - 1 - ctx // 2
+    tokens = rng.integers(0, vocab, n_chunk * ctx).astype(np.int32)
+    tokens[::3] = rng.integers(65_536, vocab, len(tokens[::3]))  # ids past uint16
+    logits = (rng.standard_normal((n_chunk * per_chunk, vocab)) * 3).astype(np.float32)
+    # ties for the top: the same logit at an id below 65,536 and at one above
+    logits[:, vocab - 7] = logits[:, 11] = logits.max(axis=1) + 1
+    targets = np.concatenate([tokens[c * ctx + ctx // 2 + 1 : (c + 1) * ctx] for c in range(n_chunk)])
+    rows, nll = encode_base_rows(torch.from_numpy(logits), targets, Coding("llamacpp"))
+
+    x = logits.astype(np.float64)
+    logp = x - x.max(1, keepdims=True)
+    logp -= np.log(np.exp(logp).sum(1, keepdims=True))
+    np.testing.assert_allclose(nll, -logp[np.arange(len(targets)), targets], rtol=1e-6, atol=1e-5)
+    head = rows[:, :4].copy().view(np.float32)
+    decoded = rows[:, 4 : 4 + vocab].astype(np.float64) * head[:, :1] + head[:, 1:2]
+    live = logp > -16 + head[:, :1]  # above the clamp window's floor
+    assert np.all(np.abs(decoded - logp)[live] <= 0.5 * np.broadcast_to(head[:, :1], logp.shape)[live] + 1e-5)
+
+    stored = {}
+    for name, fmt, frame_rows in (
+        ("raw.kld", "llamacpp", None),
+        ("one.kldt", "kldtool", None),
+        ("cut.kldt", "kldtool", 3),
+    ):
+        w = create_writer(tmp_path / name, fmt, BaseHeader(ctx, vocab, n_chunk), tokens, frame_rows=frame_rows)
+        for c in range(n_chunk):
+            w.write_chunk(rows[c * per_chunk : (c + 1) * per_chunk], nll[c * per_chunk : (c + 1) * per_chunk])
+        w.finish()
+        stored[name] = r = open_base_file(tmp_path / name)
+        assert r.header.n_vocab == vocab and np.array_equal(r.tokens, tokens)
+        for c in range(n_chunk):
+            assert np.array_equal(r.read_chunk(c), rows[c * per_chunk : (c + 1) * per_chunk])
+        assert np.array_equal(r.read_rows(1, 2, 6), rows[per_chunk + 2 : per_chunk + 6])
+    assert (tmp_path / "raw.kld").stat().st_size == 20 + 4 * len(tokens) + len(rows) * (2 * vocab + 8)
+    assert stored["cut.kldt"].frames.n_frames > n_chunk
+
+    k = 32
+    records, _ = encode_base_rows(torch.from_numpy(logits), targets, Coding("llamacpp", keep=k))
+    w = create_writer(tmp_path / "top.kldt", "kldtool", BaseHeader(ctx, vocab, n_chunk, keep=k), tokens)
+    for c in range(n_chunk):
+        w.write_chunk(records[c * per_chunk : (c + 1) * per_chunk])
+    w.finish()
+    top = open_base_file(tmp_path / "top.kldt")
+    back = np.concatenate([top.read_chunk(c) for c in range(n_chunk)])
+    assert np.array_equal(back, records)
+    _, _, _, tcode, ids, codes = split_records(torch.from_numpy(back.view(np.int16)), k)
+    full = rows[:, 4 : 4 + vocab].astype(np.int64)
+    order = np.argsort(-full, axis=1, kind="stable")[:, :k]  # by code, lower id first
+    assert np.array_equal(ids.numpy(), order) and (order[:, 0] == 11).all() and (order[:, 1] == vocab - 7).all()
+    assert np.array_equal(codes.numpy(), np.take_along_axis(full, order, 1))
+    assert np.array_equal(tcode.numpy(), full[np.arange(len(targets)), targets])
+    for r in (*stored.values(), top):
+        r.close()
 
 
 @pytest.mark.parametrize("name", [n for n in SHAPES if SHAPES[n][0] in ARCH])

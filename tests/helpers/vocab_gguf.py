@@ -8,9 +8,12 @@ in llama.cpp's tensor names and conventions for each architecture:
   the embedding scaled by sqrt(hidden) in llama.cpp's graph as in transformers', a sliding window
   and per-kind rope bases, the final-logit soft-cap;
 - qwen3moe: qwen3's attention, and each layer's experts stacked into one tensor per projection
-  (expert, rows, columns), their router kept in float32 as llama.cpp's converter keeps it.
-
-DeepSeek V3's latent attention (llama.cpp's deepseek2) is not written here.
+  (expert, rows, columns), their router kept in float32 as llama.cpp's converter keeps it;
+- deepseek2 (DeepSeek V3, Kimi K2): latent attention as llama.cpp runs it, one key-value head of
+  the latent plus the rope part, with kv_b_proj split per head into k_b (transposed, so queries
+  are absorbed into the latent) and v_b; the dense first layers, routed experts stacked as
+  qwen3moe's, the shared expert, the routing's correction bias and sigmoid scoring. Its rope
+  needs no permutation: DeepSeek's checkpoints keep llama.cpp's interleaved pairs.
 
 Rotate-half (NEOX) rope needs no permutation: llama.cpp runs qwen2, qwen3 and gemma3 in that
 layout. The vocabulary is the word-level one as a byte-level BPE whose merges build each word
@@ -26,7 +29,14 @@ from pathlib import Path
 
 from helpers.vocab_models import SHAPES, SPECIALS, cache_root, model_dir
 
-ARCH = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma3_text": "gemma3", "qwen3_moe": "qwen3moe"}
+ARCH = {
+    "llama": "llama",
+    "qwen2": "qwen2",
+    "qwen3": "qwen3",
+    "gemma3_text": "gemma3",
+    "qwen3_moe": "qwen3moe",
+    "deepseek_v3": "deepseek2",
+}
 EXPERTS = {"gate_proj": "ffn_gate_exps", "up_proj": "ffn_up_exps", "down_proj": "ffn_down_exps"}
 LAYER = {  # transformers' name in a layer -> llama.cpp's
     "input_layernorm.weight": "attn_norm.weight",
@@ -50,6 +60,17 @@ GEMMA_LAYER = {
     "post_feedforward_layernorm.weight": "post_ffw_norm.weight",
 }
 OTHER_LAYER = {"post_attention_layernorm.weight": "ffn_norm.weight"}
+LATENT_LAYER = {  # DeepSeek's latent attention and shared expert; kv_b_proj is split apart
+    "self_attn.q_a_proj.weight": "attn_q_a.weight",
+    "self_attn.q_a_layernorm.weight": "attn_q_a_norm.weight",
+    "self_attn.q_b_proj.weight": "attn_q_b.weight",
+    "self_attn.kv_a_proj_with_mqa.weight": "attn_kv_a_mqa.weight",
+    "self_attn.kv_a_layernorm.weight": "attn_kv_a_norm.weight",
+    "mlp.gate.e_score_correction_bias": "exp_probs_b.bias",
+    "mlp.shared_experts.gate_proj.weight": "ffn_gate_shexp.weight",
+    "mlp.shared_experts.up_proj.weight": "ffn_up_shexp.weight",
+    "mlp.shared_experts.down_proj.weight": "ffn_down_shexp.weight",
+}
 
 
 def gguf_of(name: str, kind: str = "F16", softcap: float | None = None) -> Path:
@@ -75,13 +96,16 @@ def gguf_of(name: str, kind: str = "F16", softcap: float | None = None) -> Path:
     out.add_block_count(cfg["num_hidden_layers"])
     out.add_feed_forward_length(cfg["intermediate_size"])
     out.add_head_count(heads)
-    out.add_head_count_kv(kv)
-    out.add_key_length(head_dim)
-    out.add_value_length(head_dim)
-    out.add_rope_dimension_count(head_dim)
     out.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
     out.add_rope_freq_base(_rope_base(cfg))
-    n_experts = cfg.get("num_local_experts") or 0
+    if arch == "deepseek2":
+        _latent_attention(out, cfg)
+    else:
+        out.add_head_count_kv(kv)
+        out.add_key_length(head_dim)
+        out.add_value_length(head_dim)
+        out.add_rope_dimension_count(head_dim)
+    n_experts = cfg.get("num_local_experts") or cfg.get("n_routed_experts") or 0
     if n_experts:
         out.add_expert_count(n_experts)
         out.add_expert_used_count(cfg["num_experts_per_tok"])
@@ -105,7 +129,7 @@ def gguf_of(name: str, kind: str = "F16", softcap: float | None = None) -> Path:
     out.add_tensor("output_norm.weight", norm(w["model.norm.weight"]))
     if "lm_head.weight" in w or arch == "llama":  # llama.cpp's llama needs output.weight even when tied
         out.add_tensor("output.weight", f16(w.get("lm_head.weight", w["model.embed_tokens.weight"])))
-    names = LAYER | (GEMMA_LAYER if arch == "gemma3" else OTHER_LAYER)
+    names = LAYER | (GEMMA_LAYER if arch == "gemma3" else OTHER_LAYER) | (LATENT_LAYER if arch == "deepseek2" else {})
     for i in range(cfg["num_hidden_layers"]):
         prefix = f"model.layers.{i}."
         for hf, ours in names.items():
@@ -117,7 +141,10 @@ def gguf_of(name: str, kind: str = "F16", softcap: float | None = None) -> Path:
             if ours.endswith("norm.weight"):
                 t = norm(t)
             out.add_tensor(f"blk.{i}.{ours}", t.astype(np.float32) if t.ndim == 1 else f16(t))
-        if n_experts:
+        if arch == "deepseek2":
+            for ours, t in _split_kv_b(w[prefix + "self_attn.kv_b_proj.weight"], cfg).items():
+                out.add_tensor(f"blk.{i}.{ours}", f16(t))
+        if prefix + "mlp.gate.weight" in w:  # a mixture's layer (DeepSeek's first ones are dense)
             out.add_tensor(f"blk.{i}.ffn_gate_inp.weight", w[prefix + "mlp.gate.weight"].astype(np.float32))
             for hf, ours in EXPERTS.items():
                 stacked = np.stack([w[f"{prefix}mlp.experts.{e}.{hf}.weight"] for e in range(n_experts)])
@@ -128,6 +155,38 @@ def gguf_of(name: str, kind: str = "F16", softcap: float | None = None) -> Path:
     out.close()
     os.replace(tmp, path)
     return path
+
+
+def _latent_attention(out, cfg: dict) -> None:
+    """llama.cpp's deepseek2 keys: attention as one key-value head of the latent and the rope
+    part (values: the latent), with the per-head sizes it decompresses to; the dense lead layers;
+    the routing's shared expert, sigmoid scores, renormalised and scaled weights."""
+    import gguf
+
+    rope, latent = cfg["qk_rope_head_dim"], cfg["kv_lora_rank"]
+    out.add_head_count_kv(1)
+    out.add_key_length(latent + rope)
+    out.add_value_length(latent)
+    out.add_key_length_mla(cfg["qk_nope_head_dim"] + rope)
+    out.add_value_length_mla(cfg["v_head_dim"])
+    out.add_rope_dimension_count(rope)
+    out.add_q_lora_rank(cfg["q_lora_rank"])
+    out.add_kv_lora_rank(latent)
+    out.add_vocab_size(cfg["vocab_size"])
+    out.add_leading_dense_block_count(cfg["first_k_dense_replace"])
+    out.add_expert_shared_count(cfg["n_shared_experts"])
+    out.add_expert_weights_scale(cfg["routed_scaling_factor"])
+    out.add_expert_weights_norm(bool(cfg["norm_topk_prob"]))
+    gating = {"sigmoid": gguf.ExpertGatingFuncType.SIGMOID, "softmax": gguf.ExpertGatingFuncType.SOFTMAX}
+    out.add_expert_gating_func(gating[cfg["scoring_func"]])
+
+
+def _split_kv_b(t, cfg: dict) -> dict:
+    """kv_b_proj (heads x (nope + v), latent) as llama.cpp's attn_k_b (heads, latent, nope), which
+    multiplies the queries into the latent, and attn_v_b (heads, v, latent)."""
+    nope, v = cfg["qk_nope_head_dim"], cfg["v_head_dim"]
+    per_head = t.reshape(cfg["num_attention_heads"], nope + v, t.shape[-1])
+    return {"attn_k_b.weight": per_head[:, :nope].swapaxes(1, 2).copy(), "attn_v_b.weight": per_head[:, nope:].copy()}
 
 
 def _rope_base(cfg: dict) -> float:
