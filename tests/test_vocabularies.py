@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from conftest import compare_json, run_cli
+from helpers.float64_forward import first_window_nll
 from helpers.vocab_gguf import ARCH, gguf_of
 from helpers.vocab_models import SHAPES, corpus, corpus_flags, model_dir
 
@@ -27,28 +28,6 @@ def base_of(name: str, path, *args, chunks: int = 2):
     m = model_dir(name)
     run_cli("base", "-m", m, *corpus_flags(name), "-c", CTX, "--chunks", chunks, "--kl-divergence-base", path, *args)
     return m
-
-
-def float64_nll(model: str, base) -> np.ndarray:
-    """The first window's NLL of its scored targets from a float64 forward of the same weights
-    (transformers' modules, log-softmax and gather in numpy float64)."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    from kldtool.logitsfile import open_base_file
-    from kldtool.pipeline.compat import base_windows
-
-    reader = open_base_file(str(base))
-    w = base_windows(reader, reader.metadata["protocol"].get("bos_id"))[0]
-    reader.close()
-    # The experts' grouped matrix products take no float64: the mixtures run them one expert at a time.
-    m = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float64, experts_implementation="eager").eval()
-    with torch.inference_mode():
-        logits = m(input_ids=torch.from_numpy(np.asarray(w.tokens, np.int64))[None]).logits[0].numpy()
-    rows = logits[w.first : w.first + w.n_scored]
-    top = rows.max(axis=1, keepdims=True)
-    logp = rows - top - np.log(np.exp(rows - top).sum(axis=1, keepdims=True))
-    return -logp[np.arange(w.n_scored), np.asarray(w.targets, np.int64)]
 
 
 @pytest.mark.parametrize("name", list(SHAPES))
@@ -68,7 +47,7 @@ def test_a_model_against_itself_and_a_float64_forward(name, tmp_path):
         first = f["chunk"][:] == 0
         targets, nll = f["target"][:], f["nll_q"][:]
     assert targets.max() > 65_535 and (targets > 65_535).mean() > 0.4
-    np.testing.assert_allclose(nll[first], float64_nll(model, base), atol=1e-4)
+    np.testing.assert_allclose(nll[first], first_window_nll(model, base), atol=1e-4)
 
 
 def test_the_largest_vocabulary_in_every_stored_form(tmp_path):
@@ -191,7 +170,7 @@ def test_llama_cpp_at_every_vocabulary_and_its_quants_in_order(name, tmp_path):
         nll = f["nll_q"][:][first]
     # Gemma's GELU is the one activation ggml's CPU backend takes from an f16 table (GGML_GELU_FP16
     # in ggml-cpu/vec.h): 2.5e-4 nats there, under 1e-4 for the SiLU architectures.
-    np.testing.assert_allclose(nll, float64_nll(model, base), atol=3e-4 if name == "gemma3" else 1e-4)
+    np.testing.assert_allclose(nll, first_window_nll(model, base), atol=3e-4 if name == "gemma3" else 1e-4)
     klds = []
     for t in ("F16", "Q8_0", "Q4_K_M"):
         q = gguf if t == "F16" else tmp_path / f"{t}.gguf"
