@@ -49,7 +49,10 @@ def fp32_runs(fp32_dir, hf_base, fixture_base, hub_env, tmp_path_factory):
     g = ("--engine", "vllm", "-m", model_dir("gemma3"), "--dtype", "float32")
     g_text = (*corpus_flags("gemma3"), "-c", 64, "--chunks", 2)
     vocab += [
-        ("vocab-262k", ["compare", *g, "--kl-divergence-base", bases["gemma3"], "--per-token", d / "shape-gemma3.h5"]),
+        (
+            "vocab-262k",
+            ["compare", *g, "--kl-divergence-base", bases["gemma3"], "--per-token", bases["gemma3"].with_suffix(".h5")],
+        ),
         # vLLM writes the base file, scores ppl and compares in shards at this vocabulary too.
         ("vocab-262k-base", ["base", *g, *g_text, "--kl-divergence-base", d / "v262k-vllm.kldt"]),
         ("vocab-262k-ppl", ["ppl", *g, *g_text]),

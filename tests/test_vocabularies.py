@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from conftest import compare_json, run_cli
-from helpers.float64_forward import first_window_nll
+from helpers.float64_forward import first_window_nll, log_softmax
 from helpers.vocab_gguf import ARCH, gguf_of
 from helpers.vocab_models import SHAPES, corpus, corpus_flags, model_dir
 
@@ -102,43 +102,43 @@ def test_every_stored_form_at_every_vocabulary(vocab, tmp_path):
     targets = np.concatenate([tokens[c * ctx + ctx // 2 + 1 : (c + 1) * ctx] for c in range(n_chunk)])
     rows, nll = encode_base_rows(torch.from_numpy(logits), targets, Coding("llamacpp"))
 
-    x = logits.astype(np.float64)
-    logp = x - x.max(1, keepdims=True)
-    logp -= np.log(np.exp(logp).sum(1, keepdims=True))
+    logp = log_softmax(logits)
     np.testing.assert_allclose(nll, -logp[np.arange(len(targets)), targets], rtol=1e-6, atol=1e-5)
     head = rows[:, :4].copy().view(np.float32)
     decoded = rows[:, 4 : 4 + vocab].astype(np.float64) * head[:, :1] + head[:, 1:2]
     live = logp > -16 + head[:, :1]  # above the clamp window's floor
     assert np.all(np.abs(decoded - logp)[live] <= 0.5 * np.broadcast_to(head[:, :1], logp.shape)[live] + 1e-5)
 
-    stored = {}
-    for name, fmt, frame_rows in (
-        ("raw.kld", "llamacpp", None),
-        ("one.kldt", "kldtool", None),
-        ("cut.kldt", "kldtool", 3),
-    ):
-        w = create_writer(tmp_path / name, fmt, BaseHeader(ctx, vocab, n_chunk), tokens, frame_rows=frame_rows)
-        for c in range(n_chunk):
-            w.write_chunk(rows[c * per_chunk : (c + 1) * per_chunk], nll[c * per_chunk : (c + 1) * per_chunk])
+    def store(name, fmt, stored_rows, keep=None, frame_rows=None):
+        """``stored_rows`` written chunk by chunk as ``name``, and the file opened again."""
+        w = create_writer(
+            tmp_path / name, fmt, BaseHeader(ctx, vocab, n_chunk, keep=keep), tokens, frame_rows=frame_rows
+        )
+        for part in np.split(stored_rows, n_chunk):
+            w.write_chunk(part)
         w.finish()
-        stored[name] = r = open_base_file(tmp_path / name)
+        r = open_base_file(tmp_path / name)
         assert r.header.n_vocab == vocab and np.array_equal(r.tokens, tokens)
-        for c in range(n_chunk):
-            assert np.array_equal(r.read_chunk(c), rows[c * per_chunk : (c + 1) * per_chunk])
+        assert np.array_equal(np.concatenate([r.read_chunk(c) for c in range(n_chunk)]), stored_rows)
+        return r
+
+    stored = {
+        name: store(name, fmt, rows, frame_rows=frame_rows)
+        for name, fmt, frame_rows in (
+            ("raw.kld", "llamacpp", None),
+            ("one.kldt", "kldtool", None),
+            ("cut.kldt", "kldtool", 3),
+        )
+    }
+    for r in stored.values():
         assert np.array_equal(r.read_rows(1, 2, 6), rows[per_chunk + 2 : per_chunk + 6])
     assert (tmp_path / "raw.kld").stat().st_size == 20 + 4 * len(tokens) + len(rows) * (2 * vocab + 8)
     assert stored["cut.kldt"].frames.n_frames > n_chunk
 
     k = 32
     records, _ = encode_base_rows(torch.from_numpy(logits), targets, Coding("llamacpp", keep=k))
-    w = create_writer(tmp_path / "top.kldt", "kldtool", BaseHeader(ctx, vocab, n_chunk, keep=k), tokens)
-    for c in range(n_chunk):
-        w.write_chunk(records[c * per_chunk : (c + 1) * per_chunk])
-    w.finish()
-    top = open_base_file(tmp_path / "top.kldt")
-    back = np.concatenate([top.read_chunk(c) for c in range(n_chunk)])
-    assert np.array_equal(back, records)
-    _, _, _, tcode, ids, codes = split_records(torch.from_numpy(back.view(np.int16)), k)
+    top = store("top.kldt", "kldtool", records, keep=k)
+    _, _, _, tcode, ids, codes = split_records(torch.from_numpy(records.view(np.int16)), k)
     full = rows[:, 4 : 4 + vocab].astype(np.int64)
     order = np.argsort(-full, axis=1, kind="stable")[:, :k]  # by code, lower id first
     assert np.array_equal(ids.numpy(), order) and (order[:, 0] == 11).all() and (order[:, 1] == vocab - 7).all()

@@ -1,6 +1,6 @@
 """The outside reference for the random-weight models of vocab_models.py: the first window of a
 base file scored by a float64 forward of the same weights (transformers' modules, the
-log-softmax and gather in numpy float64)."""
+log-softmax and gather in numpy float64), and that log-softmax."""
 
 from __future__ import annotations
 
@@ -22,7 +22,12 @@ def first_window_nll(model: str, base) -> np.ndarray:
     m = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float64, experts_implementation="eager").eval()
     with torch.inference_mode():
         logits = m(input_ids=torch.from_numpy(np.asarray(w.tokens, np.int64))[None]).logits[0].numpy()
-    rows = logits[w.first : w.first + w.n_scored]
-    top = rows.max(axis=1, keepdims=True)
-    logp = rows - top - np.log(np.exp(rows - top).sum(axis=1, keepdims=True))
+    logp = log_softmax(logits[w.first : w.first + w.n_scored])
     return -logp[np.arange(w.n_scored), np.asarray(w.targets, np.int64)]
+
+
+def log_softmax(rows: np.ndarray) -> np.ndarray:
+    """Each row's log-probabilities, in float64."""
+    x = np.asarray(rows, np.float64)
+    x = x - x.max(axis=1, keepdims=True)
+    return x - np.log(np.exp(x).sum(axis=1, keepdims=True))
