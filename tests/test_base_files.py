@@ -5,7 +5,7 @@ import os
 import numpy as np
 import pytest
 
-from conftest import FIXTURES, SHA, run_cli, sha256
+from conftest import llamacpp_reference, SHA, run_cli, sha256
 from kldtool.codec import decode_np
 from kldtool.errors import BaseFileError
 from kldtool.logitsfile import create_writer, iter_chunks, open_base_file
@@ -13,17 +13,18 @@ from kldtool.stats.summary import mean_unc
 
 
 def _printed_base_ppl(name="compare-Q2_K.txt"):
-    for line in (FIXTURES / name).read_text().splitlines():
+    for line in llamacpp_reference(name).read_text().splitlines():
         if line.startswith("Mean PPL(base)"):
             v, u = line.split(":")[1].split("±")
             return float(v), float(u)
 
 
+@pytest.mark.needs_shared  # llama-perplexity's own file
 def test_reads_llamacpp_header_and_tokens(fixture_base):
     r = open_base_file(fixture_base)
     assert (r.header.n_ctx, r.header.n_vocab, r.header.n_chunk) == (128, 49152, 8)
     assert r.format_name == "llamacpp"
-    assert r.tokens[0] == 18682  # "\r\n\r\n", the text's first token (FORMAT.md §2)
+    assert r.tokens[0] == 18682  # "\r\n\r\n", the text's first token (docs/llama-perplexity-format.md §2)
     assert r.file_size == 49_553_364
     r.close()
 
@@ -46,6 +47,7 @@ def test_mean_ppl_base_from_the_file_alone(fixture_base):
     r.close()
 
 
+@pytest.mark.needs_shared  # llama-perplexity's own file
 def test_raw_writer_reproduces_llamacpp_bytes(fixture_base, tmp_path):
     r = open_base_file(fixture_base)
     out = tmp_path / "copy.kld"

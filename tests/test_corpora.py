@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from conftest import FIXTURES, WIKI, run_cli
+from conftest import llamacpp_reference, WIKI, run_cli
 
 
 @pytest.fixture(scope="module")
@@ -82,7 +82,7 @@ def test_bad_corpora_get_one_line_errors(gguf, tmp_path, name, content, args, rc
 
 def test_ppl_reproduces_llama_perplexity_final_estimate(gguf):
     p = run_cli("ppl", "-m", gguf, "-f", WIKI, "--protocol", "llamacpp", "-c", "128", "--chunks", "8")
-    theirs = [l for l in (FIXTURES / "base.txt").read_text().splitlines() if "Final estimate" in l][0]
+    theirs = [l for l in llamacpp_reference("base.txt").read_text().splitlines() if "Final estimate" in l][0]
     ours = [l for l in p.stderr.splitlines() if l.startswith("Final estimate")][0]
     assert ours == theirs[theirs.index("Final estimate") :] == "Final estimate: PPL = 37.7882 +/- 5.89857"
 

@@ -54,7 +54,7 @@ def small_disk(tmp_path):
     except OSError:  # no mount binary
         mounted = False
     if not mounted:
-        pytest.skip("cannot mount a small tmpfs here (needs root); the file-size-limit test covers the path")
+        pytest.skip("cannot mount a small tmpfs here (needs root): a full disk (ENOSPC) goes untested")
     yield mnt
     subprocess.run(["umount", str(mnt)], capture_output=True)
 

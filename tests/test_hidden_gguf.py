@@ -10,7 +10,7 @@ import re
 import numpy as np
 import pytest
 
-from conftest import FIXTURES, ROOT, WIKI, final_block_lines, run_cli
+from conftest import llamacpp_reference, ROOT, WIKI, final_block_lines, run_cli
 
 TINY = ROOT / "tests" / "helpers" / "tiny_lm.py"
 
@@ -46,7 +46,9 @@ def gguf_hidden(tmp_path_factory):
 def test_the_base_run_prints_llama_perplexitys_ppl_and_a_replay_floor_below_1e_5(gguf_hidden):
     path, stderr = gguf_hidden
     ours = [l for l in stderr.splitlines() if l.startswith("Final estimate")]
-    theirs = [l.split(" I ", 1)[1] for l in (FIXTURES / "base.txt").read_text().splitlines() if "Final estimate" in l]
+    theirs = [
+        l.split(" I ", 1)[1] for l in llamacpp_reference("base.txt").read_text().splitlines() if "Final estimate" in l
+    ]
     assert ours == theirs == ["Final estimate: PPL = 37.7882 +/- 5.89857"]
     info = json.loads(run_cli("info", "--json", path).stdout)
     print("replay floor:", {k: v for k, v in info.items() if k.startswith("replay")})
@@ -80,7 +82,7 @@ def test_compares_against_it_agree_with_those_against_llama_perplexitys_file(
     llama-perplexity's raw file (its own printed output where the fixtures hold it); the replay
     floor is printed; PPL(base) to the printed digits."""
     model = requant(type_name)
-    printed = FIXTURES / f"compare-{type_name}.txt"
+    printed = llamacpp_reference(f"compare-{type_name}.txt")
     theirs = (
         printed.read_text()
         if printed.exists()

@@ -7,7 +7,7 @@ import hashlib
 import numpy as np
 import pytest
 
-from conftest import FIXTURES, WIKI, assert_lines_match, chunk_table_lines, final_block_lines, run_cli
+from conftest import llamacpp_reference, WIKI, assert_lines_match, chunk_table_lines, final_block_lines, run_cli
 from kldtool import errors
 from kldtool.engines.llamacpp import LlamaCppEngine, _same_kernels
 from kldtool.protocols import Window, llamacpp_windows
@@ -30,7 +30,7 @@ def test_two_contexts_print_llama_perplexitys_lines(requant, fixture_base, batch
     assert two.stdout == one.stdout
     if per_call > 1:
         return
-    theirs = (FIXTURES / "compare-Q2_K.txt").read_text()
+    theirs = llamacpp_reference("compare-Q2_K.txt").read_text()
     assert_lines_match(chunk_table_lines(two.stdout), chunk_table_lines(theirs)[:chunks])
     if chunks == 8:
         assert_lines_match(final_block_lines(two.stdout), final_block_lines(theirs))

@@ -7,8 +7,20 @@ so any difference below is ours, not the model's.
 import numpy as np
 import pytest
 
-from conftest import FIXTURES, SHA, WIKI, assert_lines_match, chunk_table_lines, final_block_lines, run_cli, sha256
+from conftest import (
+    llamacpp_reference,
+    SHA,
+    WIKI,
+    assert_lines_match,
+    chunk_table_lines,
+    final_block_lines,
+    run_cli,
+    sha256,
+)
 from kldtool.logitsfile import open_base_file
+
+# Every test here checks against llama.cpp's own files and printouts.
+pytestmark = pytest.mark.needs_shared
 
 
 @pytest.mark.parametrize(
@@ -27,7 +39,7 @@ def test_compare_reproduces_llama_perplexity(requant, fixture_base, type_name, f
     out = run_cli(
         "compare", "--kl-divergence-base", base, "-m", model, "--kl-divergence", "--json", tmp_path / "r.json"
     ).stdout
-    theirs = (FIXTURES / fixture).read_text()
+    theirs = llamacpp_reference(fixture).read_text()
     assert_lines_match(final_block_lines(out), final_block_lines(theirs))
     assert_lines_match(chunk_table_lines(out), chunk_table_lines(theirs))
     import json
@@ -38,7 +50,7 @@ def test_compare_reproduces_llama_perplexity(requant, fixture_base, type_name, f
 
 def test_compare_self_matches_including_nan(q4_1_gguf, fixture_base):
     out = run_cli("compare", "--kl-divergence-base", fixture_base, "-m", q4_1_gguf).stdout
-    theirs = (FIXTURES / "compare-self.txt").read_text()
+    theirs = llamacpp_reference("compare-self.txt").read_text()
     assert_lines_match(chunk_table_lines(out), chunk_table_lines(theirs))
     assert_lines_match(final_block_lines(out), final_block_lines(theirs))
 
@@ -50,7 +62,7 @@ def test_compare_with_bos_model(q4_1_bos_gguf, fixture_base_bos, artefacts):
     quantize(str(q4_1_bos_gguf), str(q2k_bos), "Q2_K")
     assert sha256(q2k_bos) == SHA["Q2_K-bos"]
     out = run_cli("compare", "--kl-divergence-base", fixture_base_bos, "-m", q2k_bos).stdout
-    theirs = (FIXTURES / "compare-Q2_K-bos.txt").read_text()
+    theirs = llamacpp_reference("compare-Q2_K-bos.txt").read_text()
     assert_lines_match(final_block_lines(out), final_block_lines(theirs))
 
 
@@ -78,11 +90,11 @@ def _base_run_matches(model, fixture_file, printed, tmp_path):
 
 
 def test_base_reproduces_llama_perplexity_file(q4_1_gguf, fixture_base, tmp_path):
-    out, differing = _base_run_matches(q4_1_gguf, fixture_base, FIXTURES / "base.txt", tmp_path)
+    out, differing = _base_run_matches(q4_1_gguf, fixture_base, llamacpp_reference("base.txt"), tmp_path)
     # the same batching as llama-perplexity makes the logits, hence the file, identical
     assert differing == 0 and sha256(out) == SHA["base"]
 
 
 def test_base_with_bos_reproduces_llama_perplexity_file(q4_1_bos_gguf, fixture_base_bos, tmp_path):
-    out, differing = _base_run_matches(q4_1_bos_gguf, fixture_base_bos, FIXTURES / "base-bos.txt", tmp_path)
+    out, differing = _base_run_matches(q4_1_bos_gguf, fixture_base_bos, llamacpp_reference("base-bos.txt"), tmp_path)
     assert differing == 0 and sha256(out) == SHA["base-bos"]

@@ -26,7 +26,8 @@ from kldtool import wikitext
 from kldtool.protocols import Protocol, rolling_windows
 from kldtool.errors import UsageError
 
-pytestmark = pytest.mark.long_module
+# lm-eval's wikitext task pages WikiText-2's own articles.
+pytestmark = [pytest.mark.long_module, pytest.mark.needs_shared]
 LENGTH = 256
 TITLE = re.compile(r"^ = [^=].* = \r?$")  # " = Robert Boulter = ", not " = = Career = = "
 

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from conftest import FIXTURES, assert_lines_match, chunk_table_lines, final_block_lines, run_cli
+from conftest import llamacpp_reference, assert_lines_match, chunk_table_lines, final_block_lines, run_cli
 
 RANGES = ["3:6", "0:3", "6:8"]  # deliberately out of order: merge sorts them
 
@@ -31,7 +31,7 @@ def test_merge_of_three_shards_prints_every_line_of_one_run(shards):
     ours, theirs = (json.loads((d / n).read_text()) for n in ("merged.json", "single.json"))
     assert ours["statistics"] == theirs["statistics"]
     assert ours["chunk_ranges"] == [[0, 3], [3, 6], [6, 8]]
-    fixture = (FIXTURES / "compare-Q2_K.txt").read_text()
+    fixture = llamacpp_reference("compare-Q2_K.txt").read_text()
     assert_lines_match(chunk_table_lines(merged.stdout), chunk_table_lines(fixture))
     assert_lines_match(final_block_lines(merged.stdout), final_block_lines(fixture))
 

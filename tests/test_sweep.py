@@ -10,7 +10,16 @@ import os
 import numpy as np
 import pytest
 
-from conftest import FIXTURES, ROOT, assert_lines_match, final_block_lines, markdown_rows, printed, run_cli, run_script
+from conftest import (
+    llamacpp_reference,
+    ROOT,
+    assert_lines_match,
+    final_block_lines,
+    markdown_rows,
+    printed,
+    run_cli,
+    run_script,
+)
 
 TYPES = ["Q8_0", "Q6_K", "Q4_K_M", "Q3_K_M", "Q2_K"]
 N_CHUNK, N_CTX = 8, 128
@@ -47,7 +56,7 @@ def test_llama_perplexity_agrees_on_the_quants_it_measured(swept):
     out, _ = swept
     for t in ("Q2_K", "Q8_0"):
         ours = final_block_lines((out / f"{t}.txt").read_text())
-        theirs = final_block_lines((FIXTURES / f"compare-{t}.txt").read_text())
+        theirs = final_block_lines(llamacpp_reference(f"compare-{t}.txt").read_text())
         assert_lines_match(ours, theirs)
 
 
