@@ -10,14 +10,11 @@ from kldtool.attribute.kld import MODES, attribute_kld
 from kldtool.attribute.layer_errors import measure
 from kldtool.attribute.units import find_units, load_quant
 from kldtool.errors import MismatchError, UsageError
+from kldtool.progress import Progress
 
 
-def _say(text: str, end: str = "\n") -> None:
-    print(text, end=end, file=sys.stderr, flush=True)
-
-
-def _progress(what: str):
-    return lambda i, n: _say(f"\r{what} {i}/{n}", end="" if i < n else "\n")
+def _say(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
 
 
 def parse_modes(spec: str) -> tuple[str, ...]:
@@ -65,12 +62,14 @@ def run_attribute(base_model, quant, base_file, chunks, granularity, dtype, devi
                 else "none for the KLD attribution (--kld none)"
             )
         )
-        errors = measure(base.model, units, windows, device, _progress("output errors: window"))
+        with Progress("attribute: output errors", len(windows)) as shown:
+            errors = measure(base.model, units, windows, device, shown.to)
         rows = {u.name: {"name": u.name, "layer": u.layer, "params": u.numel} | errors[u.name] for u in units}
         by_error = sorted(units, key=lambda u: -rows[u.name]["rel_rms"])
         refs = {}
         if modes:
-            got = attribute_kld(base, reader, windows, by_error[:scored], units, modes, spec, _progress("KLD: forward"))
+            with Progress("attribute: KLD", n_kld - 1, "forwards") as shown:
+                got = attribute_kld(base, reader, windows, by_error[:scored], units, modes, spec, shown.to)
             for name, r in got["units"].items():
                 rows[name] |= r
             refs = got["references"]

@@ -10,10 +10,44 @@ import sys
 import threading
 
 import typer
+import typer.core
 
 from kldtool.errors import KldError, UsageError
 
+# `kldtool` alone lists the commands in the order a user meets them, each in one whole line
+# (click would cut the docstring's first sentence at the terminal's width).
+SUMMARY = {
+    "base": "phase 1: the base model over a text -> a base file",
+    "compare": "phase 2: a quant over a base file's tokens -> its divergence",
+    "report": "one table (and plots) for many compare results",
+    "sweep": "rank many quants in rounds, each stopped once settled",
+    "diff": "is quant A really better than B? (paired bootstrap)",
+    "worst": "the positions and windows where a quant departs most",
+    "attribute": "which layers or tensors cause a quant's divergence",
+    "ppl": "a model's perplexity alone, under any protocol",
+    "info": "a base file's header, metadata, sizes and completeness",
+    "convert": "a base file between llama.cpp's layout and kldtool's",
+    "merge": "compare shards into the statistics of one run",
+    "noise-floor": "the base model against itself: the KLD of numerics alone",
+    "quantize": "llama-quantize through llama-cpp-python",
+}
+
+
+class _Commands(typer.core.TyperGroup):
+    def list_commands(self, ctx):
+        known = super().list_commands(ctx)
+        order = list(SUMMARY)
+        return sorted(known, key=lambda name: order.index(name) if name in order else len(order))
+
+    def get_command(self, ctx, name):
+        command = super().get_command(ctx, name)
+        if command is not None and name in SUMMARY:
+            command.short_help = SUMMARY[name]
+        return command
+
+
 app = typer.Typer(
+    cls=_Commands,
     add_completion=False,
     pretty_exceptions_enable=False,
     no_args_is_help=True,
@@ -48,12 +82,14 @@ def _run(argv: list[str] | None) -> int:
 
 def _command(argv: list[str] | None) -> int:
     from kldtool.memory import POLICIES, set_malloc_policy
+    from kldtool.progress import quiet_third_party
 
     chosen = os.environ.get("KLDTOOL_MALLOC")
     if chosen and chosen not in POLICIES:  # a typo would silently leave glibc's defaults
         print(f"kldtool: error: KLDTOOL_MALLOC={chosen!r}: expected {', '.join(POLICIES)}", file=sys.stderr)
         return UsageError.exit_code
     set_malloc_policy()
+    quiet_third_party()
     # A scheduler's SIGTERM gets the same orderly stop as Ctrl-C: checkpoints saved, partials kept.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     cx = _click_exceptions()

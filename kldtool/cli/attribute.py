@@ -7,13 +7,14 @@ from typing import Optional
 import typer
 
 from kldtool.cli.app import app
-from kldtool.cli.flag_groups import BOOTSTRAP
+from kldtool.cli.flag_groups import BOOTSTRAP, PROGRESS
 from kldtool.cli.options import bootstrap_of, flags
+from kldtool.progress import choose as choose_progress
 from kldtool.errors import UsageError
 
 
 @app.command()
-@flags(boot=BOOTSTRAP)
+@flags(boot=BOOTSTRAP, shown=PROGRESS)
 def attribute(
     base_model: str = typer.Argument(..., help="The base model: a transformers directory or a GGUF."),
     quant: str = typer.Argument(..., help="The quant: a GGUF (dequantized by transformers) or a checkpoint directory."),
@@ -46,10 +47,12 @@ def attribute(
     ),
     plot: Optional[str] = typer.Option(None, "--plot", help="PNG of the attribution by layer."),
     boot=None,
+    shown=None,
 ):
     """Rank a quant's layers or tensors: each unit's output error on the base model's own inputs
     (one streamed pass), and the mean KLD against the base file with only that unit quantized
     (leave-one-in) or only that unit restored (leave-one-out)."""
+    choose_progress(shown.progress)
     from kldtool.attribute.run import parse_modes, run_attribute
     from kldtool.report.attribute import print_table
     from kldtool.small_files import write_json

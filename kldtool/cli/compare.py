@@ -9,13 +9,14 @@ from typing import Optional
 import typer
 
 from kldtool.cli.app import app
-from kldtool.cli.flag_groups import BOOTSTRAP, ENGINE, ModelOpt
+from kldtool.cli.flag_groups import BOOTSTRAP, ENGINE, PROGRESS, ModelOpt
 from kldtool.cli.options import bootstrap_of, flags, open_engine, start_loading
+from kldtool.progress import choose as choose_progress
 from kldtool.errors import UsageError
 
 
 @app.command()
-@flags(run=ENGINE, boot=BOOTSTRAP)
+@flags(run=ENGINE, boot=BOOTSTRAP, shown=PROGRESS)
 def compare(
     base_file: Optional[str] = typer.Option(
         None,
@@ -92,8 +93,10 @@ def compare(
     ),
     run=None,
     boot=None,
+    shown=None,
 ):
     """Phase 2: run a model over a base file's tokens and print llama-perplexity's KLD statistics."""
+    choose_progress(shown.progress)
     start_loading(run, model)
     from kldtool.logitsfile import open_base_file
     from kldtool.pipeline.compare import run_compare
@@ -141,7 +144,7 @@ def compare(
 
 
 @app.command("noise-floor")
-@flags(run=ENGINE)
+@flags(run=ENGINE, shown=PROGRESS)
 def noise_floor_cmd(
     base_file: Optional[str] = typer.Option(
         None, "--kl-divergence-base", help="The base file (its model is the default -m)."
@@ -155,9 +158,11 @@ def noise_floor_cmd(
     chunks: Optional[int] = typer.Option(None, "--chunks", help="Use only the base file's first N chunks."),
     json_out: Optional[str] = typer.Option(None, "--json", help="Write the floor here (for compare --noise-floor)."),
     run=None,
+    shown=None,
 ):
     """The base model against its own base file through another numeric path (dtype, batch size,
     device or engine): the KLD below which a quant cannot be told from the base."""
+    choose_progress(shown.progress)
     from kldtool.logitsfile import open_base_file
     from kldtool.cli.compare_flags import parse_chunk_range
     from kldtool.pipeline.noise_floor import run_noise_floor

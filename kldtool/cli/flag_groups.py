@@ -227,3 +227,15 @@ BOOTSTRAP = {
     ),
     "seed": (int, typer.Option(0, "--seed", help="Seed of the bootstrap's resampling.")),
 }
+
+PROGRESS = {
+    "progress": (
+        Optional[str],
+        typer.Option(
+            None,
+            "--progress",
+            help="How stderr shows a run's progress: auto (default: a live bar on a terminal, a plain line "
+            "every few seconds otherwise), bar, lines or none (also KLDTOOL_PROGRESS).",
+        ),
+    ),
+}

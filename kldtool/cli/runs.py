@@ -8,13 +8,14 @@ from typing import Optional
 import typer
 
 from kldtool.cli.app import app
-from kldtool.cli.flag_groups import CORPUS, ENGINE, FRAME_ROWS, SCORING, ModelOpt
+from kldtool.cli.flag_groups import CORPUS, ENGINE, FRAME_ROWS, PROGRESS, SCORING, ModelOpt
+from kldtool.progress import choose as choose_progress
 from kldtool.cli.options import corpus_of, flags, longest, open_engine, protocol_of, start_loading
 from kldtool.errors import OutputError, UsageError
 
 
 @app.command()
-@flags(corpus=CORPUS, scoring=SCORING, run=ENGINE)
+@flags(corpus=CORPUS, scoring=SCORING, run=ENGINE, shown=PROGRESS)
 def base(
     model: Optional[str] = ModelOpt,
     out: Optional[str] = typer.Option(
@@ -78,8 +79,10 @@ def base(
     corpus=None,
     scoring=None,
     run=None,
+    shown=None,
 ):
     """Phase 1: run the base model over a text, print its PPL and store its log-probs."""
+    choose_progress(shown.progress)
     start_loading(run, model)
     from kldtool.codec import CODECS, check_clamp
     from kldtool.codec.topk_records import keep_of
@@ -132,7 +135,7 @@ def base(
 
 
 @app.command()
-@flags(corpus=CORPUS, scoring=SCORING, run=ENGINE)
+@flags(corpus=CORPUS, scoring=SCORING, run=ENGINE, shown=PROGRESS)
 def ppl(
     models: Optional[list[str]] = typer.Option(
         None,
@@ -160,8 +163,10 @@ def ppl(
     corpus=None,
     scoring=None,
     run=None,
+    shown=None,
 ):
     """Score mode: a model's perplexity under any protocol, without a base file."""
+    choose_progress(shown.progress)
     start_loading(run, (models or [None])[0])
     from kldtool.pipeline.ppl import run_ppl
     from kldtool.small_files import write_json, write_text

@@ -9,13 +9,14 @@ from typing import List, Optional
 import typer
 
 from kldtool.cli.app import app
-from kldtool.cli.flag_groups import BOOTSTRAP, ENGINE
+from kldtool.cli.flag_groups import BOOTSTRAP, ENGINE, PROGRESS
 from kldtool.cli.options import bootstrap_of, flags, open_engine
+from kldtool.progress import choose as choose_progress
 from kldtool.errors import UsageError
 
 
 @app.command()
-@flags(run=ENGINE, boot=BOOTSTRAP)
+@flags(run=ENGINE, boot=BOOTSTRAP, shown=PROGRESS)
 def sweep(
     base_file: Optional[str] = typer.Option(
         None, "--kl-divergence-base", help="Base file written by `kldtool base` or llama-perplexity."
@@ -36,9 +37,11 @@ def sweep(
     force: bool = typer.Option(False, "--force", help="As compare's --force."),
     run=None,
     boot=None,
+    shown=None,
 ):
     """Rank quants against one base file in rounds of windows, in one random order, until each
     quant's place is settled: the report table with intervals and the windows each needed."""
+    choose_progress(shown.progress)
     from kldtool.cli.compare_flags import parse_chunk_range, stopping_of
     from kldtool.logitsfile import open_base_file
     from kldtool.pipeline.sweep import Sweep, quants_of

@@ -6,7 +6,8 @@ vocabulary string, and builds gguf-py's tensor-name map afresh for every module 
 (for SmolLM2, 397 maps of the same architecture and depth). Inside ``gguf_loading()`` both are
 built once per file and per architecture, the loader unchanged otherwise; the weights and config
 it returns are the same objects' contents. The saving grows with the model's depth and
-vocabulary: docs/benchmarks.md has the figures.
+vocabulary: docs/benchmarks.md has the figures. The loader's own tqdm bar is switched off there
+too: it redraws with carriage returns on kldtool's stderr, where kldtool's progress goes.
 """
 
 from __future__ import annotations
@@ -34,9 +35,16 @@ def gguf_loading():
             readers[key] = reader_class(path, mode)
         return readers[key]
 
+    import transformers.modeling_gguf_pytorch_utils as loader
+
+    bar = getattr(loader, "tqdm", None)
     gguf.get_tensor_name_map = functools.lru_cache(maxsize=None)(name_map)
     gguf.GGUFReader = reader
+    if bar is not None:
+        loader.tqdm = functools.partial(bar, disable=True)
     try:
         yield
     finally:
         gguf.get_tensor_name_map, gguf.GGUFReader = name_map, reader_class
+        if bar is not None:
+            loader.tqdm = bar

@@ -22,6 +22,7 @@ from kldtool.pipeline.early_stop import Stopping, stop_line
 from kldtool.pipeline.compat import base_windows, check_compatible, file_protocol
 from kldtool.pipeline.final_report import final_report, replay
 from kldtool.pipeline.sinks import Sinks
+from kldtool.progress import Progress
 from kldtool.analysis.state_file import save_state
 from kldtool.report.console import TABLE_HEADER, chunk_line
 from kldtool.sizes import model_size_dict
@@ -130,18 +131,19 @@ class CompareRun:
             self.per_token.flush()
         save_state(self.ck.path, self.state)
 
-    def loop(self) -> None:
+    def loop(self, label: str = "compare") -> None:
         first = True
-        while self.schedule is not None:
-            self._score(self.schedule, first)
-            first = False
-            self.schedule = self._schedule()
+        with Progress(label, len(self.in_range) - len(self.acc.chunks)) as shown:
+            while self.schedule is not None:
+                self._score(self.schedule, first, shown)
+                first = False
+                self.schedule = self._schedule()
         if self.stopped:
             self.state.meta["stopped"] = self.stopped
         if self.ck.path:
             self._checkpoint()
 
-    def _score(self, schedule, first: bool) -> None:
+    def _score(self, schedule, first: bool, shown: Progress) -> None:
         """Score one segment's windows, adding their records as they come."""
         acc, ck, sinks = self.acc, self.ck, self.sinks
         scored = schedule.scored(self.reader, warm=first)
@@ -163,6 +165,7 @@ class CompareRun:
                         self.per_token.add(w.index, w.scored_positions(), w.targets, rec)
                     acc.add(rec, w.index)
                     sinks.line(chunk_line(w.index + 1, summarize(acc, with_quantiles=False)))
+                    shown.advance()
                 due = (
                     ck.chunks is not None and len(acc.chunks) - saved_at >= ck.chunks
                 ) or time.time() - last_save >= ck.seconds

@@ -18,6 +18,7 @@ import numpy as np
 from kldtool.corpus import Corpus
 from kldtool.engines.base import Engine
 from kldtool.pipeline.sinks import Sinks
+from kldtool.progress import Progress
 from kldtool.pipeline.batching import groups
 from kldtool.manifest import run_manifest, run_metadata
 from kldtool.pipeline.plan import counts_at, make_plan
@@ -79,7 +80,7 @@ def run_ppl(
     total = PplAccumulator()
     per_length = {n: PplAccumulator() for n in protocol.lengths}
     masked = 0
-    with closing(schedule.nlls()) as scored:
+    with closing(schedule.nlls()) as scored, Progress("ppl", len(plan.windows)) as shown:
         for group, nlls in scored:
             for w, nll in zip(group, nlls):
                 keep = np.asarray(w.targets) != engine.pad_id if engine.pad_id is not None else None
@@ -89,6 +90,7 @@ def run_ppl(
                     if counts_at(plan.protocol, w, n):
                         acc.add(nll[: n - 1] if keep is None else nll[: n - 1][keep[: n - 1]])
                 sinks.out(ppl_progress(w.index + 1, total.ppl))
+                shown.advance()
     sinks.line()
     value, unc = total.estimate()
     sinks.info(final_estimate(value, unc))

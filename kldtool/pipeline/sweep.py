@@ -145,7 +145,7 @@ class Sweep:
             )
             run = CompareRun(engine, self.reader, quiet, Checkpoints(q.state, resume=True), self.bootstrap)
             run.start(self.force, self.span, None, self.order, Stopping(first=self.first, cap=look))
-            run.loop()
+            run.loop(label=f"sweep: {q.label}")
             result = run.result(q.result, None)
         finally:
             engine.close()

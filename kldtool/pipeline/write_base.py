@@ -20,6 +20,7 @@ from kldtool.errors import ReplayMismatch, UsageError
 from kldtool.identity import model_identity
 from kldtool.logitsfile import BaseHeader, create_writer
 from kldtool.pipeline.sinks import Sinks
+from kldtool.progress import Progress
 from kldtool.pipeline.batching import groups, whole_batches
 from kldtool.manifest import run_metadata
 from kldtool.pipeline.hidden_base import DEFAULT_TOLERANCE, HiddenStore, check_store
@@ -165,11 +166,13 @@ def run_base(
         else (None, 0)
     )
     try:
-        for group in groups(windows[done:], n_seq):
-            blocks = hidden.blocks(engine, group) if hidden else engine.encode(group, coding)
-            for w, nll in zip(group, _written(blocks, writer)):
-                ppl.add(nll)
-                sinks.out(ppl_progress(w.index + 1, ppl.ppl))
+        with Progress("base", n_chunk - done) as shown:
+            for group in groups(windows[done:], n_seq):
+                blocks = hidden.blocks(engine, group) if hidden else engine.encode(group, coding)
+                for w, nll in zip(group, _written(blocks, writer)):
+                    ppl.add(nll)
+                    sinks.out(ppl_progress(w.index + 1, ppl.ppl))
+                    shown.advance()
         sinks.line()
         value, unc = ppl.estimate()
         sinks.info(final_estimate(value, unc))
