@@ -1,4 +1,4 @@
-"""The uint16 codec against llama.cpp's rules (FORMAT.md §4.1) and its own torch/numpy twins."""
+"""The uint16 codec against llama.cpp's rules (docs/llama-perplexity-format.md §4.1) and its own torch/numpy twins."""
 
 import numpy as np
 import pytest

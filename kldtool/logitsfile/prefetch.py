@@ -15,9 +15,9 @@ from kldtool.logitsfile.reader_base import stage_frame
 CACHE_BYTES = 256 << 20  # rows a ChunkFeed keeps on its device for requests that ask again
 # Rows a GPU feed reads ahead: an engine batch's worth (an 8B model's 4 windows of 1023 rows of
 # a 128k vocabulary are 1 GiB), so they are on the device when its forward ends; with fewer, the
-# device waits for the host after every forward (H100: compare 1.68x the bare forward).
-# More decoding threads do not help: 12 instead of 8 on 16 cores fed rows 20 % faster, but compare
-# was no faster and compare from hidden states slower (1.17x to 1.26x the forward).
+# device waits for the host after every forward. More decoding threads do not help: they feed
+# rows faster, but compare was no faster and compare from hidden states slower (measured on
+# H100s: docs/benchmarks.md, the GPU sessions).
 GPU_AHEAD_BYTES = 1 << 30
 
 

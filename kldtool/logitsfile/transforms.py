@@ -5,8 +5,9 @@ from them. The container's reader and writer hold one of these and never look at
 
 - ``PlainRows`` (0): the uint16 rows' bytes.
 - ``MaskedPlanes`` (1): row heads, a bit mask of the non-zero codes, their high bytes, their
-  low bytes; about 60 % of codes are 0 (entries below the clamp floor), and zstd sees each kind
-  of data on its own: 0.43x the raw size on the fixture, vs 0.51x for plain rows.
+  low bytes; most codes of a real row are 0 (entries below the clamp floor), and zstd sees each
+  kind of data on its own, so it packs smaller than plain rows (docs/benchmarks.md, the figures
+  behind the code).
 - ``TopKRecords`` (2): compact top-K records (codec/topk_records.py), K in the metadata's ``keep``.
 - ``HiddenStates`` (3, replay.py): final hidden states, replayed into rows through the file's
   output head.

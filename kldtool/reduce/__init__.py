@@ -5,7 +5,7 @@ Entry point: ``reduce_base`` (a base file's rows as its header describes them) a
 ``triton_kernel`` on CUDA, ``numba_cpu`` on the CPU, ``torch_ops`` anywhere; ``topk`` for
 compact rows. Every backend returns ``TokenRecords`` (``records``); only those leave the device.
 
-The arithmetic follows llama-perplexity's ``log_softmax`` (FORMAT.md §5): float32 terms,
+The arithmetic follows llama-perplexity's ``log_softmax`` (docs/llama-perplexity-format.md §5): float32 terms,
 float64 sums, KLD over the base entries whose decoded log-prob exceeds -16 (the file's -clamp
 when kldtool's container stores a wider window), base probabilities not renormalized,
 first-index argmax. Beyond llama.cpp's five records the same pass yields reverse KLD, JSD,

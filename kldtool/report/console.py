@@ -1,4 +1,4 @@
-"""Console text laid out exactly as llama-perplexity prints it (FORMAT.md §4.2, §6, §7)."""
+"""Console text laid out exactly as llama-perplexity prints it (docs/llama-perplexity-format.md §4.2, §6, §7)."""
 
 from __future__ import annotations
 

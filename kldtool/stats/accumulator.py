@@ -1,4 +1,4 @@
-"""Running sums as llama-perplexity keeps them (FORMAT.md §5) and of the extra metrics, plus
+"""Running sums as llama-perplexity keeps them (docs/llama-perplexity-format.md §5) and of the extra metrics, plus
 the per-token values the percentiles and top-1 buckets need.
 
 The sums are kept per chunk as well as in total. That costs 21 floats a chunk and makes a

@@ -1,4 +1,4 @@
-"""llama-perplexity's KL-divergence statistics (FORMAT.md §6), value and uncertainty each."""
+"""llama-perplexity's KL-divergence statistics (docs/llama-perplexity-format.md §6), value and uncertainty each."""
 
 from __future__ import annotations
 

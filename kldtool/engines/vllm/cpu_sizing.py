@@ -19,8 +19,8 @@ import os
 _BLOCK_TOKENS = 128  # vLLM-CPU's KV block
 _STEPS = 4  # scheduler steps' worth of prefill tokens the cache holds
 _DEFAULT_STEP_TOKENS = 4096  # vLLM-CPU's max_num_batched_tokens
-# vLLM-CPU holds about half the tokens the bare K and V bytes would give (measured: 0.89 GiB
-# held 10,465 tokens of SmolLM2 float32, whose K and V take 46,080 bytes a token).
+# vLLM-CPU holds about half the tokens the bare K and V bytes would give (docs/benchmarks.md,
+# the figures behind the code).
 _HEADROOM = 2.0
 _FLOOR = 64 << 20
 _DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2}

