@@ -20,7 +20,7 @@ from conftest import (
 from kldtool.logitsfile import open_base_file
 
 # Every test here checks against llama.cpp's own files and printouts.
-pytestmark = pytest.mark.needs_shared
+pytestmark = [pytest.mark.quick, pytest.mark.needs_shared]
 
 
 @pytest.mark.parametrize(
@@ -62,8 +62,15 @@ def test_compare_with_bos_model(q4_1_bos_gguf, fixture_base_bos, artefacts):
     quantize(str(q4_1_bos_gguf), str(q2k_bos), "Q2_K")
     assert sha256(q2k_bos) == SHA["Q2_K-bos"]
     out = run_cli("compare", "--kl-divergence-base", fixture_base_bos, "-m", q2k_bos).stdout
-    theirs = llamacpp_reference("compare-Q2_K-bos.txt").read_text()
-    assert_lines_match(final_block_lines(out), final_block_lines(theirs))
+    ours, theirs = final_block_lines(out), final_block_lines(llamacpp_reference("compare-Q2_K-bos.txt").read_text())
+    # Every line exact but one: llama-perplexity prints the ± of PPL(Q)-PPL(base) as 2.780043,
+    # kldtool 2.780042 (2.78004248 unrounded). That ± subtracts nearly equal terms (Cor 93 %),
+    # which carries the sums' last bits (their order of addition) into its seventh digit.
+    loose = {i for i, line in enumerate(theirs) if line.startswith("Mean PPL(Q)-PPL(base)")}
+    assert len(loose) == 1 and len(ours) == len(theirs)
+    keep = [i for i in range(len(theirs)) if i not in loose]
+    assert_lines_match([ours[i] for i in keep], [theirs[i] for i in keep])
+    assert_lines_match([ours[i] for i in loose], [theirs[i] for i in loose], last_digit=1)
 
 
 def _base_run_matches(model, fixture_file, printed, tmp_path):
@@ -98,3 +105,13 @@ def test_base_reproduces_llama_perplexity_file(q4_1_gguf, fixture_base, tmp_path
 def test_base_with_bos_reproduces_llama_perplexity_file(q4_1_bos_gguf, fixture_base_bos, tmp_path):
     out, differing = _base_run_matches(q4_1_bos_gguf, fixture_base_bos, llamacpp_reference("base-bos.txt"), tmp_path)
     assert differing == 0 and sha256(out) == SHA["base-bos"]
+
+
+def test_a_wrong_last_digit_in_the_fixture_fails_the_comparison():
+    theirs = final_block_lines(llamacpp_reference("compare-Q2_K.txt").read_text())
+    i = next(i for i, line in enumerate(theirs) if line.startswith("Mean    KLD"))
+    digit = theirs[i][-1]
+    wrong = [*theirs[:i], theirs[i][:-1] + ("1" if digit == "0" else "0"), *theirs[i + 1 :]]
+    assert_lines_match(theirs, list(theirs))
+    with pytest.raises(AssertionError, match="1 of 39 lines differ"):
+        assert_lines_match(theirs, wrong)
