@@ -1,7 +1,14 @@
 #!/usr/bin/env bash
-# Set up .venv (see setup.sh) and run the whole test suite. Extra arguments go to pytest.
+# Set up .venv (see setup.sh) and run the whole test suite; --quick (first) runs only the quick
+# tier: no vLLM start, no server, no model build beyond the setup (docs/testing.md). Other
+# arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+tier=()
+if [ "${1:-}" = "--quick" ]; then
+  shift
+  tier=(-m quick)
+fi
 bash scripts/setup.sh
 # The quantized checkpoints the vLLM tests load are built once per machine and cached; their
 # llm-compressor environment (scripts/quant/setup.sh) is set up by the tests only when one is missing.
@@ -20,4 +27,4 @@ export VLLM_CPU_OMP_THREADS_BIND=${VLLM_CPU_OMP_THREADS_BIND:-nobind}
 # Sleeping instead (PASSIVE), two float64 `attribute` runs side by side took 41 s each, not 85 s
 # (alone: 27.5 s against 25.7 s).
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}
-exec .venv/bin/python -m pytest -n "${KLDTOOL_TEST_WORKERS:-2}" --dist loadfile "$@"
+exec .venv/bin/python -m pytest -n "${KLDTOOL_TEST_WORKERS:-2}" --dist loadfile ${tier[@]+"${tier[@]}"} "$@"

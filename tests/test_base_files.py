@@ -11,6 +11,8 @@ from kldtool.errors import BaseFileError
 from kldtool.logitsfile import create_writer, iter_chunks, open_base_file
 from kldtool.stats.summary import mean_unc
 
+pytestmark = pytest.mark.quick
+
 
 def _printed_base_ppl(name="compare-Q2_K.txt"):
     for line in llamacpp_reference(name).read_text().splitlines():

@@ -11,6 +11,8 @@ import pytest
 from conftest import WIKI, run_cli
 from kldtool.analysis.breakdown import kind_of
 
+pytestmark = pytest.mark.quick
+
 WIKI_HEAD = 20000
 
 

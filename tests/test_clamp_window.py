@@ -15,6 +15,8 @@ from kldtool.logitsfile import create_writer, open_base_file
 from kldtool.logitsfile.header import BaseHeader
 from kldtool.reduce import reduce_rows
 
+pytestmark = pytest.mark.quick
+
 
 def heavy_tail_case(clamp, n=16, v=20000):
     """Rows whose tail sits 16 to clamp + 3 nats below the top, and a quant that pushes that

@@ -12,6 +12,8 @@ from conftest import WIKI, run_cli
 from kldtool import errors
 from kldtool.logitsfile import container
 
+pytestmark = pytest.mark.quick
+
 
 def one_line_error(p, cls, *needles):
     """The run failed with ``cls``'s exit code and a single stderr line holding every needle."""

@@ -15,6 +15,8 @@ from kldtool.codec import (
     rows_to_torch,
 )
 
+pytestmark = pytest.mark.quick
+
 
 def _rows(seed=0, n=7, v=1001):
     rng = np.random.default_rng(seed)

@@ -6,6 +6,8 @@ import pytest
 
 from conftest import llamacpp_reference, WIKI, run_cli
 
+pytestmark = pytest.mark.quick
+
 
 @pytest.fixture(scope="module")
 def gguf(q4_1_gguf):

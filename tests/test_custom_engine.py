@@ -9,6 +9,8 @@ import torch
 
 from conftest import ROOT, WIKI, run_cli
 
+pytestmark = pytest.mark.quick
+
 HELPERS = ROOT / "tests" / "helpers"
 BASE = f"{HELPERS / 'tiny_lm.py'}:make_base"
 QUANT = f"{HELPERS / 'tiny_lm.py'}:make_quant"

@@ -10,6 +10,8 @@ import pytest
 
 from conftest import run_cli
 
+pytestmark = pytest.mark.quick
+
 SEED, RESAMPLES = 7, 500
 
 

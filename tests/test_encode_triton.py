@@ -9,7 +9,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from conftest import interpreted_triton
+
+pytestmark = pytest.mark.quick
 
 HERE = Path(__file__).resolve().parent
 

@@ -13,6 +13,8 @@ from kldtool.stats.bootstrap import Bootstrap, block_bootstrap
 from kldtool.stats.extra import extra_stats
 from kldtool.stats.summary import percentile
 
+pytestmark = pytest.mark.quick
+
 
 def top_set(x: np.ndarray, k: int) -> set[int]:
     """The k largest entries, equal values taken lowest index first."""

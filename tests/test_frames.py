@@ -12,6 +12,8 @@ from conftest import ROOT, WIKI, run_cli
 from kldtool import errors
 from kldtool.logitsfile import open_base_file
 
+pytestmark = pytest.mark.quick
+
 HELPERS = ROOT / "tests" / "helpers"
 BASE = f"{HELPERS / 'tiny_lm.py'}:make_base"
 QUANT = f"{HELPERS / 'tiny_lm.py'}:make_quant"

@@ -11,6 +11,8 @@ import pytest
 from conftest import WIKI
 from kldtool.errors import OutputError
 
+pytestmark = pytest.mark.quick
+
 ARGS = ["base", "-f", WIKI, "-c", 128, "--chunks", 8, "--format", "llamacpp"]  # ~50 MB of rows
 
 

@@ -7,7 +7,11 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from conftest import llamacpp_reference, chunk_table_lines
+
+pytestmark = pytest.mark.quick
 
 
 def test_llamacpp_compare_never_imports_torch(q4_1_gguf, fixture_base):

@@ -13,6 +13,8 @@ import pytest
 from conftest import WIKI, run_cli
 from kldtool.analysis.state_file import load_state, save_state
 
+pytestmark = pytest.mark.quick
+
 
 @pytest.fixture(scope="module")
 def runs(fixture_base, requant, tmp_path_factory):

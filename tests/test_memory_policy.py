@@ -11,7 +11,7 @@ import pytest
 
 from conftest import run_cli
 
-pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")
+pytestmark = [pytest.mark.quick, pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")]
 
 # 8 rounds of a 64 MiB buffer allocated, written whole and freed: the faults of rounds 2-8.
 PROBE = """

@@ -14,6 +14,8 @@ from kldtool.engines.llamacpp import LlamaCppEngine
 from kldtool.errors import EngineError
 from kldtool.protocols import llamacpp_windows
 
+pytestmark = pytest.mark.quick
+
 
 def _logit_digests(engine: LlamaCppEngine) -> list[str]:
     windows = llamacpp_windows(engine.tokenize(WIKI.read_bytes()[:20000]), 256, 2, engine.bos_id)

@@ -6,6 +6,8 @@ import pytest
 
 from conftest import WIKI, run_cli
 
+pytestmark = pytest.mark.quick
+
 
 def test_noise_floor_and_multiple(tmp_path, requant):
     base, other = tmp_path / "b.kldt", tmp_path / "o.kldt"

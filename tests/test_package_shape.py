@@ -7,6 +7,10 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.quick
+
 PKG = Path(__file__).resolve().parent.parent / "kldtool"
 
 

@@ -11,6 +11,8 @@ from kldtool.errors import TruncatedHeader
 from kldtool.logitsfile import container, open_base_file
 from reader_fuzz import check_reader_survives, mutated, seed_files
 
+pytestmark = pytest.mark.quick
+
 
 @pytest.fixture(scope="module")
 def seeds(tmp_path_factory):

@@ -9,6 +9,8 @@ from kldtool.stats.accumulator import COUNT, SUMS, VECTOR_LEN
 from kldtool.stats.bootstrap import Bootstrap
 from kldtool.stats.sequential import Rule, looks, t_quantile, target_met
 
+pytestmark = pytest.mark.quick
+
 KLD = SUMS.index("kld")
 # Student's t quantiles (p, degrees of freedom) as statistics textbooks print them.
 T_TABLE = {

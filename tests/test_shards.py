@@ -7,6 +7,8 @@ import pytest
 
 from conftest import llamacpp_reference, assert_lines_match, chunk_table_lines, final_block_lines, run_cli
 
+pytestmark = pytest.mark.quick
+
 RANGES = ["3:6", "0:3", "6:8"]  # deliberately out of order: merge sorts them
 
 

@@ -7,6 +7,8 @@ import pytest
 
 from kldtool.sizes import model_size
 
+pytestmark = pytest.mark.quick
+
 
 @pytest.fixture(scope="module")
 def layer_counts(fp32_dir):

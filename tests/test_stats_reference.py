@@ -16,6 +16,8 @@ from kldtool.stats.summary import median, percentile
 from helpers.rows import make_base_rows, random_case as _random_case
 from helpers.vocab_models import SHAPES
 
+pytestmark = pytest.mark.quick
+
 
 def reference(logits: np.ndarray, rows: np.ndarray, targets: np.ndarray) -> dict:
     """The definitions, in float64, one obvious step at a time."""

@@ -14,6 +14,8 @@ from kldtool.reduce import KLD_FLOOR
 from kldtool.reduce.topk_rows import reduce_topk_rows
 from kldtool.codec.topk_records import encode_topk_torch, split_records, topk_width
 
+pytestmark = pytest.mark.quick
+
 
 def case(seed, n=64, v=500, spread=2.0, noise=0.3):
     rng = np.random.default_rng(seed)

@@ -4,7 +4,11 @@ builds it, not against the config arithmetic."""
 
 import json
 
+import pytest
+
 from kldtool.engines.vllm import cpu_sizing
+
+pytestmark = pytest.mark.quick
 
 
 def test_bytes_per_token_are_the_models_key_and_value_sizes(fp32_dir):

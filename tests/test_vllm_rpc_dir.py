@@ -13,6 +13,8 @@ import pytest
 from helpers.vllm_serve import SOCKET_ROOT
 from kldtool.engines.vllm.rpc_dir import VAR, RpcDir
 
+pytestmark = pytest.mark.quick
+
 
 @pytest.fixture
 def tmpdir_env(tmp_path, monkeypatch):

@@ -21,6 +21,8 @@ from kldtool.engines.vllm.worker import WorkerState
 from kldtool.logitsfile import open_base_file
 from kldtool.protocols import llamacpp_windows
 
+pytestmark = pytest.mark.quick
+
 TOKEN = "s3cret"
 MODEL = wire.ModelFacts(n_vocab=49152, hidden_size=576, dtype="float32")
 FACTS = {"n_vocab": 49152, "hidden_size": 576, "dtype": "float32"}

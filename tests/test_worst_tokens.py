@@ -11,6 +11,8 @@ from conftest import run_cli
 from kldtool.codec.rows import decode_np
 from kldtool.logitsfile import open_base_file
 
+pytestmark = pytest.mark.quick
+
 
 @pytest.fixture(scope="module")
 def q2k_run(fixture_base, requant, tmp_path_factory):
