@@ -1,8 +1,11 @@
 """The front door and the documents behind it: README stays short enough to read in minutes,
-and every relative link in README, CONTRIBUTING and docs/ reaches a file, and an anchor that
-the file's headings make (as GitHub makes them)."""
+every relative link in README, CONTRIBUTING and docs/ reaches a file, and an anchor that the
+file's headings make (as GitHub makes them), and every headline figure names the test or
+benchmark behind it (scripts/claims.py)."""
 
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -52,3 +55,9 @@ def test_every_relative_link_resolves(doc):
         elif anchor and dest.suffix == ".md" and anchor not in anchors(dest):
             broken.append(f"{target}: no heading makes #{anchor}")
     assert not broken, f"{doc.relative_to(ROOT)}: " + "; ".join(broken)
+
+
+def test_every_headline_figure_names_what_backs_it():
+    p = subprocess.run([sys.executable, str(ROOT / "scripts" / "claims.py")], capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.count("\n  asserted:") == len(p.stdout.split("\n  tests:")) - 1 >= 18
