@@ -294,3 +294,132 @@ def test_only_the_operators_token_opens_the_hook(box):
         ]
     )
     assert not list(box.run.iterdir()) and runner.calls == 0  # told nothing, no logits computed
+
+
+def _one_step_each(state: WorkerState, requests: list[tuple[str, list[int], object]], step: int = 48) -> None:
+    """Every request's prompt in steps of ``step`` tokens, all requests of a step handled in one
+    loop with no guard of its own, as the seam's step loops over vLLM's batch: an exception for
+    one request would abandon the others of that step (issue 62's first hole)."""
+    g = torch.Generator().manual_seed(0)
+    head = torch.randn(576, 49152, generator=g) * 0.05
+    hidden = {r: torch.randn(len(p), 576, generator=torch.Generator().manual_seed(len(p))) for r, p, _ in requests}
+    for start in range(0, max(len(p) for _, p, _ in requests), step):
+        for req_id, prompt, raw in requests:
+            if start < len(prompt):
+                h = hidden[req_id]
+                n = min(step, len(prompt) - start)
+                state.step(req_id, raw, prompt, start, n, lambda a, b, h=h: h[a:b] @ head, lambda a, b, h=h: h[a:b])
+    state.sweep(lambda r: False)
+
+
+def test_a_lone_surrogate_fails_only_its_own_request_in_a_shared_step(box):
+    """A token, an exchange directory or a base path holding a lone surrogate (JSON's "\\ud800",
+    plain ASCII on the wire) raised UnicodeEncodeError out of the hook's step, past its checks,
+    and the seam's guard then dropped every other request of that step."""
+    reader, windows = _windows(box.base)
+    prompts = [[int(t) for t in w.tokens] for w in windows[:5]]
+    policy = Policy.from_environment(_operator(box))
+    keys, specs = window_specs(windows[:5], 64, lambda w: {"mode": "compare", "base": str(box.base)})
+    legit = [("legit-a", prompts[0], wire.served(specs[0], str(box.run), TOKEN))]
+    legit.append(("legit-b", prompts[4], wire.served(specs[4], str(box.run), TOKEN)))
+    _one_step_each(WorkerState(FACTS, policy, rank=0), legit)  # the two alone first
+    alone = {}
+    for key in (keys[0], keys[4]):
+        with np.load(box.run / f"{key}.npz") as z:
+            alone[key] = z["kld"].copy()
+        (box.run / f"{key}.npz").unlink()
+    hostile = [
+        wire.served(specs[1], str(box.run), "\ud800"),  # json.dumps keeps it as the escape \ud800
+        wire.served(specs[2], str(box.run) + "/\ud800", TOKEN),
+        wire.served({**specs[3], "base": str(box.bases) + "/\udfff.kldt"}, str(box.run), TOKEN),
+    ]
+    assert all("\\ud" in h or "\\udfff" in h for h in hostile)
+    requests = [legit[0], *((f"hostile-{i}", prompts[i + 1], h) for i, h in enumerate(hostile)), legit[1]]
+    _one_step_each(WorkerState(FACTS, policy, rank=0), requests)
+    for key in (keys[0], keys[4]):  # each legitimate window as it was alone
+        with np.load(box.run / f"{key}.npz") as z:
+            assert z["kld"].shape == (windows[0].n_scored,) and np.array_equal(z["kld"], alone[key])
+    # The bad base path is refused in its own error file; the other two may write nothing.
+    assert "expected a path (UTF-8 text, no NUL" in (box.run / f"{keys[3]}.err").read_text()
+    assert not (box.run / f"{keys[1]}.err").exists() and not (box.run / f"{keys[1]}.npz").exists()
+    assert sorted(p.name for p in box.run.iterdir()) == sorted([f"{keys[0]}.npz", f"{keys[3]}.err", f"{keys[4]}.npz"])
+    assert not Policy.from_environment(_operator(box)).token_ok("\ud800")
+
+
+def test_a_base_file_swapped_after_its_check_is_never_read(box, tmp_path, fixture_base):
+    """The worker kept base files open by path and re-opened one whenever its identity changed,
+    without the roots' or the regular-file check, following symlinks (issue 62's second hole).
+    Now a request reads the descriptor its checks opened, to the end."""
+    import signal
+
+    reader, windows = _windows(box.base)
+    w = windows[0]
+    prompt = [int(t) for t in w.tokens]
+    policy = Policy.from_environment(_operator(box))
+    keys, specs = window_specs([w] * 4, 64, lambda w: {"mode": "compare", "base": str(box.base)})
+
+    def served(i):
+        return wire.served(specs[i], str(box.run), TOKEN)
+
+    alone = WorkerState(FACTS, policy, rank=0)
+    _one_step_each(alone, [("ref", prompt, served(0))])
+    with np.load(box.run / f"{keys[0]}.npz") as z:
+        reference = z["kld"].copy()
+    # Another valid base file of the same windows outside the roots (llama.cpp's, of the Q4_1
+    # model), its rows different: what a swap would have the worker read.
+    elsewhere = box.outside / "other.kld"
+    elsewhere.write_bytes(fixture_base.read_bytes())
+    state = WorkerState(FACTS, policy, rank=0)
+    state.step("r1", served(1), prompt, 0, 48, *_logits_and_hidden(prompt))  # admitted, partly scored
+    original = tmp_path / "original.kldt"
+    os.rename(box.base, original)
+    box.base.symlink_to(elsewhere)  # swapped between two steps
+    for start in range(48, len(prompt), 48):
+        n = min(48, len(prompt) - start)
+        state.step("r1", served(1), prompt, start, n, *_logits_and_hidden(prompt))
+    with np.load(box.run / f"{keys[1]}.npz") as z:
+        assert np.array_equal(z["kld"], reference)  # the checked file's rows, not the swapped-in ones
+    # A new request naming the path now: refused, whatever the worker has open.
+    _one_step_each(state, [("r2", prompt, served(2))])
+    assert "is outside KLDTOOL_VLLM_BASE_ROOTS" in (box.run / f"{keys[2]}.err").read_text()
+    # Swapped for a FIFO: refused at once (an open that blocked would hang vLLM's step).
+    box.base.unlink()
+    os.mkfifo(box.base)
+    signal.alarm(20)
+    try:
+        _one_step_each(state, [("r3", prompt, served(3))])
+    finally:
+        signal.alarm(0)
+    assert "is not a regular file" in (box.run / f"{keys[3]}.err").read_text()
+    # The last component turned into a symlink between the check and the open: not followed.
+    box.base.unlink()
+    box.base.symlink_to(elsewhere)
+    real = os.path.realpath
+    try:
+        os.path.realpath = lambda p, **kw: p  # the check saw a file there; the open finds a link
+        with pytest.raises(Exception, match="Too many levels of symbolic links|outside"):
+            policy.open_base(str(box.base))
+    finally:
+        os.path.realpath = real
+
+
+def test_a_base_file_changed_in_place_fails_the_requests_reading_it(box):
+    reader, windows = _windows(box.base)
+    w = windows[0]
+    prompt = [int(t) for t in w.tokens]
+    state = WorkerState(FACTS, Policy.from_environment(_operator(box)), rank=0)
+    keys, specs = window_specs([w], 64, lambda w: {"mode": "compare", "base": str(box.base)})
+    raw = wire.served(specs[0], str(box.run), TOKEN)
+    state.step("r", raw, prompt, 0, 48, *_logits_and_hidden(prompt))
+    with open(box.base, "ab") as f:
+        f.write(b"\0" * 16)  # rewritten in place: another size and mtime, the same inode
+    for start in range(48, len(prompt), 48):
+        state.step("r", raw, prompt, start, min(48, len(prompt) - start), *_logits_and_hidden(prompt))
+    assert "changed while the request ran" in (box.run / f"{keys[0]}.err").read_text()
+
+
+def _logits_and_hidden(prompt):
+    g = torch.Generator().manual_seed(0)
+    head = torch.randn(576, 49152, generator=g) * 0.05
+    hidden = torch.randn(len(prompt), 576, generator=torch.Generator().manual_seed(len(prompt)))
+    return (lambda a, b: hidden[a:b] @ head), (lambda a, b: hidden[a:b])

@@ -10,8 +10,11 @@ exchange directory, and the hook reads and writes nothing outside the directorie
 | ``KLDTOOL_VLLM_EXCHANGE_ROOT=dir`` | results are written only below it; required |
 | ``KLDTOOL_VLLM_TOKEN`` | optional shared secret every request must carry |
 
-Paths are resolved (symlinks followed) before they are checked. The offline engine runs its
-own vLLM in the user's process: its hook reads the base file the user named and writes nothing.
+Paths are resolved (symlinks followed) before they are checked. A base file is then opened
+once, without following a last symlink and without blocking, and checked again through the open
+descriptor, which every later read of the request goes through (``open_base``). The offline
+engine runs its own vLLM in the user's process: its hook reads the base file the user named and
+writes nothing.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ import os
 import stat
 from dataclasses import dataclass
 
-from kldtool.engines.vllm.wire import EXCHANGE_ROOT, TOKEN
+from kldtool.engines.vllm.wire import EXCHANGE_ROOT, TOKEN, is_text
 
 HOOK = "KLDTOOL_VLLM_HOOK"
 BASE_ROOTS = "KLDTOOL_VLLM_BASE_ROOTS"
@@ -85,12 +88,15 @@ class Policy:
     def token_ok(self, given) -> bool:
         if self.token is None:
             return True
-        return isinstance(given, str) and hmac.compare_digest(given.encode(), self.token.encode())
+        # Text that cannot be a token (a lone surrogate, NUL, megabytes) is a wrong token, not an error.
+        return is_text(given, max(len(self.token), 1024)) and hmac.compare_digest(given.encode(), self.token.encode())
 
     def exchange_dir(self, out: str) -> str:
         """The client's exchange directory, resolved, if it lies inside the exchange root."""
         if not self.served or self.exchange_root is None:
             raise Refused("no exchange directory is allowed here")
+        if not is_text(out):
+            raise Refused("the exchange directory is not a path")
         resolved = os.path.realpath(out)
         if not _inside(resolved, self.exchange_root):
             raise Refused(f"exchange directory {out} is outside {EXCHANGE_ROOT}")
@@ -100,8 +106,10 @@ class Policy:
 
     def base_file(self, path: str) -> str:
         """The base file's resolved path, if it is a regular file the operator allows."""
+        if not is_text(path):
+            raise Refused("the base file is not a path")
         resolved = os.path.realpath(path)
-        if self.base_roots is not None and not any(_inside(resolved, r) for r in self.base_roots):
+        if not self._allowed(resolved):
             raise Refused(f"base file {path} is outside {BASE_ROOTS}")
         try:
             mode = os.stat(resolved).st_mode
@@ -110,6 +118,49 @@ class Policy:
         if not stat.S_ISREG(mode):  # a FIFO or device would hang or flood the worker
             raise Refused(f"base file {path} is not a regular file")
         return resolved
+
+    def open_base(self, path: str) -> tuple[int, os.stat_result]:
+        """The allowed base file at ``path``, opened: (descriptor, its fstat). Checked by path
+        (base_file), then opened without following a last symlink and without blocking, and
+        checked again on the descriptor: a regular file whose real path is inside the roots.
+        Whatever replaces the path afterwards (a symlink out of the roots, a FIFO, another
+        file) is not what this descriptor reads."""
+        resolved = self.base_file(path)
+        flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+        try:
+            fd = os.open(resolved, flags)
+        except OSError as e:  # ELOOP: the path became a symlink after it was resolved
+            raise Refused(f"base file {path}: {e.strerror}") from None
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise Refused(f"base file {path} is not a regular file")
+            real = opened_path(fd)
+            if real is not None and not self._allowed(real):  # a directory above it was swapped
+                raise Refused(f"base file {path} is outside {BASE_ROOTS}")
+            return fd, st
+        except BaseException:
+            os.close(fd)
+            raise
+
+    def _allowed(self, resolved: str) -> bool:
+        return self.base_roots is None or any(_inside(resolved, r) for r in self.base_roots)
+
+
+FD_DIR = "/proc/self/fd"  # Linux: each open descriptor as a link to its file
+
+
+def opened_path(fd: int) -> str | None:
+    """The real path of the file open as ``fd``, where the system says (Linux), else None."""
+    try:
+        return os.readlink(f"{FD_DIR}/{fd}")
+    except OSError:
+        return None
+
+
+def reopen_path(fd: int) -> str:
+    """A path that opens the very file open as ``fd``, whatever its name now points at."""
+    return f"{FD_DIR}/{fd}" if os.path.isdir(FD_DIR) else f"/dev/fd/{fd}"
 
 
 def _root(entry: str, name: str, problems: list) -> str | None:

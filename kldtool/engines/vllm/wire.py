@@ -164,12 +164,25 @@ def decode(raw) -> dict:
     return raw
 
 
+def is_text(value, limit: int = MAX_PATH_CHARS) -> bool:
+    """Whether a client's text field may be used at all: a string of 1..``limit`` characters,
+    without NUL, that is UTF-8 as it stands. JSON's ``\\ud800`` escape makes a lone surrogate,
+    which no path or token holds and which fails every later encode (a path's, a comparison's)."""
+    if not isinstance(value, str) or not 0 < len(value) <= limit or "\0" in value:
+        return False
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def envelope(spec: dict) -> Envelope:
     key = spec.get("key")
     out = spec.get("out")
     return Envelope(
         key if isinstance(key, str) and _KEY.match(key) else None,
-        out if isinstance(out, str) and 0 < len(out) <= MAX_PATH_CHARS and "\0" not in out else None,
+        out if is_text(out) else None,
         spec.get("token"),
         spec.get("v"),
     )
@@ -222,7 +235,11 @@ def parse(spec: dict, prompt_len: int, model: ModelFacts, served_request: bool) 
     )
     if mode == "compare":
         base = spec.get("base")
-        if not isinstance(base, str) or not 0 < len(base) <= MAX_PATH_CHARS or "\0" in base or not os.path.isabs(base):
+        if not is_text(base):
+            raise SpecError(
+                f"base {_shown(base)}: expected a path (UTF-8 text, no NUL, {MAX_PATH_CHARS} characters at most)"
+            )
+        if not os.path.isabs(base):
             raise SpecError(f"base {_shown(base)}: expected an absolute path")
         fields["base"] = base
     elif mode == "encode":

@@ -14,6 +14,13 @@ error, written where the operator allows, else logged, and vLLM answers it as a 
 Whether a request is taken on depends only on its spec, its prompt and the server's settings,
 which every tensor-parallel rank sees alike, so all ranks ask for the same logits; file checks
 and allocations happen on the one rank that keeps results and can only fail that request.
+Each phase of a request (admission, each block, completion) has its own guard, so a failure
+anywhere in it is that request's error and the other requests of the step go on.
+
+A base file is opened once per request through the policy's checks (``Policy.open_base``) and
+read through that descriptor to the end: the path is never opened again, so a file swapped for
+a symlink, a FIFO or another file after the check is not read, and a file changed in place
+fails the requests reading it.
 """
 
 from __future__ import annotations
@@ -44,7 +51,7 @@ class _Request:
 
     key: str | None = None  # a valid key (the result's file name stem)
     where: str | None = None  # the resolved exchange directory a served result may be written to
-    base: str | None = None  # compare: the resolved base file
+    feed: tuple | None = None  # compare: the key of its base file's open feed in WorkerState.feeds
     spec: wire.Spec | None = None  # None: refused, no logits are asked for it
     arrays: dict | None = None
     filled: np.ndarray | None = None
@@ -84,14 +91,14 @@ class WorkerState:
         self.info = {"rank": rank, "wire": wire.VERSION, **facts}  # what a probe request is told
         self.requests: dict[str, _Request] = {}  # by vLLM's request id
         self.finished: dict[str, dict] = {}  # offline: results by key until the driver takes them
-        self.feeds: OrderedDict = OrderedDict()
+        self.feeds: OrderedDict = OrderedDict()  # (dev, inode, size, mtime) -> (ChunkFeed, descriptor)
 
     # --- a step --------------------------------------------------------------------------
 
     def step(self, req_id: str, raw_spec, prompt, start: int, n_computed: int, logits_fn, hidden_fn) -> None:
         req = self.requests.get(req_id)
         if req is None:
-            req = self.requests[req_id] = self._admit(raw_spec, len(prompt))
+            req = self.requests[req_id] = self._admitted(raw_spec, len(prompt))
         spec = req.spec
         if spec is None or req.done:
             return
@@ -104,7 +111,10 @@ class WorkerState:
             # kept until now, so nothing of it lingers in the exchange directory afterwards).
             req.done = True
             if self.keeps:
-                self._complete(req)
+                try:
+                    self._complete(req)
+                except Exception as e:  # its result could not be written: logged, the step goes on
+                    log.warning("kldtool: request %s: %s", req.key or "(no valid key)", _reason(e))
 
     def _blocks(self, req: _Request, prompt, lo: int, hi: int, logits_fn, hidden_fn) -> None:
         """The step's scored rows lo..hi-1 in blocks, so the logits held at once stay under the
@@ -127,6 +137,15 @@ class WorkerState:
 
     # --- admission: everything a request says is checked before anything is allocated -----
 
+    def _admitted(self, raw_spec, prompt_len: int) -> _Request:
+        """_admit's request, or a refused one where admission itself failed. What decides
+        whether logits are asked for is the same on every rank, so a failure there is too."""
+        try:
+            return self._admit(raw_spec, prompt_len)
+        except Exception as e:
+            self._log_refusal(None, _reason(e))
+            return _Request(done=True)
+
     def _admit(self, raw_spec, prompt_len: int) -> _Request:
         req = _Request()
         try:
@@ -145,7 +164,7 @@ class WorkerState:
         if self.keeps and self.policy.served and env.key and env.out:
             try:
                 req.where = self.policy.exchange_dir(env.out)
-            except Refused as e:
+            except Exception as e:  # on this rank alone: it may not change what is asked of the others
                 self._log_refusal(env.key, _reason(e))
         try:
             if self.policy.problem:
@@ -165,8 +184,8 @@ class WorkerState:
                 if self.policy.served and req.where is None:
                     raise Refused("its result could not be written (see the log above)")
                 if req.spec.mode == "compare":
-                    req.base = self.policy.base_file(req.spec.base)
-                    self._check_base(req.spec, req.base)
+                    req.feed = self._open_feed(req.spec.base)
+                    self._check_base(req.spec, self._feed_of(req))
                 req.arrays = _arrays(req.spec, self.model.n_vocab)
                 req.filled = np.zeros(req.spec.n_scored, np.int32)
             except Exception as e:  # MemoryError included: the request fails, the server does not
@@ -177,35 +196,63 @@ class WorkerState:
         if self.keeps:
             log.warning("kldtool: request %s refused: %s", key or "(no valid key)", reason)
 
-    def _feed(self, path: str):
-        """The prefetching feed of the base file at ``path`` (resolved and allowed), kept open
-        while that file stays the same one (a base file rewritten in place is opened afresh)."""
-        st = os.stat(path)
-        key = (path, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
-        if key in self.feeds:
-            self.feeds.move_to_end(key)
-            return self.feeds[key]
+    def _open_feed(self, path: str) -> tuple:
+        """The key of a prefetching feed of the base file ``path`` names, opened through the
+        policy's checks (a file already open under the same identity is shared)."""
+        from kldtool.engines.vllm.policy import reopen_path
         from kldtool.logitsfile import container, open_base_file, raw
         from kldtool.logitsfile.prefetch import ChunkFeed
 
-        with open(path, "rb") as f:
-            if f.read(8) not in (container.MAGIC, raw.MAGIC):  # no error may quote another file's bytes
-                raise Refused(f"{path} is not a kldtool or llama.cpp base file")
-        reader = open_base_file(path)
+        fd, st = self.policy.open_base(path)
+        key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+        if key in self.feeds:
+            os.close(fd)
+            self.feeds.move_to_end(key)
+            return key
         try:
-            feed = ChunkFeed(reader, self.device)
+            if os.pread(fd, 8, 0) not in (container.MAGIC, raw.MAGIC):  # no error may quote another file's bytes
+                raise Refused(f"{path} is not a kldtool or llama.cpp base file")
+            try:
+                reader = open_base_file(reopen_path(fd))  # the file this descriptor holds, not the path
+            except Exception as e:  # its reason, naming the path the client gave
+                raise Refused(_reason(e).replace(reopen_path(fd), path)) from None
+            try:
+                feed = ChunkFeed(reader, self.device)
+            except BaseException:
+                reader.close()
+                raise
         except BaseException:
-            reader.close()
+            os.close(fd)
             raise
-        self.feeds[key] = feed
-        while len(self.feeds) > MAX_OPEN_BASES:
-            _, old = self.feeds.popitem(last=False)
-            old.close()
-            old.reader.close()
+        self.feeds[key] = (feed, fd)
+        self._close_unused_feeds(key)
+        return key
+
+    def _feed_of(self, req: _Request):
+        """The request's feed, as long as its file is the one that was checked."""
+        entry = self.feeds.get(req.feed)
+        if entry is None:
+            raise Refused(f"{req.spec.base}: its base file was closed while the request ran")
+        feed, fd = entry
+        st = os.fstat(fd)
+        if (st.st_size, st.st_mtime_ns) != req.feed[2:]:
+            raise Refused(f"{req.spec.base} changed while the request ran")
         return feed
 
-    def _check_base(self, spec: wire.Spec, path: str) -> None:
-        h = self._feed(path).reader.header
+    def _close_unused_feeds(self, opened: tuple) -> None:
+        """Past MAX_OPEN_BASES, close the least recently used feeds no running request reads
+        (nor the one just ``opened`` for a request being admitted)."""
+        reading = {r.feed for r in self.requests.values() if r.feed is not None and not r.done} | {opened}
+        for key in [k for k in self.feeds if k not in reading]:
+            if len(self.feeds) <= MAX_OPEN_BASES:
+                break
+            feed, fd = self.feeds.pop(key)
+            feed.close()
+            feed.reader.close()
+            os.close(fd)
+
+    def _check_base(self, spec: wire.Spec, feed) -> None:
+        h = feed.reader.header
         if h.n_vocab != self.model.n_vocab:
             raise Refused(f"{spec.base}: a vocabulary of {h.n_vocab}, the served model's is {self.model.n_vocab}")
         if spec.chunk >= h.n_chunk:
@@ -231,7 +278,7 @@ class WorkerState:
         if spec.mode == "compare":
             from kldtool.reduce import FIELDS, reduce_base
 
-            feed = self._feed(req.base)
+            feed = self._feed_of(req)
             rec = reduce_base(logits, feed.rows(spec.chunk, j0, j1), targets, feed.reader.header)
             for f in FIELDS:
                 arrays[f][j0:j1] = getattr(rec, f)
