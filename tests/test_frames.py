@@ -52,6 +52,7 @@ def _same_rows(a, b, codes: int = 0) -> None:
         rb.close()
 
 
+@pytest.mark.needs_shared  # the files were written over WikiText-2, and the fresh runs must read it too
 @pytest.mark.parametrize("name", sorted(FIXTURE_RUNS))
 def test_files_from_before_frames_read_unchanged(name, tmp_path):
     old = ONE_FRAME / name

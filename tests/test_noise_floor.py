@@ -20,7 +20,7 @@ def test_noise_floor_and_multiple(tmp_path, requant):
     f = json.loads(floor.read_text())
     assert f["command"] == "noise-floor" and f["noise_floor"]["this_path"]["n_seq"] == 1
     value = f["noise_floor"]["kld_mean"]["value"]
-    assert 0 < value < 1e-3
+    assert 0 < abs(value) < 1e-3  # another path's rounding, not nothing; its sign is the text's
     out = tmp_path / "q.json"
     p = run_cli("compare", "--kl-divergence-base", base, "-m", requant("Q4_K_M"), "--noise-floor", floor, "--json", out)
     stats = json.loads(out.read_text())["statistics"]

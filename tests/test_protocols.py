@@ -7,6 +7,7 @@ window table and from compare's per-token records.
 """
 
 import json
+import re
 
 import h5py
 import numpy as np
@@ -235,9 +236,17 @@ def test_exl3_ppl_is_the_mean_over_every_window_position(hf_model, fp32_dir, tmp
     assert r["protocol"] == {"name": "exl3", "n_ctx": 256, "stride": 64, "bos_id": None, "windows": 6}
 
 
+def _paragraphs(text: str, n: int) -> list[str]:
+    """``n`` paragraphs of over 300 characters: WikiText-2 holds one a line; a text wrapped at a
+    width (a clone's stand-in, the pydoc topics) holds them between blank lines."""
+    lines = [p.strip() for p in text.split("\n") if len(p.strip()) > 300]
+    blocks = [" ".join(b.split()) for b in re.split(r"\n\s*\n", text)]
+    return (lines if len(lines) >= n else [b for b in blocks if len(b) > 300])[:n]
+
+
 def test_documents_ppl_per_length_equals_direct_computation(hf_model, fp32_dir, tmp_path):
     tok, model = hf_model
-    paragraphs = [p.strip() for p in WIKI.read_text().split("\n") if len(p.strip()) > 300][:12]
+    paragraphs = _paragraphs(WIKI.read_text(), 12)
     corpus = tmp_path / "docs.jsonl"
     corpus.write_text("".join(json.dumps({"id": i, "body": p}) + "\n" for i, p in enumerate(paragraphs)))
     out = tmp_path / "d.json"
