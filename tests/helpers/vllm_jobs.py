@@ -61,11 +61,9 @@ def run_group(jobs: list[dict], out: str, max_ctx: int) -> None:
     max_ctx = jobs[0].get("max_ctx", max_ctx)
 
     def shared(cls, opts, n_ctx):
-        # Keyed by the model's path as the command resolved it, not by where its files lead: a hub
-        # snapshot's files link to the directory's, and a shared engine would have the hub-id
-        # test compare the directory's engine with itself.
-        named = os.path.abspath(opts.model) if opts.model else None
-        key = (named, opts.dtype, json.dumps(opts.vllm, sort_keys=True))
+        # Keyed by where the weights really are: a hub snapshot's files link to a directory's.
+        weights = os.path.realpath(os.path.join(opts.model, "config.json")) if opts.model else None
+        key = (weights, opts.dtype, json.dumps(opts.vllm, sort_keys=True))
         if key not in engines:
             engine = build(cls, opts, max_ctx)
             engine.close, engine.close_at_the_end = (lambda: None), engine.close

@@ -17,27 +17,24 @@ and allocations happen on the one rank that keeps results and can only fail that
 Each phase of a request (admission, each block, completion) has its own guard, so a failure
 anywhere in it is that request's error and the other requests of the step go on.
 
-A base file is opened once per request through the policy's checks (``Policy.open_base``) and
-read through that descriptor to the end: the path is never opened again, so a file swapped for
-a symlink, a FIFO or another file after the check is not read, and a file changed in place
-fails the requests reading it.
+A compare request's base file is read only through the descriptor its checks opened
+(base_feeds.py).
 """
 
 from __future__ import annotations
 
 import json
 import os
-from collections import OrderedDict
 from dataclasses import dataclass
 
 import numpy as np
 
 from kldtool.engines.vllm import seam, wire
+from kldtool.engines.vllm.base_feeds import BaseFeeds
 from kldtool.engines.vllm.delivery import npz, pack, publish
 from kldtool.engines.vllm.policy import Policy, Refused
 
 log = seam.log
-MAX_OPEN_BASES = 4  # base files a worker keeps open for requests that come back to them
 
 
 def _reason(e: BaseException) -> str:
@@ -51,7 +48,7 @@ class _Request:
 
     key: str | None = None  # a valid key (the result's file name stem)
     where: str | None = None  # the resolved exchange directory a served result may be written to
-    feed: tuple | None = None  # compare: the key of its base file's open feed in WorkerState.feeds
+    feed: tuple | None = None  # compare: the identity of its base file's feed in WorkerState.feeds
     spec: wire.Spec | None = None  # None: refused, no logits are asked for it
     arrays: dict | None = None
     filled: np.ndarray | None = None
@@ -91,7 +88,7 @@ class WorkerState:
         self.info = {"rank": rank, "wire": wire.VERSION, **facts}  # what a probe request is told
         self.requests: dict[str, _Request] = {}  # by vLLM's request id
         self.finished: dict[str, dict] = {}  # offline: results by key until the driver takes them
-        self.feeds: OrderedDict = OrderedDict()  # (dev, inode, size, mtime) -> (ChunkFeed, descriptor)
+        self.feeds = BaseFeeds(policy, self.device)
 
     # --- a step --------------------------------------------------------------------------
 
@@ -184,8 +181,9 @@ class WorkerState:
                 if self.policy.served and req.where is None:
                     raise Refused("its result could not be written (see the log above)")
                 if req.spec.mode == "compare":
-                    req.feed = self._open_feed(req.spec.base)
-                    self._check_base(req.spec, self._feed_of(req))
+                    reading = {r.feed for r in self.requests.values() if r.feed is not None and not r.done}
+                    req.feed = self.feeds.open(req.spec.base, reading)
+                    self._check_base(req.spec, self.feeds.get(req.feed, req.spec.base))
                 req.arrays = _arrays(req.spec, self.model.n_vocab)
                 req.filled = np.zeros(req.spec.n_scored, np.int32)
             except Exception as e:  # MemoryError included: the request fails, the server does not
@@ -195,61 +193,6 @@ class WorkerState:
     def _log_refusal(self, key: str | None, reason: str) -> None:
         if self.keeps:
             log.warning("kldtool: request %s refused: %s", key or "(no valid key)", reason)
-
-    def _open_feed(self, path: str) -> tuple:
-        """The key of a prefetching feed of the base file ``path`` names, opened through the
-        policy's checks (a file already open under the same identity is shared)."""
-        from kldtool.engines.vllm.policy import reopen_path
-        from kldtool.logitsfile import container, open_base_file, raw
-        from kldtool.logitsfile.prefetch import ChunkFeed
-
-        fd, st = self.policy.open_base(path)
-        key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
-        if key in self.feeds:
-            os.close(fd)
-            self.feeds.move_to_end(key)
-            return key
-        try:
-            if os.pread(fd, 8, 0) not in (container.MAGIC, raw.MAGIC):  # no error may quote another file's bytes
-                raise Refused(f"{path} is not a kldtool or llama.cpp base file")
-            try:
-                reader = open_base_file(reopen_path(fd))  # the file this descriptor holds, not the path
-            except Exception as e:  # its reason, naming the path the client gave
-                raise Refused(_reason(e).replace(reopen_path(fd), path)) from None
-            try:
-                feed = ChunkFeed(reader, self.device)
-            except BaseException:
-                reader.close()
-                raise
-        except BaseException:
-            os.close(fd)
-            raise
-        self.feeds[key] = (feed, fd)
-        self._close_unused_feeds(key)
-        return key
-
-    def _feed_of(self, req: _Request):
-        """The request's feed, as long as its file is the one that was checked."""
-        entry = self.feeds.get(req.feed)
-        if entry is None:
-            raise Refused(f"{req.spec.base}: its base file was closed while the request ran")
-        feed, fd = entry
-        st = os.fstat(fd)
-        if (st.st_size, st.st_mtime_ns) != req.feed[2:]:
-            raise Refused(f"{req.spec.base} changed while the request ran")
-        return feed
-
-    def _close_unused_feeds(self, opened: tuple) -> None:
-        """Past MAX_OPEN_BASES, close the least recently used feeds no running request reads
-        (nor the one just ``opened`` for a request being admitted)."""
-        reading = {r.feed for r in self.requests.values() if r.feed is not None and not r.done} | {opened}
-        for key in [k for k in self.feeds if k not in reading]:
-            if len(self.feeds) <= MAX_OPEN_BASES:
-                break
-            feed, fd = self.feeds.pop(key)
-            feed.close()
-            feed.reader.close()
-            os.close(fd)
 
     def _check_base(self, spec: wire.Spec, feed) -> None:
         h = feed.reader.header
@@ -278,7 +221,7 @@ class WorkerState:
         if spec.mode == "compare":
             from kldtool.reduce import FIELDS, reduce_base
 
-            feed = self._feed_of(req)
+            feed = self.feeds.get(req.feed, spec.base)
             rec = reduce_base(logits, feed.rows(spec.chunk, j0, j1), targets, feed.reader.header)
             for f in FIELDS:
                 arrays[f][j0:j1] = getattr(rec, f)
