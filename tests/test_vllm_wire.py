@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from helpers.spec_fuzz import Fuzzer, Sandbox
+from helpers.spec_fuzz import Fuzzer, Sandbox, Swapper
 from kldtool.engines.vllm import wire
 from kldtool.engines.vllm.hooked_engine import window_specs
 from kldtool.engines.vllm.policy import Policy
@@ -212,19 +212,25 @@ class Runner:
 
 
 def test_every_hostile_spec_ends_in_its_own_error_and_nothing_escapes(box):
-    """The server test's 400 hostile specs, in process: no exception leaves the hook, nothing
-    is written outside the exchange directory, every error is one line, no answer holds a byte
-    of a file that is not a base file, and a real window between them is scored as usual."""
+    """The server test's hostile specs (its fixed cases and 300 random ones), in process: no
+    exception leaves the hook, every case leaves what its envelope says (one result file, or
+    nothing) with the reason its mutation calls for, nothing is written outside the exchange
+    directory, every error is one line, no answer holds a byte of a file that is not a base
+    file, a base file swapped while requests name it is read only as it was checked, and a real
+    window between them is scored as usual."""
     reader, windows = _windows(box.base)
     w = windows[0]
     fuzz = Fuzzer(box, TOKEN, 49152, [int(t) for t in w.tokens], w.first, w.n_scored)
     state = WorkerState(FACTS, Policy.from_environment(_operator(box)), rank=0)
-    cases = fuzz.cases(320)
+    cases = fuzz.cases(300)
     keys, (good,) = window_specs([w], 64, lambda w: {"mode": "compare", "base": str(box.base)})
     requests = [(f"r{i}", prompt, raw) for i, (_, prompt, raw) in enumerate(cases)]
     requests.insert(len(requests) // 2, ("real", [int(t) for t in w.tokens], wire.served(good, str(box.run), TOKEN)))
-    Runner(state).run(requests)
-    assert not state.requests and len(state.feeds) <= 1
+    with Swapper(box, box.base):
+        Runner(state).run(requests)
+    print(f"{fuzz.fixed} fixed and {fuzz.random} random cases")
+    assert fuzz.random >= 300 and not fuzz.problems(box.run)
+    assert not state.requests and len(state.feeds) <= 4  # the most a worker keeps open
     files = sorted(box.run.iterdir())
     assert all(p.suffix in (".err", ".npz", ".json") and "\n" not in p.name for p in files)
     assert not list(box.outside.iterdir()) and sorted(os.listdir(box.exchange)) == ["escape", "run"]
@@ -423,3 +429,50 @@ def _logits_and_hidden(prompt):
     head = torch.randn(576, 49152, generator=g) * 0.05
     hidden = torch.randn(len(prompt), 576, generator=torch.Generator().manual_seed(len(prompt)))
     return (lambda a, b: hidden[a:b] @ head), (lambda a, b: hidden[a:b])
+
+
+def test_a_request_above_the_operators_memory_bound_is_refused_before_it_allocates(box):
+    """KLDTOOL_VLLM_MAX_REQUEST_BYTES: an encode request (a uint16 row of the whole vocabulary per
+    position, 63 x 49,156 x 2 bytes = 6.2 MB of rows alone, plus its logits block) above an 8 MiB
+    bound is refused in its own error file and asks no logits of any rank; the NLL request sent
+    with it (about 6.3 MB: a 16-row block of float32 logits and their copy) is served as alone."""
+    reader, windows = _windows(box.base)
+    w = windows[0]
+    prompt = [int(t) for t in w.tokens]
+    policy = Policy.from_environment(_operator(box, KLDTOOL_VLLM_MAX_REQUEST_BYTES="8M"))
+    assert policy.problem is None and policy.max_request_bytes == 8 << 20
+    (nll_key,), (nll_spec,) = window_specs([w], 16, lambda w: {"mode": "nll"})
+    alone = Runner(WorkerState(FACTS, policy, rank=0))
+    alone.run([("n", prompt, wire.served(nll_spec, str(box.run), TOKEN))])
+    with np.load(box.run / f"{nll_key}.npz") as z:
+        want = z["nll"].copy()
+    (box.run / f"{nll_key}.npz").unlink()
+    (enc_key,), (enc_spec,) = window_specs([windows[1]], 16, lambda w: _modes(str(box.base))["encode"])
+    both = Runner(WorkerState(FACTS, policy, rank=0))
+    requests = [("e", [int(t) for t in windows[1].tokens], enc_spec), ("n", prompt, nll_spec)]
+    both.run([(r, p, wire.served(s, str(box.run), TOKEN)) for r, p, s in requests])
+    refusal = (box.run / f"{enc_key}.err").read_text()
+    assert refusal.startswith("encode request of 63 scored positions needs ") and "\n" not in refusal
+    assert refusal.split(" in the hook")[0].endswith("MiB") and "KLDTOOL_VLLM_MAX_REQUEST_BYTES of 8.0 MiB" in refusal
+    assert both.calls == alone.calls  # the refused request asked for no logits
+    with np.load(box.run / f"{nll_key}.npz") as z:
+        assert np.array_equal(z["nll"], want)
+    bad = Policy.from_environment(_operator(box, KLDTOOL_VLLM_MAX_REQUEST_BYTES="lots"))
+    assert bad.problem.endswith("KLDTOOL_VLLM_MAX_REQUEST_BYTES=lots: expected a size in bytes such as 2G or 512M")
+
+
+def test_the_default_memory_bound_refuses_4096_rows_of_a_128k_vocabulary_and_admits_long_compares():
+    """Unset, the bound is sized for the model: an encode of 4,096 positions of Llama 3's 128,256
+    entries (1.05 GB of uint16 rows alone) is refused; a compare of a 131,072-token window's
+    65,536 scored positions, whose records are a few MB, is admitted."""
+    from kldtool.engines.vllm import request_memory
+    from kldtool.logitsfile.header import rows_width
+
+    llama3 = wire.ModelFacts(n_vocab=128256, hidden_size=4096, dtype="bfloat16")
+    block = wire.logits_block_rows(llama3.n_vocab, llama3.itemsize)
+    encode = wire.Spec("encode", "k", n_scored=4096, logits_block=block, row_width=rows_width(128256, None))
+    with pytest.raises(wire.SpecError, match=r"its default for this model\): score shorter windows"):
+        request_memory.check(encode, llama3, None)
+    request_memory.check(encode, llama3, 4 << 30)  # the operator's 4 GiB admits it
+    request_memory.check(wire.Spec("compare", "k", n_scored=65536, logits_block=block, base="/b"), llama3, None)
+    assert request_memory.parse_bytes("2G") == 2 << 30 and request_memory.parse_bytes("512MiB") == 512 << 20

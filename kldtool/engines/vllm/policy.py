@@ -9,6 +9,7 @@ exchange directory, and the hook reads and writes nothing outside the directorie
 | ``KLDTOOL_VLLM_BASE_ROOTS=dir1:dir2`` | the only directories base files are read from; required |
 | ``KLDTOOL_VLLM_EXCHANGE_ROOT=dir`` | results are written only below it; required |
 | ``KLDTOOL_VLLM_TOKEN`` | optional shared secret every request must carry |
+| ``KLDTOOL_VLLM_MAX_REQUEST_BYTES=2G`` | the most host memory one request may hold in the hook (request_memory.py; default: an encode of 2,048 positions of the model's vocabulary) |
 
 Paths are resolved (symlinks followed) before they are checked. A base file is then opened
 once, without following a last symlink and without blocking, and checked again through the open
@@ -24,11 +25,12 @@ import os
 import stat
 from dataclasses import dataclass
 
+from kldtool.engines.vllm.request_memory import MAX_REQUEST_BYTES, parse_bytes
 from kldtool.engines.vllm.wire import EXCHANGE_ROOT, TOKEN, is_text
 
 HOOK = "KLDTOOL_VLLM_HOOK"
 BASE_ROOTS = "KLDTOOL_VLLM_BASE_ROOTS"
-SETTINGS = (HOOK, BASE_ROOTS, EXCHANGE_ROOT, TOKEN)
+SETTINGS = (HOOK, BASE_ROOTS, EXCHANGE_ROOT, TOKEN, MAX_REQUEST_BYTES)
 
 
 class Refused(Exception):
@@ -50,6 +52,7 @@ class Policy:
     exchange_root: str | None = None
     token: str | None = None
     problem: str | None = None  # a misconfiguration: every request is refused with this line
+    max_request_bytes: int | None = None  # None: request_memory's default for the model
 
     @classmethod
     def offline(cls) -> "Policy":
@@ -77,12 +80,19 @@ class Policy:
                 f"{EXCHANGE_ROOT} is not set: the server's operator names the directory results are written below"
             )
         token = environ.get(TOKEN) or None
+        bound = None
+        if environ.get(MAX_REQUEST_BYTES, "").strip():
+            try:
+                bound = parse_bytes(environ[MAX_REQUEST_BYTES])
+            except ValueError as e:
+                problems.append(str(e))
         return cls(
             True,
             tuple(roots),
             exchange,
             token,
             "kldtool's hook is off on this server: " + "; ".join(problems) if problems else None,
+            bound,
         )
 
     def token_ok(self, given) -> bool:

@@ -30,6 +30,7 @@ import numpy as np
 from kldtool import model_ref
 from kldtool.engines import hf_tokenizer
 from kldtool.engines.vllm import wire
+from kldtool.engines.vllm.served_floor import ServedFloor, server_note
 from kldtool.engines.vllm.hooked_engine import HookedEngine, window_specs
 from kldtool.errors import EngineError, UsageError
 from kldtool.logitsfile.hidden import DTYPES
@@ -116,10 +117,22 @@ class VllmServerEngine(HookedEngine):
         if not os.path.isdir(self.exchange):
             raise UsageError(f"--exchange-dir {exchange_dir}: no such directory")
         self.info = self._probe()
+        self.header_note = server_note(self.info)
+        self.floor = ServedFloor()
         self.n_vocab = int(self.info["n_vocab"])
         self.hidden_dtype = self.info.get("dtype", "bfloat16")
         itemsize = DTYPES.get(self.hidden_dtype, ("", 2))[1]
         self.logits_block = logits_block or wire.logits_block_rows(self.n_vocab, itemsize)
+
+    def score(self, windows: list[Window], source) -> list:
+        records = super().score(windows, source)
+        self.floor.keep(windows, records)
+        self._floor_source = source
+        return records
+
+    def served_floor(self, windows_total: int) -> dict | None:
+        """The server's own repeatability (served_floor.py): the first windows scored, again."""
+        return self.floor.measure(lambda ws: HookedEngine.score(self, ws, self._floor_source), windows_total)
 
     def _output_head(self):
         """The served model's head, read from its checkpoint here (the client cannot reach the
@@ -177,12 +190,7 @@ class VllmServerEngine(HookedEngine):
             wire.exchange_path(self.exchange, key, "json"), wire.exchange_path(self.exchange, key, "err")
         )
         if answer is None:
-            raise EngineError(
-                f"{self.url}: no answer from kldtool's hook: start the server with KLDTOOL_VLLM_HOOK=1, "
-                f"KLDTOOL_VLLM_BASE_ROOTS and a KLDTOOL_VLLM_EXCHANGE_ROOT that holds --exchange-dir "
-                f"(now {self.exchange}), with kldtool installed beside vLLM; where the server sets "
-                f"{wire.TOKEN}, set the same here"
-            )
+            raise EngineError(self._no_answer())
         try:
             with open(answer) as f:
                 text = f.read()
@@ -197,6 +205,21 @@ class VllmServerEngine(HookedEngine):
                 f"this one {wire.VERSION}: install the same kldtool on both"
             )
         return info
+
+    def _no_answer(self) -> str:
+        """Why a probe may go unanswered. A request without the server's token is told nothing
+        (an answer would let anyone write into the exchange root), so the client names the
+        token first where its own could be the cause."""
+        hook_off = (
+            f"the server runs without kldtool's hook (its operator starts it with KLDTOOL_VLLM_HOOK=1, "
+            f"KLDTOOL_VLLM_BASE_ROOTS and a KLDTOOL_VLLM_EXCHANGE_ROOT that holds --exchange-dir, now "
+            f"{self.exchange}, with kldtool installed beside vLLM)"
+        )
+        if self.token:
+            token = f"this client's {wire.TOKEN} is not the server's (ask its operator for it)"
+        else:
+            token = f"the server asks for a token and this client sends none (set {wire.TOKEN} to the operator's)"
+        return f"{self.url}: no answer from kldtool's hook: either {token}, or {hook_off}"
 
     @staticmethod
     def _wait(*paths: str) -> str | None:
@@ -254,6 +277,7 @@ class VllmServerEngine(HookedEngine):
             "hooks": self.info.get("hook"),
             "parallel": {k: self.info.get(k) for k in ("tensor_parallel_size", "pipeline_parallel_size")},
             "versions": {"vllm": self.info.get("vllm")},
+            "batch_invariant": bool(self.info.get("batch_invariant")),
         }
 
     def close(self) -> None:

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kldtool.engines.vllm import seam, wire
+from kldtool.engines.vllm import request_memory, seam, wire
 from kldtool.engines.vllm.base_feeds import BaseFeeds
 from kldtool.engines.vllm.delivery import npz, pack, publish
 from kldtool.engines.vllm.policy import Policy, Refused
@@ -166,7 +166,10 @@ class WorkerState:
         try:
             if self.policy.problem:
                 raise wire.SpecError(self.policy.problem)
-            req.spec = wire.parse(spec, prompt_len, self.model, self.policy.served)
+            parsed = wire.parse(spec, prompt_len, self.model, self.policy.served)
+            if self.policy.served:  # decided from the spec and settings alone: alike on every rank
+                request_memory.check(parsed, self.model, self.policy.max_request_bytes)
+            req.spec = parsed
         except wire.SpecError as e:
             if self.keeps:
                 self._deliver(req, {"error": _reason(e)})

@@ -94,6 +94,7 @@ SEAM = (
     ),
     ("vllm/config/cache.py", "CacheConfig", "enable_prefix_caching", None),
     ("vllm/envs.py", "", "VLLM_RAY_EXTRA_ENV_VARS_TO_COPY", None),
+    ("vllm/envs.py", "", "VLLM_BATCH_INVARIANT", None),  # reported to served clients: optional
     # the offline engine: an LLM, its requests and its workers' RPC
     *(("vllm/entrypoints/llm.py", "LLM", f, None) for f in ("llm_engine",)),
     *(("vllm/entrypoints/llm.py", "LLM", f, ("self",)) for f in ("generate", "collective_rpc", "get_tokenizer")),

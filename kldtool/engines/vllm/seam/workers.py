@@ -101,7 +101,19 @@ def worker_facts(worker) -> dict:
         "tensor_parallel_size": int(config.parallel_config.tensor_parallel_size),
         "pipeline_parallel_size": int(config.parallel_config.pipeline_parallel_size),
         "prefix_caching": bool(config.cache_config.enable_prefix_caching),
+        "batch_invariant": batch_invariant(),
     }
+
+
+def batch_invariant() -> bool:
+    """Whether vLLM runs in its batch-invariant mode (``VLLM_BATCH_INVARIANT=1``), in which a
+    request's logits do not depend on what else its batch holds."""
+    try:
+        import vllm.envs as envs
+
+        return bool(envs.VLLM_BATCH_INVARIANT)
+    except Exception:  # a vLLM without the setting
+        return False
 
 
 def install_on_worker(worker, hook: StepHook, first_stage: bool) -> tuple[str, str]:
