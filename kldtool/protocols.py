@@ -1,5 +1,5 @@
 """Scoring protocols: pure functions from a token stream (or documents) to the windows an
-engine evaluates, and which of their positions are scored (DESIGN.md "Scoring protocols").
+engine evaluates, and which of their positions are scored (docs/protocols.md).
 
 - ``llamacpp``: non-overlapping chunks of n_ctx tokens, the first replaced by BOS when the
   model wants one, predictions at offsets n_ctx/2 .. n_ctx-2 scored.

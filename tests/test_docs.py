@@ -1,7 +1,8 @@
 """The front door and the documents behind it: README stays short enough to read in minutes,
 every relative link in README, CONTRIBUTING and docs/ reaches a file, and an anchor that the
 file's headings make (as GitHub makes them), and every headline figure names the test or
-benchmark behind it (scripts/claims.py)."""
+benchmark behind it (scripts/claims.py); and every repository path a docstring, comment or
+document names exists."""
 
 import re
 import subprocess
@@ -61,3 +62,25 @@ def test_every_headline_figure_names_what_backs_it():
     p = subprocess.run([sys.executable, str(ROOT / "scripts" / "claims.py")], capture_output=True, text=True)
     assert p.returncode == 0, p.stderr
     assert p.stdout.count("\n  asserted:") == len(p.stdout.split("\n  tests:")) - 1 >= 18
+
+
+# A path of ours as code and documents cite it: from the repository's root, from kldtool/ (or
+# one of its packages), or from the citing file's own directory. vLLM's, llama.cpp's and the
+# shared fixtures' paths are theirs.
+CITED = re.compile(r"(?<![\w./-])((?:\w[\w-]*/)+[\w-]+\.(?:py|md|sh|toml))\b")
+NOT_OURS = ("vllm/", "v1/", "sample/", "fixtures/", "OUT/", "out/", "http")
+
+
+def test_every_repository_path_a_file_names_exists():
+    roots = [ROOT, ROOT / "kldtool", ROOT / "kldtool" / "engines", ROOT / "kldtool" / "engines" / "vllm"]
+    missing = []
+    for top in ("kldtool", "tests", "scripts", "benchmarks", "docs"):
+        for path in sorted((ROOT / top).rglob("*")):
+            if path.suffix not in (".py", ".md", ".sh") or not path.is_file():
+                continue
+            for ref in CITED.findall(path.read_text(encoding="utf-8")):
+                if ref.startswith(NOT_OURS):
+                    continue
+                if not any((base / ref).exists() for base in (*roots, path.parent)):
+                    missing.append(f"{path.relative_to(ROOT)}: {ref}")
+    assert not missing, missing
