@@ -83,8 +83,9 @@ def test_bytes_per_token_and_bf16_replayed_as_computed(hidden8, tmp_path):
         print(dtype, "replay floor:", info["replay_floor_kld_mean"], "|Δlogit|", info["replay_max_abs_dlogit"])
         if dtype == "float32":
             assert info["replay_floor_kld_mean"] == 0.0
-        else:  # a rare logit one bf16 step off: 1/8 below a logit of 32, 1/4 below 64
-            assert info["replay_floor_kld_mean"] < 1e-8 and info["replay_max_abs_dlogit"] <= 0.25
+        else:  # 0 on AVX2 Zen 3 and on some Xeons; 3.1e-10 where a rare logit is one bf16 step off
+            # (the AMX Xeon of the docstring; 1/8 below a logit of 32, 1/4 below 64)
+            assert info["replay_floor_kld_mean"] < 1e-9 and info["replay_max_abs_dlogit"] <= 0.25
     print("bytes per scored token:", per_token, "raw row / them:", {k: RAW_ROW / v for k, v in per_token.items()})
     assert per_token["float32"] <= RAW_ROW / 40 and per_token["bfloat16"] <= RAW_ROW / 80
 

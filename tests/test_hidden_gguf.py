@@ -43,7 +43,7 @@ def gguf_hidden(tmp_path_factory):
     return out, p.stderr
 
 
-def test_the_base_run_prints_llama_perplexitys_ppl_and_a_replay_floor_below_1e_5(gguf_hidden):
+def test_the_base_run_prints_llama_perplexitys_ppl_and_a_replay_floor_below_1e_10(gguf_hidden):
     path, stderr = gguf_hidden
     ours = [l for l in stderr.splitlines() if l.startswith("Final estimate")]
     theirs = [
@@ -54,7 +54,8 @@ def test_the_base_run_prints_llama_perplexitys_ppl_and_a_replay_floor_below_1e_5
     print("replay floor:", {k: v for k, v in info.items() if k.startswith("replay")})
     assert info["hidden"] == "576 x float32" and info["metadata"]["head"]["dtype"] == "ggml-q8_0"
     assert info["head_bytes"] == 49152 * 576 // 32 * 34  # the GGUF's own Q8_0 blocks
-    assert 0 < info["replay_floor_kld_mean"] < 1e-5 and info["replay_max_abs_dlogit"] < 1e-3
+    # measured 3.8e-12 (AVX2 Zen 3) and 4.1e-12 (AVX-512 Xeon), |Δlogit| 4.5e-5
+    assert 0 < info["replay_floor_kld_mean"] < 1e-10 and info["replay_max_abs_dlogit"] < 1e-3
 
 
 def test_expanded_to_the_raw_layout_it_is_llama_perplexitys_file_within_one_code(gguf_hidden, fixture_base, tmp_path):
@@ -78,26 +79,28 @@ def test_expanded_to_the_raw_layout_it_is_llama_perplexitys_file_within_one_code
 def test_compares_against_it_agree_with_those_against_llama_perplexitys_file(
     gguf_hidden, fixture_base, requant, type_name, tmp_path
 ):
-    """Mean KLD and PPL(Q) within 0.5 % and same top within 0.05 points of the compare against
-    llama-perplexity's raw file (its own printed output where the fixtures hold it); the replay
-    floor is printed; PPL(base) to the printed digits."""
+    """Mean KLD, PPL(Q) and same top print what the compare against llama-perplexity's raw file
+    prints (its own printed output where the fixtures hold it). 0.6 % of the stored codes are
+    one step apart from llama-perplexity's (float32 summation order), so unrounded the mean KLD
+    is within 1e-5 relative of that compare's (measured 2.6e-7 to 2.4e-6) and PPL(base), read
+    from the stored targets' codes, within 1e-5 (measured 1.4e-6); PPL(Q) is equal. The replay
+    floor is printed."""
     model = requant(type_name)
     printed = llamacpp_reference(f"compare-{type_name}.txt")
-    theirs = (
-        printed.read_text()
-        if printed.exists()
-        else run_cli("compare", "-m", model, "--kl-divergence-base", fixture_base).stdout
-    )
+    raw = run_cli("compare", "-m", model, "--kl-divergence-base", fixture_base, "--json", tmp_path / "r.json").stdout
+    theirs = printed.read_text() if printed.exists() else raw
     p = run_cli("compare", "-m", model, "--kl-divergence-base", gguf_hidden[0], "--json", tmp_path / "h.json")
     ours = p.stdout
     assert "its replay floor: mean KLD" in p.stderr
-    assert json.loads((tmp_path / "h.json").read_text())["replay_floor"]["kld_mean"] < 1e-5
-    for label, tolerance in (("Mean    KLD", 0.005), ("Mean PPL(Q)", 0.005)):
-        a, b = value(ours, label), value(theirs, label)
-        assert abs(a - b) <= tolerance * abs(b), (label, a, b)
-    assert abs(value(ours, "Same top p") - value(theirs, "Same top p")) <= 0.05
-    assert f"{value(ours, 'Mean PPL(base)'):.2f}" == f"{value(theirs, 'Mean PPL(base)'):.2f}"
-    print(type_name, "KLD", value(ours, "Mean    KLD"), "vs", value(theirs, "Mean    KLD"))
+    h, r = (json.loads((tmp_path / f"{k}.json").read_text()) for k in ("h", "r"))
+    assert h["replay_floor"]["kld_mean"] < 1e-10
+    for label in ("Mean    KLD", "Mean PPL(Q)", "Same top p"):
+        assert value(ours, label) == value(theirs, label), label
+    assert value(ours, "Mean PPL(base)") == pytest.approx(value(theirs, "Mean PPL(base)"), rel=1e-5)
+    a, b = (x["statistics"]["kld_mean"]["value"] for x in (h, r))
+    print(type_name, "mean KLD", a, "vs", b, f"({a / b - 1:.1e} relative)")
+    assert abs(a / b - 1) < 1e-5
+    assert h["statistics"]["ppl_q"]["value"] == pytest.approx(r["statistics"]["ppl_q"]["value"], rel=1e-12)
 
 
 def test_an_external_head_compares_like_the_stored_one_and_refuses_another(gguf_hidden, requant, tmp_path):

@@ -6,7 +6,7 @@ built-in SmolLM2 over ten WikiText-2 test articles (c = 256, so most take severa
 
 lm-eval runs at float64, so its numbers are the exact values of its definitions: at float32 its
 log-softmax sits about 8e-6 nats per token below the exact value (measured: 1.0e-5 in word
-perplexity), which would blur a 1e-5 comparison. kldtool runs at float32, as users run it.
+perplexity), which would blur a 1e-7 comparison. kldtool runs at float32, as users run it.
 """
 
 import hashlib
@@ -136,9 +136,11 @@ def test_ppl_rolling_reproduces_lmeval(fp32_dir, pages, lmeval, run, tmp_path):
     ours = json.loads((tmp_path / "r.json").read_text())
     print(run, {k: (ours["text"][k], theirs[k]) for k in ("word_perplexity", "byte_perplexity", "bits_per_byte")})
     assert ours["scored_tokens"] == sum(len(ids) for ids in theirs["ids"])  # every token, once
-    assert ours["nll_sum"] == pytest.approx(-sum(theirs["loglikelihoods"]), rel=1e-6)
+    # Measured: word perplexity 3.6e-8 apart (wikitext, AVX-512 Xeon; 2e-8 on AVX2 Zen 3), byte
+    # perplexity and bits per byte under 1e-8, the NLL sum about 9e-9: docs/protocols.md states 1e-7.
+    assert ours["nll_sum"] == pytest.approx(-sum(theirs["loglikelihoods"]), rel=5e-8)
     for k in ("word_perplexity", "byte_perplexity", "bits_per_byte"):
-        assert ours["text"][k] == pytest.approx(theirs[k], rel=1e-5), k
+        assert ours["text"][k] == pytest.approx(theirs[k], rel=1e-7), k
     assert ours["protocol"] | {"prefix_id": lmeval["prefix_token_id"], "n_ctx": LENGTH} == ours["protocol"]
 
 

@@ -216,7 +216,8 @@ def test_vllm_at_every_vocabulary_is_transformers(fp32_runs, name):
     s = r["statistics"]
     print(f"vLLM vs transformers at {SHAPES[name][1]:,} ({name}):", s["kld_mean"], s["same_top_p"])
     assert r["base_file"]["n_vocab"] == SHAPES[name][1] and s["count"] == 2 * 31
-    assert abs(s["kld_mean"]["value"]) < 1e-4
+    # fp32 shapes measured 1.0e-8 to 1.1e-7 (a drop to bf16 would be ~1e-5 or more)
+    assert abs(s["kld_mean"]["value"]) < (1e-4 if name in VLLM_DTYPE else 1e-6)
     if name in VLLM_DTYPE:  # measured: KLD 2.0e-5, ln ratio 1.3e-3, the same top 92 %
         assert abs(s["ln_ppl_ratio"]["value"]) < 5e-3 and s["same_top_p"]["value"] > 0.8
     else:
@@ -225,7 +226,8 @@ def test_vllm_at_every_vocabulary_is_transformers(fp32_runs, name):
         nll = f["nll_q"][:][f["chunk"][:] == 0]
     want = first_window_nll(model_dir(name), fp32_runs["dir"] / f"shape-{name}.kldt")
     print(f"vLLM's first window vs float64 ({name}): largest NLL difference {np.abs(nll - want).max():.2e}")
-    np.testing.assert_allclose(nll, want, atol=BF16_NLL if name in VLLM_DTYPE else 1e-4)
+    # fp32 shapes measured 8.5e-7 to 1.4e-6 nats (2-core AVX-512 Xeon)
+    np.testing.assert_allclose(nll, want, atol=BF16_NLL if name in VLLM_DTYPE else 5e-6)
 
 
 def test_vllm_base_ppl_and_shards_at_262k(fp32_runs, tmp_path):
@@ -276,7 +278,7 @@ def test_transformers_fp32_base_vs_vllm_fp32_in_one_and_three_pipeline_stages(fp
     s = one["statistics"]
     print("vLLM fp32 vs transformers fp32:", s["kld_mean"], s["same_top_p"])
     assert s["count"] == 8 * 63
-    assert s["kld_mean"]["value"] < 1e-3
+    assert abs(s["kld_mean"]["value"]) < 5e-6  # measured -6.3e-7; bf16 would be ~1e-3
     assert s["same_top_p"]["value"] > 0.99
     # Three stages of 10 layers in three processes: only the last computes logits and reports.
     pp = fp32_runs["pp3"][3]
@@ -300,7 +302,7 @@ def test_three_tensor_parallel_ranks_gather_the_head_the_hidden_states_and_the_l
 ):
     """One vLLM engine with its head in three vocabulary shards. base --store hidden: the
     gathered head is the checkpoint's tied embedding to the byte, the replay floor is below
-    1e-7, and a quant compared against the file prints what it prints against transformers'
+    1e-10 (measured 8.5e-12), and a quant compared against the file prints what it prints against transformers'
     fp32 row file. compare: the three ranks' logits give the one rank's statistics."""
     import hashlib
 
@@ -312,7 +314,7 @@ def test_three_tensor_parallel_ranks_gather_the_head_the_hidden_states_and_the_l
         embed = st.get_tensor("model.embed_tokens.weight").float().numpy()
     assert info["metadata"]["head"]["sha256"] == hashlib.sha256(embed.tobytes()).hexdigest()
     print("vLLM fp32 TP3 replay floor:", info["replay_floor_kld_mean"], info["replay_max_abs_dlogit"])
-    assert info["replay_floor_kld_mean"] < 1e-7 and info["metadata"]["replay"]["tokens"] == 2 * 63
+    assert info["replay_floor_kld_mean"] < 1e-10 and info["metadata"]["replay"]["tokens"] == 2 * 63
     # The built-in Q4_1 GGUF against both files, their means compared unrounded. Printed to six
     # decimals they once straddled a rounding step (0.003475 against 0.003474), which a relative
     # 1e-4 on the printed values could not absorb. Unrounded they differed by 5.5e-5 relative in
@@ -357,9 +359,11 @@ def test_w8a8_same_in_process_and_multiprocess(hf_base, w8a8_dir, sweep, tmp_pat
 @pytest.mark.parametrize("ctx, chunks", [(64, 1), (32, 40)])
 def test_every_scored_position_exactly_once(fp32_runs, ctx, chunks):
     r = fp32_runs[f"pos-{ctx}-{chunks}"][3]
+    print(f"positions c={ctx} x{chunks}:", r["statistics"]["kld_mean"])
     assert r["scored_tokens"] == chunks * (ctx - 1 - ctx // 2)
-    # Misaligned or missing rows would show as a large divergence against the same weights.
-    assert abs(r["statistics"]["kld_mean"]["value"]) < 1e-3
+    # Misaligned or missing rows would show as a large divergence against the same weights; a
+    # lower dtype as ~1e-3. Measured 1.5e-6 (one window) and -7.6e-7.
+    assert abs(r["statistics"]["kld_mean"]["value"]) < 1e-5
 
 
 def test_vllm_random_order_scores_the_permuted_windows_and_stops_on_target(fp32_runs):
@@ -380,8 +384,9 @@ def test_vllm_random_order_scores_the_permuted_windows_and_stops_on_target(fp32_
 def test_every_scored_position_exactly_once_over_several_prefill_steps(fp32_runs):
     """Each window prefilled over 3 scheduler steps (an engine of its own: its step size)."""
     r = fp32_runs["steps"][3]
+    print("three prefill steps:", r["statistics"]["kld_mean"])
     assert r["scored_tokens"] == 3 * (256 - 1 - 128)
-    assert abs(r["statistics"]["kld_mean"]["value"]) < 1e-3
+    assert abs(r["statistics"]["kld_mean"]["value"]) < 1e-5  # measured -1.5e-7
 
 
 def test_vllm_sweep_script(hf_base, fp32_dir, w8a8_dir, sweep):
@@ -423,10 +428,11 @@ def test_vllm_score_mode_and_a_stride_base_file(fp32_dir, fp32_runs, tmp_path):
     )
     got = {"transformers": json.loads((tmp_path / "transformers.json").read_text()), "vllm": fp32_runs["stride-ppl"][3]}
     assert got["vllm"]["scored_tokens"] == got["transformers"]["scored_tokens"]
-    assert got["vllm"]["ppl"] == pytest.approx(got["transformers"]["ppl"], rel=1e-4)
+    assert got["vllm"]["ppl"] == pytest.approx(got["transformers"]["ppl"], rel=1e-5)  # measured 3e-7
     r = fp32_runs["stride"][3]
+    print("stride:", r["statistics"]["kld_mean"], "ppl", got["vllm"]["ppl"], got["transformers"]["ppl"])
     assert r["protocol"]["name"] == "stride" and r["scored_tokens"] == got["vllm"]["scored_tokens"]
-    assert r["statistics"]["kld_mean"]["value"] < 1e-3 and r["statistics"]["same_top_p"]["value"] > 0.99
+    assert abs(r["statistics"]["kld_mean"]["value"]) < 1e-5 and r["statistics"]["same_top_p"]["value"] > 0.99
 
 
 def test_vllm_compare_on_a_rolling_base_file(fp32_runs):
@@ -434,8 +440,9 @@ def test_vllm_compare_on_a_rolling_base_file(fp32_runs):
     the prompt vLLM sees, and the workers take it from the request's spec."""
     made, r = fp32_runs["rolling-base"][3], fp32_runs["rolling"][3]
     s = r["statistics"]
+    print("rolling:", s["kld_mean"], s["ppl_q"]["value"], made["ppl"])
     assert r["protocol"]["name"] == "rolling" and r["scored_tokens"] == made["scored_tokens"]
-    assert s["kld_mean"]["value"] < 1e-3 and s["same_top_p"]["value"] > 0.99
+    assert abs(s["kld_mean"]["value"]) < 1e-5 and s["same_top_p"]["value"] > 0.99  # measured 2.4e-7
     # The same targets: PPL(Q) against the base run's own (unclamped) PPL; PPL(base) here
     # reads the stored rows, clamped at -16 nats as llama.cpp's are.
-    assert s["ppl_q"]["value"] == pytest.approx(made["ppl"], rel=1e-4)
+    assert s["ppl_q"]["value"] == pytest.approx(made["ppl"], rel=1e-6)  # measured 2.5e-8
