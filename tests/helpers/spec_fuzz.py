@@ -255,6 +255,15 @@ class Fuzzer:
                 "t" * 5000,
             )
         ]
+        # Lone surrogates (JSON's "\ud800" escape, plain ASCII on the wire), which once raised out
+        # of the hook's step and dropped the other requests of that step (issue 62).
+        out += [
+            ("lone surrogate token", {"token": self.token + "\ud800"}),
+            ("lone surrogate token", {"token": "\udfff"}),
+            ("lone surrogate out", {"out": str(b.run) + "/\ud800"}),
+            ("lone surrogate out", {"out": "\ud800"}),
+            ("base not a path", {"base": str(b.bases) + "/\udfff.kldt"}),
+        ]
         # Modes, unknown fields, encode's coding and hidden's sizes.
         out += [("mode", {"mode": m}) for m in ("", "HIDDEN", "eval", "probe ", 1, None, ["nll"], x)]
         out += [("unknown field", {f: 1}) for f in ("evil", "__class__", "path", "row_width2", "")]
