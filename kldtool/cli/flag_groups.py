@@ -8,6 +8,8 @@ from typing import Optional
 
 import typer
 
+from kldtool.cli.endpoint_flags import ENDPOINT
+
 MODEL_HELP = (
     "Model: a .gguf file (llamacpp), a checkpoint directory, a hub id (org/name, from the Hugging Face cache; "
     "org/name:file.gguf for a GGUF in it). Default: the built-in SmolLM2-135M."
@@ -137,6 +139,7 @@ ENGINE = {
             "for a server on this machine).",
         ),
     ),
+    **ENDPOINT,
 }
 VLLM_KEYS = (
     "tensor_parallel_size",

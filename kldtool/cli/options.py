@@ -51,6 +51,7 @@ def start_loading(opts: SimpleNamespace, model: str | None) -> None:
             model,
             server=opts.server,
             exchange_dir=opts.exchange_dir,
+            endpoint=opts.endpoint,
             revision=opts.revision,
             gguf_file=opts.gguf_file,
         )
@@ -85,6 +86,10 @@ def open_engine(opts: SimpleNamespace, model: str | None, n_ctx: int):
             opts.revision,
             opts.gguf_file,
             opts.flash_attn,
+            endpoint=opts.endpoint,
+            endpoint_model=opts.endpoint_model,
+            top_k=opts.top_k,
+            concurrency=opts.concurrency,
         ),
         n_ctx,
     )

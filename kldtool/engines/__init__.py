@@ -20,6 +20,7 @@ REGISTRY = {
     "python": "kldtool.engines.python:PythonEngine",
     "xlstm": "kldtool.engines.xlstm:XlstmEngine",  # helibrunna runs
     "vllm-server": "kldtool.engines.vllm.served:VllmServerEngine",  # --server URL
+    "endpoint": "kldtool.engines.endpoint.engine:EndpointEngine",  # --endpoint URL
 }
 
 
@@ -38,6 +39,10 @@ class EngineOptions:
     revision: str | None = None  # a hub id's branch, tag or commit
     gguf_file: str | None = None  # a GGUF inside the hub repository -m names
     flash_attn: str | None = None  # llamacpp: auto, on or off
+    endpoint: str | None = None  # any OpenAI-compatible server's URL
+    endpoint_model: str | None = None
+    top_k: int | None = None  # endpoint: log-probs per position
+    concurrency: int | None = None  # endpoint: requests in flight (default 4)
 
 
 def guess_engine(model: str | None, gguf_file: str | None = None) -> str:
@@ -53,8 +58,12 @@ def guess_engine(model: str | None, gguf_file: str | None = None) -> str:
 
 
 def engine_name(opts: EngineOptions) -> str:
-    """The engine ``opts`` ask for: a server or exchange directory means vLLM's client, else the
-    named engine, else the one the model path suggests."""
+    """The engine ``opts`` ask for: an endpoint means the endpoint client, a server or exchange
+    directory vLLM's client, else the named engine, else the one the model path suggests."""
+    if opts.endpoint:
+        if opts.server or opts.exchange_dir or opts.engine:
+            raise UsageError("--endpoint: a server of its own; not with --server, --exchange-dir or --engine")
+        return "endpoint"
     return (
         "vllm-server" if opts.server or opts.exchange_dir else opts.engine or guess_engine(opts.model, opts.gguf_file)
     )
@@ -88,6 +97,10 @@ def make_engine(opts: EngineOptions, n_ctx: int):
     name = engine_name(opts)
     if name not in REGISTRY:
         raise UsageError(f"--engine {name!r}: expected one of {', '.join(ENGINES)}")
+    endpoint_only = [f for f, v in (("--endpoint-model", opts.endpoint_model), ("--top-k", opts.top_k)) if v]
+    endpoint_only += ["--concurrency"] if opts.concurrency is not None else []
+    if endpoint_only and name != "endpoint":
+        raise UsageError(f"{', '.join(endpoint_only)}: only with --endpoint URL")
     module, _, cls_name = REGISTRY[name].partition(":")
     cls = getattr(importlib.import_module(module), cls_name)
     if opts.contexts is not None and not cls.takes_contexts:
@@ -105,7 +118,7 @@ def make_engine(opts: EngineOptions, n_ctx: int):
         return cls.from_options(opts, n_ctx)
     ref = _model_ref(opts)
     engine = cls.from_options(replace(opts, model=ref.path if ref else None), n_ctx)
-    if name == "vllm-server":  # -m names only the tokenizer; the server's model is its own
+    if name in ("vllm-server", "endpoint"):  # -m names only the tokenizer; the server's model is its own
         return engine
     if ref is None:  # the built-in default: recorded by the path the engine chose
         default = engine.describe().get("model")

@@ -32,3 +32,44 @@ def token_strings(tokenizer, n_vocab: int):
     for i in range(n_vocab):
         t = vocab[i] if i < len(vocab) else None
         yield (t or "").encode("utf-8")
+
+
+class ServedTokenizer:
+    """The tokenizer of a model served elsewhere, loaded here from its directory or hub id (a
+    server's client needs neither the weights nor the server's machine): the tokenizer and what
+    the model's config says of its context and vocabulary."""
+
+    def __init__(self, path: str):
+        from kldtool.errors import EngineError
+
+        try:
+            from transformers import AutoConfig, AutoTokenizer
+
+            self.tokenizer = AutoTokenizer.from_pretrained(path)
+            config = AutoConfig.from_pretrained(path)
+        except Exception as e:
+            raise EngineError(
+                f"{path}: cannot load the served model's tokenizer here ({type(e).__name__}); give its directory with -m"
+            ) from None
+        text_config = getattr(config, "get_text_config", lambda: config)()
+        self.n_ctx_train = getattr(text_config, "max_position_embeddings", None)
+        self.n_vocab = getattr(text_config, "vocab_size", None)
+        self.path = path
+        self.bos_id = bos_to_substitute(self.tokenizer)
+        self.prefix_id = prefix_token(self.tokenizer)
+
+
+def served_tokenizer(given: str | None, entry: dict) -> ServedTokenizer:
+    """The tokenizer of the model a server lists as ``entry`` (one item of /v1/models): the
+    directory or hub id ``given`` (-m), else the path or id the server reports, from this
+    machine's hub cache where it is a hub id. The name comes from the server, so nothing of its
+    weights is downloaded on its word (transformers fetches a tokenizer's own files as usual)."""
+    from kldtool import model_ref
+    from kldtool.errors import EngineError
+
+    named = given or entry.get("root") or entry["id"]
+    try:
+        named = model_ref.local_path(named, cached_only=True)
+    except EngineError:
+        pass
+    return ServedTokenizer(named)

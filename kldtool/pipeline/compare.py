@@ -230,7 +230,10 @@ class CompareRun:
             if result["served_floor"]:
                 self.sinks.info(result["served_floor"]["summary"])
         acc = self.acc.in_window_order()
-        result["statistics"] = final_report(acc, self.sinks, self.warnings, self.bootstrap, h.keep, floor)
+        bounded = getattr(engine, "bounded", None)  # a server's top-K log-probs: the KLD is a bound
+        result["statistics"] = final_report(
+            acc, self.sinks, self.warnings, self.bootstrap, h.keep, floor, bounded() if bounded else None
+        )
         if self.stopped:
             self.sinks.line(stop_line(self.stopped, self.order))
         result["chunk_sums"] = acc.chunk_table()

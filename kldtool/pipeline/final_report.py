@@ -28,17 +28,21 @@ def final_report(
     bootstrap: Bootstrap = Bootstrap(),
     keep: int | None = None,
     floor: dict | None = None,
+    endpoint: dict | None = None,
 ) -> dict:
     """llama.cpp's three statistic blocks, kldtool's extra block (and any --force warning
-    again), returning the statistics."""
+    again), returning the statistics. ``endpoint``: what a run from a server's top-K log-probs
+    knows only as a bound (engines/endpoint)."""
     sinks.line()
     summary, stats = statistics(acc, bootstrap, keep)
+    if endpoint:
+        stats["endpoint"] = endpoint
     if floor and acc.count:
         stats["noise_floor"] = floor | {
             "multiple": (summary.kld_mean[0] / floor["kld_mean"] if floor["kld_mean"] > 0 else float("inf"))
         }
     if acc.count >= MIN_TOKENS_FOR_STATS:
-        for line in final_blocks(summary) + extra_block(stats):
+        for line in final_blocks(summary, "KLD ≥" if endpoint else "KLD") + extra_block(stats):
             sinks.line(line)
     else:
         sinks.info(

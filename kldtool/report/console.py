@@ -62,8 +62,9 @@ def _distribution(name: str, table, q: dict, fmt: str, scale: float, unit: str) 
     ]
 
 
-def final_blocks(s: KldSummary) -> list[str]:
-    """The three statistic blocks, each followed by an empty line."""
+def final_blocks(s: KldSummary, kld: str = "KLD") -> list[str]:
+    """The three statistic blocks, each followed by an empty line; ``kld``: the KLD's label
+    ("KLD ≥" where the compared model's rows are known only in part)."""
     q, d = s.kld_quantiles, s.dp_quantiles
     lines = [
         "====== Perplexity statistics ======",
@@ -75,8 +76,8 @@ def final_blocks(s: KldSummary) -> list[str]:
         _pm("Mean PPL(Q)-PPL(base)         ", s.diff),
         "",
         "====== KL divergence statistics ======",
-        _pm("Mean    KLD", s.kld_mean),
-        *_distribution("KLD", KLD_PERCENTILES, q, "%10.6f", 1.0, ""),
+        _pm(f"Mean    {kld}", s.kld_mean),
+        *_distribution(kld, KLD_PERCENTILES, q, "%10.6f", 1.0, ""),
         "",
         "====== Token probability statistics ======",
         f"Mean    Δp: {cf('%6.3f', 100 * s.dp_mean[0])} ± {cf('%5.3f', 100 * s.dp_mean[1])} %",
@@ -93,10 +94,11 @@ def extra_block(stats: dict) -> list[str]:
     top-1 probability and the block bootstrap beside the i.i.d. uncertainties."""
     e = stats["extra"]
     top = e["top_k_agreement"]
+    ge = " ≥" if stats.get("endpoint") else ""
     lines = [
         "====== kldtool: more statistics ======",
-        _pm("Mean    reverse KLD", _pair(e["rkld_mean"])),
-        _pm("Mean    JSD        ", _pair(e["jsd_mean"])),
+        _pm(f"Mean    reverse KLD{ge}", _pair(e["rkld_mean"])),
+        _pm(f"Mean    JSD        {ge}", _pair(e["jsd_mean"])),
         *(
             f"Top-{k:<2} agreement  : {cf('%6.3f', 100 * top[k]['value'])} ± "
             f"{cf('%5.3f', 100 * top[k]['uncertainty'])} %"
@@ -119,6 +121,7 @@ def extra_block(stats: dict) -> list[str]:
             f"Mean KLD = {floor['multiple']:.1f} x the noise floor ({floor['kld_mean']:.3g}, {floor['source']})",
             "",
         ]
+    lines += _endpoint_lines(stats.get("endpoint"))
     top = stats.get("compact_base")
     if top:
         lines += [
@@ -149,6 +152,19 @@ def extra_block(stats: dict) -> list[str]:
             )
         lines.append("")
     return lines
+
+
+def _endpoint_lines(e: dict | None) -> list[str]:
+    if not e:
+        return []
+    k = e["top_k"]
+    shown = [cf("%.6f", e[f]) if e[f] is not None else "-" for f in ("p_out_mean", "p_out_99")]
+    return [
+        f"Endpoint, top {k} log-probs a position: KLD, reverse KLD and JSD are lower bounds (the top {k} "
+        f"and the target exact, the rest one bucket); PPL, Δp and same top are exact",
+        f"Base mass outside them: mean {shown[0]}, 99.0% {shown[1]}",
+        "",
+    ]
 
 
 def _pair(d: dict) -> tuple[float, float]:

@@ -27,7 +27,6 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from kldtool import model_ref
 from kldtool.engines import hf_tokenizer
 from kldtool.engines.vllm import wire
 from kldtool.engines.vllm.served_floor import ServedFloor, server_note
@@ -91,14 +90,7 @@ class VllmServerEngine(HookedEngine):
                 f"-c {n_ctx}: the served model's max_model_len is {self.max_model_len}; "
                 f"a window needs -c + 1 (restart the server with --max-model-len {n_ctx + 1} or more)"
             )
-        named = tokenizer or models[0].get("root") or self.model_id
-        try:  # a server started with a hub id: its tokenizer from this machine's hub cache
-            named = model_ref.local_path(named, cached_only=True)
-        except EngineError:
-            # The name comes from the server: never a download of its weights on its word.
-            # transformers' loader below fetches the tokenizer's own files, as it always has.
-            pass
-        self._load_tokenizer(named)
+        self._load_tokenizer(hf_tokenizer.served_tokenizer(tokenizer, models[0]))
         # The operator's shared secret, from the environment (a flag would show in ps).
         self.token = os.environ.get(wire.TOKEN) or None
         self._own_exchange = exchange_dir is None
@@ -142,22 +134,9 @@ class VllmServerEngine(HookedEngine):
 
         return load_head(self.tokenizer_path, {"dtype": self.hidden_dtype})
 
-    def _load_tokenizer(self, path: str) -> None:
-        try:
-            from transformers import AutoConfig, AutoTokenizer
-
-            self.tokenizer = AutoTokenizer.from_pretrained(path)
-            config = AutoConfig.from_pretrained(path)
-        except Exception as e:
-            raise EngineError(
-                f"{path}: cannot load the served model's tokenizer here ({type(e).__name__}); "
-                f"give its directory with -m"
-            ) from None
-        text_config = getattr(config, "get_text_config", lambda: config)()
-        self.n_ctx_train = getattr(text_config, "max_position_embeddings", None)
-        self.tokenizer_path = path
-        self.bos_id = hf_tokenizer.bos_to_substitute(self.tokenizer)
-        self.prefix_id = hf_tokenizer.prefix_token(self.tokenizer)
+    def _load_tokenizer(self, loaded: hf_tokenizer.ServedTokenizer) -> None:
+        self.tokenizer, self.n_ctx_train, self.tokenizer_path = loaded.tokenizer, loaded.n_ctx_train, loaded.path
+        self.bos_id, self.prefix_id = loaded.bos_id, loaded.prefix_id
 
     def _request(self, path: str, body: dict | None = None) -> dict:
         data = None if body is None else json.dumps(body).encode()
