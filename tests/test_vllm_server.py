@@ -330,6 +330,8 @@ def test_a_missing_or_wrong_token_is_named_as_the_cause(fp32_server):
         lines = p.stderr.strip().splitlines()
         assert len(lines) == 1 and "no answer from kldtool's hook: either " in lines[0], lines
         assert says in lines[0] and "KLDTOOL_VLLM_HOOK=1" in lines[0] and TOKEN not in lines[0], lines
+    # the refused client took its own exchange directory away
+    assert not list(fp32_server.box.exchange.glob("kldtool-exchange-*"))
 
 
 def test_server_flag_errors(hf_base, tmp_path):

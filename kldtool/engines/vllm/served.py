@@ -108,7 +108,11 @@ class VllmServerEngine(HookedEngine):
         self.exchange = os.path.abspath(exchange_dir)
         if not os.path.isdir(self.exchange):
             raise UsageError(f"--exchange-dir {exchange_dir}: no such directory")
-        self.info = self._probe()
+        try:
+            self.info = self._probe()
+        except BaseException:
+            self.close()  # a refused client leaves no directory of its own behind
+            raise
         self.header_note = server_note(self.info)
         self.floor = ServedFloor()
         self.n_vocab = int(self.info["n_vocab"])
