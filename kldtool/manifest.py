@@ -52,6 +52,7 @@ def check_manifests(
     """Refuse, naming the first field, two manifests that disagree on ``fields`` (between runs
     of one engine when ``per_engine``). Runs without a manifest (older kldtool) are not checked."""
     _check_revisions(items, hint)
+    _check_kld_kinds(items, hint)
     seen: dict = {}
     for where, m in items:
         if not m:
@@ -67,6 +68,24 @@ def check_manifests(
                     f"{where}: manifest field {f} is {m.get(f)!r}, {first}'s is {ref.get(f)!r}: their "
                     f"numbers are not comparable; {hint} allows it"
                 )
+
+
+# Engines whose KLD (and reverse KLD, JSD) is a lower bound: they see the compared model's top K
+# only (engines/endpoint).
+BOUNDED = ("endpoint",)
+
+
+def _check_kld_kinds(items: list[tuple[str, dict | None]], hint: str) -> None:
+    """Refuse a run whose KLD is a lower bound beside one whose KLD is the full value: side by
+    side they would read as a ranking that one of them cannot give."""
+    kinds = [(where, (m or {}).get("engine") in BOUNDED) for where, m in items if m]
+    bounded = [w for w, b in kinds if b]
+    full = [w for w, b in kinds if not b]
+    if bounded and full:
+        raise UsageError(
+            f"{bounded[0]}: its KLD is a lower bound (compare --endpoint, the server's top-K log-probs), "
+            f"{full[0]}'s the full value: their KLDs are not comparable; {hint} allows it"
+        )
 
 
 def _check_revisions(items: list[tuple[str, dict | None]], hint: str) -> None:

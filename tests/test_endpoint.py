@@ -15,13 +15,14 @@ import h5py
 import numpy as np
 import pytest
 
-from conftest import run_cli
+from conftest import WIKI, run_cli
 from helpers.vllm_serve import IN_PROCESS, served
 
 pytest.importorskip("vllm")
 pytestmark = [pytest.mark.filterwarnings("ignore"), pytest.mark.long_module]
 
 CTX = 128
+KEY = "sk-kldtool-test-0123456789abcdef"
 
 
 class FlakyProxy(http.server.ThreadingHTTPServer):
@@ -30,6 +31,7 @@ class FlakyProxy(http.server.ThreadingHTTPServer):
 
     def __init__(self, upstream: str):
         self.upstream, self.seen, self.lock = upstream, 0, threading.Lock()
+        self.keys: set[str] = set()  # the Authorization headers that came through
         self.dropped = self.throttled = 0
         super().__init__(("127.0.0.1", 0), _Relay)
 
@@ -53,6 +55,7 @@ class _Relay(http.server.BaseHTTPRequestHandler):
         with proxy.lock:
             proxy.seen += 1
             n = proxy.seen
+            proxy.keys.add(self.headers.get("Authorization", ""))
         if n % 5 == 0:
             proxy.dropped += 1
             self.close_connection = True
@@ -106,12 +109,19 @@ def runs(w8a8_dir, hf_base, tmp_path_factory):
         out["k5"] = run_cli("compare", "--endpoint", url, *args, "--top-k", 5, "--json", d / "k5.json")
         out["too_many"] = run_cli("compare", "--endpoint", url, *args, "--top-k", 64, check_rc=2)
         out["no_model"] = run_cli("compare", "--endpoint", url, *args, "--endpoint-model", "nope", check_rc=2)
+        ppl = ("--endpoint", url, "-f", WIKI, "-c", CTX, "--chunks", 4)
+        out["ppl"] = run_cli("ppl", *ppl, "--json", d / "ppl.json")
+        out["no_base"] = run_cli("base", *ppl, "--kl-divergence-base", d / "b.kldt", check_rc=6)
         # One request at a time: W8A8's kernels give a window's logits by what its batch holds.
         one = ("--concurrency", 1, "--json")
         out["direct"] = run_cli("compare", "--endpoint", url, *args, *one, d / "direct.json")
         with flaky(url) as proxy:
-            out["flaky"] = run_cli("compare", "--endpoint", proxy.url, *args, *one, d / "flaky.json")
-            out["proxy"] = (proxy.seen, proxy.dropped, proxy.throttled)
+            keyed = {"KLDTOOL_ENDPOINT_KEY": KEY}
+            out["flaky"] = run_cli(
+                "compare", "--endpoint", proxy.url, *args, *one, d / "flaky.json", "--per-token", d / "flaky.h5",
+                env_extra=keyed,
+            )  # fmt: skip
+            out["proxy"] = (proxy.seen, proxy.dropped, proxy.throttled, proxy.keys)
     out["gone"] = run_cli("compare", "--endpoint", out["url"], *args, check_rc=6)
     return out
 
@@ -174,8 +184,34 @@ def test_one_line_errors(runs):
 
 
 def test_dropped_connections_and_429s_change_nothing(runs):
-    seen, dropped, throttled = runs["proxy"]
+    seen, dropped, throttled, keys = runs["proxy"]
     retries = json.loads((runs["dir"] / "flaky.json").read_text())["statistics"]["endpoint"]["retries"]
     print(f"through the proxy: {seen} requests, {dropped} dropped, {throttled} answered 429; {retries} retries")
     assert dropped >= 1 and throttled >= 1 and retries == dropped + throttled
     assert runs["flaky"].stdout == runs["direct"].stdout
+    # The key reached the server as a header, and nowhere else: not the output, the JSON, the per-token file.
+    assert keys == {f"Bearer {KEY}"}
+    written = [runs["flaky"].stdout, runs["flaky"].stderr, *(p.read_bytes() for p in runs["dir"].glob("flaky*"))]
+    assert not [w for w in written if (KEY.encode() if isinstance(w, bytes) else KEY) in w]
+
+
+def test_ppl_from_an_endpoint_is_the_offline_models(runs):
+    """`ppl --endpoint` over the base file's windows: the offline vLLM compare's PPL(Q), from the
+    server's log-prob of each prompt token alone (prompt_logprobs=0)."""
+    ours = json.loads((runs["dir"] / "ppl.json").read_text())
+    off = _stats(runs["dir"], "off")
+    print("ppl --endpoint", ours["ppl"], "offline PPL(Q)", off["ppl_q"]["value"])
+    assert ours["scored_tokens"] == off["count"] and ours["ppl"] == pytest.approx(off["ppl_q"]["value"], rel=2e-5)
+    lines = runs["no_base"].stderr.strip().splitlines()
+    errors = [line for line in lines if "error" in line]
+    assert errors == [lines[-1]] and "--endpoint: compare and ppl only" in lines[-1], lines
+    assert not list(runs["dir"].glob("*b.kldt*"))  # no file that looks complete, nor a partial one
+
+
+def test_report_and_diff_refuse_to_mix_a_bound_with_a_full_kld(runs):
+    d = runs["dir"]
+    for args in (("report", d / "ep.json", d / "off.json"), ("diff", d / "ep.h5", d / "off.h5")):
+        lines = run_cli(*args, check_rc=2).stderr.strip().splitlines()
+        assert len(lines) == 1 and "its KLD is a lower bound (compare --endpoint" in lines[0], lines
+        assert "--mix allows it" in lines[0]
+    assert "ep" in run_cli("report", d / "ep.json", d / "off.json", "--mix").stdout

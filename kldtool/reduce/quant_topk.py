@@ -3,6 +3,9 @@ log-prob of each target (what an OpenAI-compatible server returns), against full
 
 Exact: the compared model's NLL, the base's, Δp, the same top (the compared model's top-1 is
 in its top-K), the base's top-1 probability, and top-5/10 agreement where K reaches 5/10.
+An interval: total variation, ½ Σ |p - q| (1 - TV is the rate at which speculative decoding
+accepts the compared model's tokens as the base's): exact on S, and on the rest between
+½ |P_out - R| and ½ (P_out + R), whatever the compared model does there.
 Bounded: KLD, reverse KLD and JSD are each computed over S (the returned ids and the target)
 plus one bucket for everything else, the base's mass outside S (P_out) against the compared
 model's (R = 1 - its mass on S). Merging outcomes never raises an f-divergence, so each is a
@@ -31,9 +34,10 @@ def _bucket(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 def reduce_quant_topk(
     rows: np.ndarray, n_vocab: int, floor: float, ids: np.ndarray, logq: np.ndarray, target_logq: np.ndarray, targets
-) -> tuple[TokenRecords, np.ndarray]:
-    """(records, P_out per row) for uint16 base ``rows`` (R, W) and the compared model's top-K
-    ``ids`` / ``logq`` (R, K, best first) and ``target_logq`` (R,) for ``targets`` (R,)."""
+) -> tuple[TokenRecords, dict[str, np.ndarray]]:
+    """(records, per row: P_out and the total variation's interval ``tv_lo``..``tv_hi``) for
+    uint16 base ``rows`` (R, W) and the compared model's top-K ``ids`` / ``logq`` (R, K, best
+    first) and ``target_logq`` (R,) for ``targets`` (R,)."""
     b = decode_np(rows, n_vocab).astype(np.float64)
     r, k = ids.shape
     targets = np.asarray(targets, np.int64)
@@ -96,4 +100,7 @@ def reduce_quant_topk(
             top_b[:, 0],
         ]
     )
-    return records, p_out
+    p_all_s = np.where(in_s, np.exp(s_b), 0.0)
+    tv_s = 0.5 * np.abs(p_all_s - q).sum(axis=1)
+    gap = np.maximum(np.maximum(lo - p_out_all, p_out_all - hi), 0.0)  # |P - R| at its least over R's interval
+    return records, {"p_out": p_out, "tv_lo": tv_s + 0.5 * gap, "tv_hi": tv_s + 0.5 * (p_out_all + hi)}

@@ -163,6 +163,14 @@ def _endpoint_lines(e: dict | None) -> list[str]:
         f"Endpoint, top {k} log-probs a position: KLD, reverse KLD and JSD are lower bounds (the top {k} "
         f"and the target exact, the rest one bucket); PPL, Δp and same top are exact",
         f"Base mass outside them: mean {shown[0]}, 99.0% {shown[1]}",
+        *(
+            [
+                f"Mean    TV within [{e['tv_mean'][0]:.6f}, {e['tv_mean'][1]:.6f}]; speculative acceptance "
+                f"1 - TV within [{e['acceptance'][0]:.6f}, {e['acceptance'][1]:.6f}]"
+            ]
+            if e.get("tv_mean")
+            else []
+        ),
         "",
     ]
 

@@ -70,7 +70,7 @@ class EndpointEngine(Engine):
             raise EngineError(f"{loaded.path}: its config names no vocabulary size")
         self.n_vocab = int(loaded.n_vocab)
         self.k = self._top_k(top_k)
-        self.p_out: list[np.ndarray] = []  # the base's mass outside S, per scored position
+        self.tails: list[dict] = []  # per block of scored positions: P_out and the TV interval
 
     def _top_k(self, asked: int | None) -> int:
         """``asked``, checked against the server; else the most the server allows."""
@@ -110,30 +110,32 @@ class EndpointEngine(Engine):
             raise EngineError(f"{self.url}: {got} prompt log-probs for a prompt of {len(prompt)} tokens (truncated?)")
         return rows
 
-    def window_logprobs(self, w: Window) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(top-K ids, their log-probs, the target's log-prob) at each scored position of ``w``."""
+    def window_logprobs(self, w: Window, k: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(top-``k`` ids, their log-probs, the target's log-prob) at each scored position of
+        ``w``; ``k`` defaults to the run's K (0: the targets' log-probs alone)."""
+        k = self.k if k is None else k
         prompt = [int(t) for t in w.tokens]
         end = w.first + w.n_scored
         if end == len(prompt):  # a rolling window scores its last position: the target follows it
             prompt.append(int(w.targets[-1]))
-        rows = self._logprobs(prompt, self.k)
-        ids = np.zeros((w.n_scored, self.k), np.int64)
-        lps = np.zeros((w.n_scored, self.k), np.float64)
+        rows = self._logprobs(prompt, k)
+        ids = np.zeros((w.n_scored, k), np.int64)
+        lps = np.zeros((w.n_scored, k), np.float64)
         target = np.zeros(w.n_scored, np.float64)
         for j, pos in enumerate(range(w.first + 1, end + 1)):
             row = rows[pos]
             want = prompt[pos]
             try:
                 entries = {int(t): float(v["logprob"]) for t, v in row.items()}
-                ranked = sorted(((v["rank"], int(t)) for t, v in row.items() if v["rank"] <= self.k))
+                ranked = sorted(((v["rank"], int(t)) for t, v in row.items() if v["rank"] <= k))
             except (AttributeError, KeyError, TypeError, ValueError):
                 raise EngineError(f"{self.url}: window {w.index}, position {pos}: not a log-prob entry") from None
-            if want not in entries or len(ranked) < self.k:
+            if want not in entries or len(ranked) < k:
                 raise EngineError(
                     f"{self.url}: window {w.index}, position {pos}: the answer lacks the prompt's token "
-                    f"{want} or holds fewer than {self.k} top log-probs"
+                    f"{want} or holds fewer than {k} top log-probs"
                 )
-            top = [t for _, t in ranked[: self.k]]
+            top = [t for _, t in ranked[:k]]
             ids[j], lps[j], target[j] = top, [entries[t] for t in top], entries[want]
         return ids, lps, target
 
@@ -149,7 +151,13 @@ class EndpointEngine(Engine):
         return max(self.concurrency, 1)
 
     def logits(self, windows: list[Window]) -> list:
-        raise EngineError("--endpoint: a server returns log-probs, not logits; it compares, and nothing else yet")
+        raise EngineError("--endpoint: compare and ppl only (a server returns log-probs, not logits)")
+
+    def nll(self, windows: list[Window]) -> list[np.ndarray]:
+        """Each scored target's NLL, from the server's log-prob of the prompt's own token."""
+        with ThreadPoolExecutor(max_workers=min(len(windows), self.concurrency) or 1) as pool:
+            answers = pool.map(lambda w: self.window_logprobs(w, 0), windows)
+            return [(-target).astype(np.float32) for _, _, target in answers]
 
     def score(self, windows: list[Window], source) -> list:
         from kldtool.reduce.quant_topk import reduce_quant_topk
@@ -162,18 +170,22 @@ class EndpointEngine(Engine):
             parts, a = [], 0
             for rows in source.parts_numpy(w.index, 0, w.n_scored):
                 b = a + len(rows)
-                rec, p_out = reduce_quant_topk(
+                rec, tail = reduce_quant_topk(
                     rows, self.n_vocab, source.header.kld_floor, ids[a:b], lps[a:b], target[a:b], w.targets[a:b]
                 )
                 parts.append(rec)
-                self.p_out.append(p_out)
+                self.tails.append(tail)
                 a = b
             out.append(TokenRecords.concat(parts))
         return out
 
     def bounded(self) -> dict:
         """What a run of this engine knows only as a bound, and how much the top K leave unknown."""
-        p = np.concatenate(self.p_out) if self.p_out else np.zeros(0)
+        cat = {
+            k: np.concatenate([t[k] for t in self.tails]) if self.tails else np.zeros(0)
+            for k in ("p_out", "tv_lo", "tv_hi")
+        }
+        p, lo, hi = cat["p_out"], cat["tv_lo"], cat["tv_hi"]
         return {
             "top_k": self.k,
             "api": "vllm",
@@ -182,6 +194,9 @@ class EndpointEngine(Engine):
             "lower_bounds": ["kld", "rkld", "jsd"],
             "p_out_mean": float(p.mean()) if p.size else None,
             "p_out_99": float(np.quantile(p, 0.99)) if p.size else None,
+            # the mean of per-position intervals is an interval for the mean
+            "tv_mean": [float(lo.mean()), float(hi.mean())] if p.size else None,
+            "acceptance": [float(1 - hi.mean()), float(1 - lo.mean())] if p.size else None,
             "retries": self.client.retried,
         }
 
