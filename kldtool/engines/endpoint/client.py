@@ -21,6 +21,7 @@ RETRIES = 6
 BACKOFF_S = 0.5  # the first wait; doubled each retry, with up to as much again of jitter
 MAX_WAIT_S = 30.0  # the longest wait, whatever Retry-After asks
 RETRIED = {429, 500, 502, 503, 504}
+MAX_ANSWER_BYTES = 256 << 20  # a window of 4,096 positions with 256 log-probs each is about 60 MB
 
 
 class HttpError(EngineError):
@@ -54,11 +55,13 @@ class Client:
             req = urllib.request.Request(self.url + path, data=data, headers=headers)
             try:
                 with urllib.request.urlopen(req, timeout=self.timeout) as r:
-                    body = r.read()
+                    body = r.read(MAX_ANSWER_BYTES + 1)
                 self.reached = True
+                if len(body) > MAX_ANSWER_BYTES:
+                    raise EngineError(f"{self.url}{path}: an answer of more than {MAX_ANSWER_BYTES >> 20} MiB")
                 try:
                     return json.loads(body)
-                except ValueError:
+                except (ValueError, RecursionError):
                     raise EngineError(
                         f"{self.url}{path}: the answer is not JSON (not an OpenAI-compatible server?)"
                     ) from None
@@ -92,7 +95,7 @@ class Client:
 def _message(e: urllib.error.HTTPError) -> str:
     """The server's own one-line reason, where its body has one."""
     try:
-        body = json.loads(e.read())
+        body = json.loads(e.read(64 << 10))
         err = body.get("error", body) if isinstance(body, dict) else body
         text = err.get("message", err) if isinstance(err, dict) else err
         return str(text).splitlines()[0][:300] if str(text).strip() else str(e.reason)

@@ -23,6 +23,7 @@ from kldtool.protocols import Window
 
 APIS = ("vllm",)  # request shapes; the legacy echo form and SGLang's are not built yet
 DEFAULT_MAX_K = 256  # where a server allows any K: more costs bandwidth, and S's mass hardly grows
+LOGPROB_SLACK = 1e-4  # a log-prob above 0 by more than float32 rounding is no log-prob
 _MAX_ALLOWED = re.compile(r"max(?:imum)? allowed:? (\d+)", re.IGNORECASE)
 
 
@@ -103,7 +104,7 @@ class EndpointEngine(Engine):
             rows = answer["choices"][0]["prompt_logprobs"]
         except (KeyError, IndexError, TypeError):
             raise EngineError(
-                f"{self.url}: the answer has no prompt_logprobs (--endpoint-api vllm needs a vLLM server)"
+                f"{self.url}: the answer has no prompt_logprobs (--endpoint asks in vLLM's form; this server does not answer it)"
             ) from None
         if not isinstance(rows, list) or len(rows) != len(prompt):
             got = len(rows) if isinstance(rows, list) else "none"
@@ -137,6 +138,16 @@ class EndpointEngine(Engine):
                 )
             top = [t for _, t in ranked[:k]]
             ids[j], lps[j], target[j] = top, [entries[t] for t in top], entries[want]
+        # A server's numbers are checked like any other input: log-probs, of ids the model has.
+        if (
+            np.isnan(lps).any()
+            or np.isnan(target).any()
+            or (lps > LOGPROB_SLACK).any()
+            or (target > LOGPROB_SLACK).any()
+        ):
+            raise EngineError(f"{self.url}: window {w.index}: the answer holds values that are not log-probs")
+        if ids.size and (ids.min() < 0 or ids.max() >= self.n_vocab):
+            raise EngineError(f"{self.url}: window {w.index}: the answer names token ids outside the vocabulary")
         return ids, lps, target
 
     # --- the Engine interface --------------------------------------------------------------
