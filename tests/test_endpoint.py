@@ -5,17 +5,17 @@ rows, reduced in vLLM's workers): the statistics the top-K log-probs know exactl
 the bounded ones never exceed it at any position."""
 
 import contextlib
-import http.server
 import json
-import threading
-import urllib.error
-import urllib.request
+import os
+import signal
 
 import h5py
 import numpy as np
 import pytest
 
 from conftest import WIKI, run_cli
+from helpers.interrupt import run_until
+from helpers.proxy import flaky
 from helpers.vllm_serve import IN_PROCESS, served
 
 pytest.importorskip("vllm")
@@ -25,73 +25,18 @@ CTX = 128
 KEY = "sk-kldtool-test-0123456789abcdef"
 
 
-class FlakyProxy(http.server.ThreadingHTTPServer):
-    """Between the client and the server on 127.0.0.1: every fifth connection dropped without an
-    answer, every seventh answered 429 with Retry-After, the rest passed through."""
-
-    def __init__(self, upstream: str):
-        self.upstream, self.seen, self.lock = upstream, 0, threading.Lock()
-        self.keys: set[str] = set()  # the Authorization headers that came through
-        self.dropped = self.throttled = 0
-        super().__init__(("127.0.0.1", 0), _Relay)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.server_address[1]}"
-
-
-class _Relay(http.server.BaseHTTPRequestHandler):
-    def log_message(self, *args):
-        pass
-
-    def do_GET(self):
-        self._relay(None)
-
-    def do_POST(self):
-        self._relay(self.rfile.read(int(self.headers.get("Content-Length", 0))))
-
-    def _relay(self, body):
-        proxy = self.server
-        with proxy.lock:
-            proxy.seen += 1
-            n = proxy.seen
-            proxy.keys.add(self.headers.get("Authorization", ""))
-        if n % 5 == 0:
-            proxy.dropped += 1
-            self.close_connection = True
-            self.connection.shutdown(2)  # the connection goes, no answer
-            return
-        if n % 7 == 0:
-            proxy.throttled += 1
-            self.send_response(429)
-            self.send_header("Retry-After", "1")
-            self.end_headers()
-            return
-        req = urllib.request.Request(
-            proxy.upstream + self.path, data=body, headers={"Content-Type": "application/json"}
-        )
-        try:
-            with urllib.request.urlopen(req, timeout=120) as r:
-                status, data = r.status, r.read()
-        except urllib.error.HTTPError as e:
-            status, data = e.code, e.read()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-
 @contextlib.contextmanager
-def flaky(upstream: str):
-    proxy = FlakyProxy(upstream)
-    thread = threading.Thread(target=proxy.serve_forever, daemon=True)
-    thread.start()
+def key_in_env(key: str):
+    """The key in this process's environment, where run_until's child takes it from."""
+    old = os.environ.get("KLDTOOL_ENDPOINT_KEY")
+    os.environ["KLDTOOL_ENDPOINT_KEY"] = key
     try:
-        yield proxy
+        yield
     finally:
-        proxy.shutdown()
-        proxy.server_close()
+        if old is None:
+            del os.environ["KLDTOOL_ENDPOINT_KEY"]
+        else:
+            os.environ["KLDTOOL_ENDPOINT_KEY"] = old
 
 
 @pytest.fixture(scope="module")
@@ -111,10 +56,17 @@ def runs(w8a8_dir, hf_base, tmp_path_factory):
         out["no_model"] = run_cli("compare", "--endpoint", url, *args, "--endpoint-model", "nope", check_rc=2)
         ppl = ("--endpoint", url, "-f", WIKI, "-c", CTX, "--chunks", 4)
         out["ppl"] = run_cli("ppl", *ppl, "--json", d / "ppl.json")
-        out["no_base"] = run_cli("base", *ppl, "--kl-divergence-base", d / "b.kldt", check_rc=6)
+        out["no_base"] = run_cli("base", *ppl, "--kl-divergence-base", d / "b.kldt", check_rc=2)
+        # a top-K base file from the server, then the server against it (one reference, two routes)
+        topk = ("--kl-divergence-base", d / "served.kldt", "--chunks", 4)
+        out["base"] = run_cli("base", *ppl, "--keep", "top-20", *topk[:2], "--json", d / "served-base.json")
+        out["info"] = run_cli("info", d / "served.kldt")
+        out["ep_topk"] = run_cli("compare", "--endpoint", url, *topk, "--json", d / "ep-topk.json")
         # One request at a time: W8A8's kernels give a window's logits by what its batch holds.
         one = ("--concurrency", 1, "--json")
-        out["direct"] = run_cli("compare", "--endpoint", url, *args, *one, d / "direct.json")
+        out["direct"] = run_cli(
+            "compare", "--endpoint", url, *args, *one, d / "direct.json", "--per-token", d / "direct.h5"
+        )
         with flaky(url) as proxy:
             keyed = {"KLDTOOL_ENDPOINT_KEY": KEY}
             out["flaky"] = run_cli(
@@ -122,7 +74,15 @@ def runs(w8a8_dir, hf_base, tmp_path_factory):
                 env_extra=keyed,
             )  # fmt: skip
             out["proxy"] = (proxy.seen, proxy.dropped, proxy.throttled, proxy.keys)
+            # killed after its second chunk, then resumed, through the same proxy
+            state = ("--state", d / "cut.state", "--checkpoint-every", 1, "--json", d / "cut.json")
+            cut = ("compare", "--endpoint", proxy.url, *args, "--concurrency", 1, *state, "--per-token", d / "cut.h5")
+            with key_in_env(KEY):
+                out["killed"] = run_until(cut, r"^\s+2 ", signal.SIGKILL)
+            out["resumed"] = run_cli(*cut, "--resume", env_extra=keyed)
     out["gone"] = run_cli("compare", "--endpoint", out["url"], *args, check_rc=6)
+    offline_topk = ("compare", "--engine", "vllm", "-m", w8a8_dir, *topk, "--json", d / "off-topk.json")
+    out["off_topk"] = run_cli(*offline_topk, env_extra=IN_PROCESS)
     return out
 
 
@@ -191,8 +151,40 @@ def test_dropped_connections_and_429s_change_nothing(runs):
     assert runs["flaky"].stdout == runs["direct"].stdout
     # The key reached the server as a header, and nowhere else: not the output, the JSON, the per-token file.
     assert keys == {f"Bearer {KEY}"}
-    written = [runs["flaky"].stdout, runs["flaky"].stderr, *(p.read_bytes() for p in runs["dir"].glob("flaky*"))]
+    written = [runs["flaky"].stdout, runs["flaky"].stderr, runs["resumed"].stdout, runs["resumed"].stderr]
+    written += [p.read_bytes() for pattern in ("flaky*", "cut*") for p in runs["dir"].glob(pattern)]
     assert not [w for w in written if (KEY.encode() if isinstance(w, bytes) else KEY) in w]
+
+
+def test_killed_and_resumed_through_the_proxy_changes_nothing(runs):
+    """SIGKILL after the second chunk, then --resume: the same lines as the run never stopped,
+    and the statistics the endpoint keeps per token (P_out, the total variation's interval,
+    the tail estimate) whole, from the state's sums, not only the resumed windows'."""
+    rc, _, err = runs["killed"]
+    assert rc == -9, err
+    assert "resuming" in runs["resumed"].stderr
+    assert runs["resumed"].stdout == runs["direct"].stdout
+    cut, direct = _stats(runs["dir"], "cut"), _stats(runs["dir"], "direct")
+    for key in ("p_out_mean", "p_out_99", "kld_mean_estimate", "tail_estimate"):
+        assert cut["endpoint"][key] == direct["endpoint"][key], key
+    assert cut["extra"]["tv"] == direct["extra"]["tv"]
+    with h5py.File(runs["dir"] / "cut.h5") as f, h5py.File(runs["dir"] / "direct.h5") as g:
+        assert all((f[k][:] == g[k][:]).all() for k in g), "per-token columns"
+
+
+def test_the_exact_total_variation_lies_in_the_endpoints_interval(runs):
+    """At every position the offline run's TV (whole rows) lies in the interval the top 20 give,
+    within what W8A8's batch-dependent kernels move q by (TV measured up to ... apart)."""
+    with h5py.File(runs["dir"] / "off.h5") as f, h5py.File(runs["dir"] / "ep.h5") as g:
+        tv, lo, hi = f["tv"][:], g["tv"][:], g["tv_hi"][:]
+        print("TV: offline mean", tv.mean(), "endpoint interval", lo.mean(), hi.mean())
+        print("worst margins:", float((lo - tv).max()), float((tv - hi).max()))
+        assert (lo <= tv + 2e-5).all() and (tv <= hi + 2e-5).all()
+        assert (f["tv_hi"][:] == tv).all() and (hi > lo).all()
+    ep = _stats(runs["dir"], "ep")["extra"]["tv"]
+    assert not ep["exact"] and ep["acceptance"][0] <= 1 - _stats(runs["dir"], "off")["extra"]["tv"]["mean"]["value"]
+    assert "Mean    TV within    : [" in runs["endpoint"].stdout
+    assert "Acceptance 1 - TV  : " in runs["offline"].stdout
 
 
 def test_ppl_from_an_endpoint_is_the_offline_models(runs):
@@ -204,8 +196,31 @@ def test_ppl_from_an_endpoint_is_the_offline_models(runs):
     assert ours["scored_tokens"] == off["count"] and ours["ppl"] == pytest.approx(off["ppl_q"]["value"], rel=2e-5)
     lines = runs["no_base"].stderr.strip().splitlines()
     errors = [line for line in lines if "error" in line]
-    assert errors == [lines[-1]] and "--endpoint: compare and ppl only" in lines[-1], lines
+    assert errors == [lines[-1]] and "base --endpoint writes top-K records, K at most the 20" in lines[-1], lines
     assert not list(runs["dir"].glob("*b.kldt*"))  # no file that looks complete, nor a partial one
+
+
+def test_a_top_k_base_file_from_the_server(runs):
+    """`base --endpoint --keep top-20`: the served model's top 20 and target log-prob at every
+    position, as a top-K base file. Its PPL is the offline compare's PPL(Q) of the same model;
+    the offline engine compared against it reads it as any top-K file (full rows against the
+    stored 20: KLD a lower bound near 0, the same model); the server compared against its own
+    file through the top-K-against-top-K reducer: the same targets' log-probs, the same top."""
+    base = json.loads((runs["dir"] / "served-base.json").read_text())
+    off = _stats(runs["dir"], "off")
+    assert base["ppl"] == pytest.approx(off["ppl_q"]["value"], rel=2e-5)
+    info = runs["info"].stdout
+    print(info)
+    assert f"source                : endpoint {runs['url']}, model " in info and "keep                  : 20" in info
+    offline, served = _stats(runs["dir"], "off-topk"), _stats(runs["dir"], "ep-topk")
+    # PPL(base) comes from the stored codes, in which a target more than 16 nats below the top
+    # sits at the clamp (llama.cpp's rule): a few such targets bring it below the phase-1 PPL
+    assert offline["ppl_base"] == served["ppl_base"] and 0.99 < offline["ppl_base"]["value"] / base["ppl"] <= 1
+    for s in (offline, served):
+        assert abs(s["kld_mean"]["value"]) < 1e-4, s["kld_mean"]  # the same model; float32 rounding either way
+    assert offline["compact_base"]["keep"] == 20
+    assert served["ppl_q"]["value"] == pytest.approx(base["ppl"], rel=1e-5)
+    assert served["same_top_p"]["value"] == 1.0 and served["endpoint"]["api"] == "vllm"
 
 
 def test_report_and_diff_refuse_to_mix_a_bound_with_a_full_kld(runs):

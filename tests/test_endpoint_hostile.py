@@ -51,10 +51,11 @@ class Stand(http.server.BaseHTTPRequestHandler):
         prompt, k, bad = req["prompt"], req["prompt_logprobs"], self.server.bad
         if k > K:
             return self._send(json.dumps({"error": {"message": f"max allowed: {K}"}}).encode(), 400)
-        if bad == "deep" and len(prompt) > 2:
+        window = len(prompt) > 16  # the client's probes are a few tokens; its windows 128
+        if bad == "deep" and window:
             return self._send(b"[" * 100000 + b"]" * 100000)
         rows = [None] + [_row(t, bad) for t in prompt[1:]]
-        if bad == "short" and len(prompt) > 2:
+        if bad == "short" and window:
             rows = rows[: len(rows) // 2]
         self._send(json.dumps({"choices": [{"prompt_logprobs": rows}]}).encode())
 

@@ -1,5 +1,5 @@
-"""kldtool's metrics beyond llama.cpp's (reverse KLD, JSD, top-k agreement, base top-1 buckets)
-and the block bootstrap, against plain float64 numpy computations of their definitions."""
+"""kldtool's metrics beyond llama.cpp's (reverse KLD, JSD, total variation, top-k agreement,
+base top-1 buckets) and the block bootstrap, against plain float64 numpy computations of their definitions."""
 
 import numpy as np
 import pytest
@@ -39,7 +39,8 @@ def reference(logits: np.ndarray, rows: np.ndarray) -> dict:
     b32 = b.astype(np.float32)
     overlap = {k: np.array([len(top_set(logits[i], k) & top_set(b32[i], k)) for i in range(n)]) for k in (1, 5, 10)}
     top1 = {"q": [min(top_set(logits[i], 1)) for i in range(n)], "base": [min(top_set(b32[i], 1)) for i in range(n)]}
-    return {"rkld": rkld, "jsd": jsd, "overlap": overlap, "ptop": np.exp(b.max(1)), "top1": top1}
+    tv = 0.5 * np.abs(np.exp(b) - q).sum(1)  # every entry at its decoded value
+    return {"rkld": rkld, "jsd": jsd, "tv": tv, "overlap": overlap, "ptop": np.exp(b.max(1)), "top1": top1}
 
 
 def reduce(logits, rows, targets):
@@ -51,6 +52,9 @@ def check(logits, rows, targets):
     r = reduce(logits, rows, targets)
     assert np.allclose(r.rkld, ref["rkld"], rtol=1e-5, atol=5e-7)
     assert np.allclose(r.jsd, ref["jsd"], rtol=1e-5, atol=1e-8)
+    assert np.allclose(r.tv, ref["tv"], rtol=1e-5, atol=2e-7)
+    # whole rows: the total variation is known, not an interval; nothing lies outside
+    assert np.array_equal(r.tv_hi, r.tv) and not r.p_out.any() and not r.kld_tail.any()
     assert np.array_equal(r.top5, ref["overlap"][5])
     assert np.array_equal(r.top10, ref["overlap"][10])
     # top-1 agreement is same_top: the same tie rule
@@ -126,6 +130,7 @@ def test_a_model_against_itself_to_the_last_digits():
     ref, r = check(b, rows, targets)
     assert np.abs(r.rkld - ref["rkld"]).max() < 3e-7
     assert np.abs(r.jsd - ref["jsd"]).max() < 2e-9
+    assert np.abs(r.tv - ref["tv"]).max() < 1e-6
     assert (r.top5 == 5).all() and (r.top10 == 10).all()
 
 
@@ -152,12 +157,18 @@ def test_summaries_and_top1_buckets_match_reference():
     for key, want in (
         ("rkld_mean", mu(ref["rkld"])),
         ("jsd_mean", mu(ref["jsd"])),
+        ("tv", mu(ref["tv"])),
         ("5", mu(ref["overlap"][5] / 5)),
         ("10", mu(ref["overlap"][10] / 10)),
     ):
-        got = e[key] if key.endswith("mean") else e["top_k_agreement"][key]
+        got = e[key] if key.endswith("mean") else e["tv"]["mean"] if key == "tv" else e["top_k_agreement"][key]
         assert got["value"] == pytest.approx(want[0], rel=1e-3, abs=1e-7)
         assert got["uncertainty"] == pytest.approx(want[1], rel=1e-2)
+    tv = e["tv"]
+    assert tv["exact"] and tv["mean_upper"] == pytest.approx(ref["tv"].mean(), rel=1e-3)
+    assert tv["acceptance"][1] == pytest.approx(1 - ref["tv"].mean(), rel=1e-4)
+    assert tv["median"] == pytest.approx(np.median(ref["tv"]), rel=1e-3)
+    assert tv["p99"] == pytest.approx(np.percentile(ref["tv"], 99), rel=1e-3)
     kld = acc.per_token("kld").astype(np.float64)
     edges = [0, 0.25, 0.5, 0.75, 0.95]
     which = np.searchsorted(edges, ref["ptop"], side="right") - 1

@@ -3,17 +3,14 @@ again with --resume, end exactly as an uninterrupted run: byte-identical base fi
 printed lines, the same statistics."""
 
 import json
-import os
 import random
-import re
 import signal
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
 from conftest import WIKI, run_cli
+from helpers.interrupt import run_until
 from kldtool.logitsfile import container
 
 N_CHUNKS = 12  # a pass (2 chunks) is ~2 s on 2 cores; a kill lands within a pass or two
@@ -21,28 +18,6 @@ BASE_FLAGS = ["-f", WIKI, "-c", 128, "--chunks", N_CHUNKS, "-b", 256]  # 2 chunk
 # The container in frames of 20 rows (4 per chunk of 63 rows): a kill may land between a
 # chunk's frames, and resume must drop the chunk's frames already written.
 LAYOUT = {"llamacpp": ["--format", "llamacpp"], "kldtool": ["--format", "kldtool", "--frame-rows", 20]}
-
-
-def run_until(args, pattern: str, sig: int):
-    """Start kldtool, send ``sig`` once ``pattern`` appears on stdout; returns (rc, stdout, stderr)."""
-    # SIGINT back to its default in the child: a CI started as a background job of a shell
-    # without job control has it ignored, and Python would then never see Ctrl-C.
-    p = subprocess.Popen(
-        [sys.executable, "-m", "kldtool", *map(str, args)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-    )
-    out = b""
-    rx = re.compile(pattern.encode(), re.M)
-    while not rx.search(out):
-        block = os.read(p.stdout.fileno(), 4096)
-        if not block:
-            break
-        out += block
-    p.send_signal(sig)
-    rest, err = p.communicate(timeout=120)
-    return p.returncode, (out + rest).decode(), err.decode()
 
 
 @pytest.fixture(scope="module")

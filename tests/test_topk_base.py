@@ -36,6 +36,7 @@ def reference(base, quant, targets, k):
     logq = y - y.max(1, keepdims=True)
     logq -= np.log(np.exp(logq).sum(1, keepdims=True))
     out = {"kld": [], "ids": [], "rest": [], "full_kld": np.where(b > -16, np.exp(b) * (b - logq), 0).sum(1)}
+    out["full_tv"] = 0.5 * np.abs(np.exp(b) - np.exp(logq)).sum(1)
     for r in range(len(base)):
         ids = np.lexsort((np.arange(base.shape[1]), -codes[r]))[:k]  # by code, lower id first
         rest_p = p_exact[r].sum() - p_exact[r, ids].sum()
@@ -66,6 +67,10 @@ def test_records_and_reducer_match_float64_reference(seed, k):
     # one bucket can only lower the divergence (log-sum inequality)
     assert (got.kld <= ref["full_kld"] + 2e-6).all()
     assert (got.kld_tail >= 0).all()
+    # the total variation of the whole rows in its interval, up to the decoding of the tail's
+    # codes (the stored rest mass is the exact one; measured within 3e-5)
+    assert (got.tv <= ref["full_tv"] + 1e-4).all() and (ref["full_tv"] <= got.tv_hi + 1e-4).all()
+    assert (got.tv_hi > got.tv).all() and np.allclose(got.p_out, ref["rest"], rtol=1e-6, atol=1e-12)
 
 
 def test_topk_and_full_base_files_of_one_run(tmp_path, requant):
@@ -88,6 +93,9 @@ def test_topk_and_full_base_files_of_one_run(tmp_path, requant):
     assert c["keep"] == 64 and c["kld_mean_lower_bound"] == t["kld_mean"]["value"]
     assert c["kld_mean_lower_bound"] < f["kld_mean"]["value"] <= c["kld_mean_lower_bound"] + c["bound"]
     assert "compact_base" not in f
+    tv_full, tv_top = f["extra"]["tv"], t["extra"]["tv"]
+    assert tv_full["exact"] and not tv_top["exact"]
+    assert tv_top["mean"]["value"] <= tv_full["mean"]["value"] <= tv_top["mean_upper"]
 
 
 def test_topk_needs_the_container_and_a_sane_k(tmp_path):

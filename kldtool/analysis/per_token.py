@@ -5,7 +5,8 @@ One row per scored token, in scoring order: ``chunk``, ``position`` (index of th
 token in the base file's token stream), ``target`` (its id), then the reducer's records:
 ``nll_q``, ``nll_base``, ``kld``, ``dp``, ``same_top``, ``rkld``, ``jsd``, ``top5``, ``top10``,
 ``ptop_base``, ``kld_tail``, ``top1_q`` and ``top1_base`` (both models' most probable token ids;
--1 when read from a file written before they were kept) (docs/metrics.md). The run's metadata is the JSON attribute ``run``; ``complete`` is set last.
+-1 when read from a file written before they were kept), ``tv``, ``tv_hi`` and ``p_out`` (NaN
+from such a file) (docs/metrics.md). The run's metadata is the JSON attribute ``run``; ``complete`` is set last.
 
 While the run goes, the records are appended to ``.NAME.partial`` beside the target, synced to
 disk whenever the compare state is checkpointed; ``--resume`` cuts them back to the
@@ -33,7 +34,8 @@ FIELDS = {
 }
 RECORD = np.dtype([(name, dtype) for name, dtype in FIELDS.items()])
 KIND = "kldtool-per-token"
-LATER = ("top1_q", "top1_base")  # columns files of earlier versions lack: read as -1
+# Columns files of earlier versions lack, and what they read as: ids -1, values unknown (NaN).
+LATER = {"top1_q": -1, "top1_base": -1, "tv": np.nan, "tv_hi": np.nan, "p_out": np.nan}
 
 
 class PerTokenWriter:
@@ -132,7 +134,7 @@ def read_per_token(path: str) -> tuple[dict, dict[str, np.ndarray]]:
             raise UsageError(f"{path}: written by an older kldtool (no column {missing[0]}); rerun compare --per-token")
         cols = {name: f[name][:] for name in FIELDS if name in f}
     n = len(cols["chunk"])
-    cols.update({name: np.full(n, -1, FIELDS[name]) for name in LATER if name not in cols})
+    cols.update({name: np.full(n, fill, FIELDS[name]) for name, fill in LATER.items() if name not in cols})
     if len({len(c) for c in cols.values()}) != 1:
         raise UsageError(f"{path}: per-token columns of different lengths")
     return run, cols

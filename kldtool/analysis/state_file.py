@@ -21,7 +21,7 @@ from kldtool.window_order import Order, order_of
 from kldtool.stats import KldAccumulator
 
 KIND = "kldtool-compare-state"
-VERSION = 2  # 2: the extra metrics' sums and the base top-1 probabilities
+VERSION = 3  # 2: the extra metrics' sums and the base top-1 probabilities; 3: total variation and P_out
 
 
 @dataclass

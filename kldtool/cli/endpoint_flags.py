@@ -21,6 +21,15 @@ ENDPOINT = {
         Optional[str],
         typer.Option(None, "--endpoint-model", help="--endpoint: the served model's name (default: the first listed)."),
     ),
+    "endpoint_api": (
+        Optional[str],
+        typer.Option(
+            None,
+            "--endpoint-api",
+            help="--endpoint: the form the server returns prompt log-probs in: vllm (prompt_logprobs), "
+            "openai-echo (echo + logprobs), or auto (default: tried in that order, the pick said).",
+        ),
+    ),
     "top_k": (
         Optional[int],
         typer.Option(

@@ -71,6 +71,7 @@ def info(
             "ratio_to_raw": round(reader.file_size / raw_size, 4),
             "store": reader.metadata.get("store", "logprobs"),
             **_hidden_facts(reader.metadata),
+            **_served_facts(reader.metadata),
             "metadata": reader.metadata,
         }
     finally:
@@ -83,6 +84,14 @@ def info(
             print(f"{k:22s}: {v}")
     print("metadata              :")
     print(json.dumps(data["metadata"], indent=2))
+
+
+def _served_facts(meta: dict) -> dict:
+    """Where a base file written from a server's answers came from (base --endpoint)."""
+    model = meta.get("model") or {}
+    if model.get("engine") != "endpoint":
+        return {}
+    return {"source": f"endpoint {model.get('server')}, model {model.get('model')}, form {model.get('endpoint_api')}"}
 
 
 def _hidden_facts(meta: dict) -> dict:

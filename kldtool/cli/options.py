@@ -88,6 +88,7 @@ def open_engine(opts: SimpleNamespace, model: str | None, n_ctx: int):
             opts.flash_attn,
             endpoint=opts.endpoint,
             endpoint_model=opts.endpoint_model,
+            endpoint_api=opts.endpoint_api,
             top_k=opts.top_k,
             concurrency=opts.concurrency,
         ),

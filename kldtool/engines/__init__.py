@@ -41,6 +41,7 @@ class EngineOptions:
     flash_attn: str | None = None  # llamacpp: auto, on or off
     endpoint: str | None = None  # any OpenAI-compatible server's URL
     endpoint_model: str | None = None
+    endpoint_api: str | None = None  # vllm, openai-echo or auto
     top_k: int | None = None  # endpoint: log-probs per position
     concurrency: int | None = None  # endpoint: requests in flight (default 4)
 
@@ -97,7 +98,15 @@ def make_engine(opts: EngineOptions, n_ctx: int):
     name = engine_name(opts)
     if name not in REGISTRY:
         raise UsageError(f"--engine {name!r}: expected one of {', '.join(ENGINES)}")
-    endpoint_only = [f for f, v in (("--endpoint-model", opts.endpoint_model), ("--top-k", opts.top_k)) if v]
+    endpoint_only = [
+        f
+        for f, v in (
+            ("--endpoint-model", opts.endpoint_model),
+            ("--endpoint-api", opts.endpoint_api),
+            ("--top-k", opts.top_k),
+        )
+        if v
+    ]
     endpoint_only += ["--concurrency"] if opts.concurrency is not None else []
     if endpoint_only and name != "endpoint":
         raise UsageError(f"{', '.join(endpoint_only)}: only with --endpoint URL")

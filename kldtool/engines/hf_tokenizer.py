@@ -34,6 +34,15 @@ def token_strings(tokenizer, n_vocab: int):
         yield (t or "").encode("utf-8")
 
 
+def _gguf_split(path: str) -> tuple[str, dict]:
+    """(directory, {"gguf_file": name}) for a GGUF file, else (path, {})."""
+    import os
+
+    if path.lower().endswith(".gguf") and os.path.isfile(path):
+        return os.path.dirname(os.path.abspath(path)), {"gguf_file": os.path.basename(path)}
+    return path, {}
+
+
 class ServedTokenizer:
     """The tokenizer of a model served elsewhere, loaded here from its directory or hub id (a
     server's client needs neither the weights nor the server's machine): the tokenizer and what
@@ -45,8 +54,9 @@ class ServedTokenizer:
         try:
             from transformers import AutoConfig, AutoTokenizer
 
-            self.tokenizer = AutoTokenizer.from_pretrained(path)
-            config = AutoConfig.from_pretrained(path)
+            where = _gguf_split(path)  # a GGUF's own tokenizer, BOS policy included
+            self.tokenizer = AutoTokenizer.from_pretrained(where[0], **where[1])
+            config = AutoConfig.from_pretrained(where[0], **where[1])
         except Exception as e:
             raise EngineError(
                 f"{path}: cannot load the served model's tokenizer here ({type(e).__name__}); give its directory with -m"

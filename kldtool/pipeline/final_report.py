@@ -34,9 +34,7 @@ def final_report(
     again), returning the statistics. ``endpoint``: what a run from a server's top-K log-probs
     knows only as a bound (engines/endpoint)."""
     sinks.line()
-    summary, stats = statistics(acc, bootstrap, keep)
-    if endpoint:
-        stats["endpoint"] = endpoint
+    summary, stats = statistics(acc, bootstrap, keep, endpoint)
     if floor and acc.count:
         stats["noise_floor"] = floor | {
             "multiple": (summary.kld_mean[0] / floor["kld_mean"] if floor["kld_mean"] > 0 else float("inf"))

@@ -14,6 +14,7 @@ from kldtool.identity import model_identity
 from kldtool.manifest import ONE_RUN, check_manifests
 from kldtool.pipeline.sinks import Sinks
 from kldtool.manifest import run_metadata
+from kldtool.engines.endpoint.engine import bounded_facts
 from kldtool.pipeline.final_report import final_report, replay
 from kldtool.analysis.state_file import load_state
 from kldtool.report.console import TABLE_HEADER
@@ -82,7 +83,8 @@ def run_merge(
         "shards": [p for _, p in shards],
         "warnings": warnings,
     }
-    result["statistics"] = final_report(acc, sinks, warnings, bootstrap, first.meta["base"].get("keep"))
+    endpoint = bounded_facts(first.meta["model"])  # shards of a run from a server's top K stay bounds
+    result["statistics"] = final_report(acc, sinks, warnings, bootstrap, first.meta["base"].get("keep"), None, endpoint)
     result["chunk_sums"] = acc.chunk_table()
     if json_path:
         write_json(json_path, result)

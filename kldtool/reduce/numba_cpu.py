@@ -164,12 +164,13 @@ def _exp_sum(x, mx, e):
 
 @njit(cache=True, fastmath=_FM, error_model="numpy")
 def _records(x, c, e, big_m, inv_s, scale, lowest, floor):
-    """(KL(base‖q), Σ p (e^d (d - 1) + 1), Σ p, JSD) of one row; branch-free (each "if" below
-    is a select), so it runs as SIMD code."""
+    """(KL(base‖q), Σ p (e^d (d - 1) + 1), Σ p, JSD, Σ |p - q|) of one row; branch-free (each
+    "if" below is a select), so it runs as SIMD code."""
     kld = 0.0
     rk = 0.0
     p_sum = 0.0
     js = 0.0
+    tv = 0.0
     for j in range(len(x)):
         b = _F(c[j]) * scale + lowest
         d = (x[j] - big_m) - b
@@ -188,7 +189,8 @@ def _records(x, c, e, big_m, inv_s, scale, lowest, floor):
         s = _atanh2_series(z) + (_ZERO if near else d - _LN2)
         g = ((_ONE + em) * d - (_TWO + em) * s) / _TWO
         js += np.float64(p * g if kept else e[j] * inv_s * _HALF_LN2)
-    return kld, rk, p_sum, js
+        tv += np.float64(abs(p - e[j] * inv_s))
+    return kld, rk, p_sum, js, tv
 
 
 @njit(cache=True, inline="always")
@@ -207,13 +209,14 @@ def _reduce_row(r, logits, rows, heads, targets, floor, out64, out32, outi):
     s = _exp_sum(x, mx, e)
     big_m = mx + np.float32(np.log(s))
     inv_s = np.float32(1.0 / s)
-    kld, rk, p_sum, js = _records(x, c, e, big_m, inv_s, scale, lowest, floor)
+    kld, rk, p_sum, js, tv = _records(x, c, e, big_m, inv_s, scale, lowest, floor)
     t = targets[r]
     nll = big_m - x[t]
     nll_base = -(np.float32(c[t]) * scale + lowest)
     out64[r, 0] = kld
     out64[r, 1] = rk - (p_sum - 1.0)
     out64[r, 2] = js
+    out64[r, 3] = tv / 2.0
     out32[r, 0] = nll
     out32[r, 1] = nll_base
     out32[r, 2] = np.exp(-nll) - np.exp(-nll_base)
@@ -237,13 +240,13 @@ def _reduce_one_core(logits, rows, heads, targets, floor, out64, out32, outi):
         _reduce_row(r, logits, rows, heads, targets, floor, out64, out32, outi)
 
 
-def reduce_rows_cpu(logits: np.ndarray, rows: np.ndarray, targets: np.ndarray, floor: float) -> list[np.ndarray]:
+def reduce_rows_cpu(logits: np.ndarray, rows: np.ndarray, targets: np.ndarray, floor: float) -> dict[str, np.ndarray]:
     """float32 logits (R, V), int16 or uint16 base rows (R, NV), int64 targets (R,) -> the
-    reducer's columns in ``reduce.FIELDS`` order but ``kld_tail``."""
+    reducer's columns by ``reduce.FIELDS`` name (those of whole rows)."""
     n_rows, n_vocab = logits.shape
     rows = np.ascontiguousarray(rows).view(np.uint16)
     heads = np.ascontiguousarray(rows[:, :HEADER_SLOTS]).view(np.float32)
-    out64 = np.empty((n_rows, 3), np.float64)
+    out64 = np.empty((n_rows, 4), np.float64)
     out32 = np.empty((n_rows, 4), np.float32)
     outi = np.empty((n_rows, 5), np.int64)
     loop = _reduce if spread() else _reduce_one_core
@@ -257,20 +260,21 @@ def reduce_rows_cpu(logits: np.ndarray, rows: np.ndarray, targets: np.ndarray, f
         out32,
         outi,
     )
-    return [
-        out32[:, 0],
-        out32[:, 1],
-        out64[:, 0],
-        out32[:, 2],
-        outi[:, 0].astype(bool),
-        out64[:, 1],
-        out64[:, 2],
-        outi[:, 1],
-        outi[:, 2],
-        out32[:, 3],
-        outi[:, 3],
-        outi[:, 4],
-    ]
+    return {
+        "nll": out32[:, 0],
+        "nll_base": out32[:, 1],
+        "kld": out64[:, 0],
+        "dp": out32[:, 2],
+        "same_top": outi[:, 0].astype(bool),
+        "rkld": out64[:, 1],
+        "jsd": out64[:, 2],
+        "top5": outi[:, 1],
+        "top10": outi[:, 2],
+        "ptop_base": out32[:, 3],
+        "top1_q": outi[:, 3],
+        "top1_base": outi[:, 4],
+        "tv": out64[:, 3],
+    }
 
 
 def warm(on_one_core: bool = False, on_all_cores: bool = True) -> None:

@@ -1,6 +1,7 @@
 """Per-token records, the only thing a reducer hands back: a few host numpy columns per scored
 token, in one fixed order and dtype (``FIELDS``) that every backend, accumulator and per-token
-file shares."""
+file shares. Backends hand their columns by name (``to_records``); a statistic is added here,
+in each backend under the same name, and in ``stats/accumulator.py``'s ``SUMS``."""
 
 from __future__ import annotations
 
@@ -22,6 +23,9 @@ FIELDS = {
     "kld_tail": np.float64,
     "top1_q": np.int32,
     "top1_base": np.int32,
+    "tv": np.float64,
+    "tv_hi": np.float64,
+    "p_out": np.float32,
 }
 
 
@@ -42,6 +46,9 @@ class TokenRecords:
     kld_tail: np.ndarray  # top-K base rows: estimate of the KLD the unstored tail hides (else 0)
     top1_q: np.ndarray  # the compared model's most probable token id (the lowest id on a tie)
     top1_base: np.ndarray  # the base's
+    tv: np.ndarray  # total variation ½ Σ |p - q|; where rows are known in part, its least value
+    tv_hi: np.ndarray  # its largest value (= tv where both rows are whole)
+    p_out: np.ndarray  # the base's mass outside the entries known on both sides (0 for whole rows)
 
     def __len__(self) -> int:
         return len(self.nll)
@@ -61,14 +68,16 @@ class TokenRecords:
         return cls(*(np.concatenate([getattr(p, f) for p in parts]) for f in FIELDS))
 
 
-TAIL = list(FIELDS).index("kld_tail")
-
-
-def to_records(cols: list) -> TokenRecords:
-    """Records from a backend's columns in ``FIELDS`` order; full rows leave ``kld_tail`` (0) out."""
-    if len(cols) == len(FIELDS) - 1:
-        cols = cols[:TAIL] + [np.zeros(len(cols[0]))] + cols[TAIL:]
-    return TokenRecords(*(np.asarray(a, dt) for a, dt in zip(cols, FIELDS.values())))
+def to_records(cols: dict) -> TokenRecords:
+    """Records from a backend's columns by name. Where both rows are whole a backend leaves
+    out what is then known: ``kld_tail`` and ``p_out`` (0) and ``tv_hi`` (= ``tv``)."""
+    n = len(cols["nll"])
+    given = {"kld_tail": np.zeros(n), "p_out": np.zeros(n), **cols}
+    given.setdefault("tv_hi", given["tv"])
+    unknown = set(given) - set(FIELDS)
+    if unknown:
+        raise KeyError(f"not a record field: {sorted(unknown)}")
+    return TokenRecords.from_columns(given)
 
 
 class PendingRecords:

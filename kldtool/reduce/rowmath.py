@@ -41,14 +41,9 @@ def prepare(logits, rows, n_vocab):
     return logits, mx + lse, imax, decode_torch(rows, n_vocab)
 
 
-def extras_only(logits, rows, n_vocab, floor):
-    logits, big_m, _, b = prepare(logits, rows, n_vocab)
-    return extras_block(logits, big_m, b, floor)
-
-
 def extras_block(logits, big_m, b, floor):
-    """(reverse KLD, JSD, top-5 overlap, top-10 overlap, base top-1 probability, compared and
-    base top-1 ids) per row.
+    """Per row, by record name: reverse KLD, JSD, total variation, top-5 and top-10 overlaps,
+    the base's top-1 probability, both models' top-1 ids.
 
     Reverse KLD sums over every entry, a clamped base entry counting at the floor value its code
     decodes to (above its true log-prob, so the term is a lower bound of the true one). JSD
@@ -70,8 +65,17 @@ def extras_block(logits, big_m, b, floor):
     jsd = jsd_terms(b, logq, floor, d, em).sum(dim=1, dtype=torch.float64)
     top_b = top_ids(b, max(TOP_K))
     top_q = top_ids(logits, max(TOP_K))
-    overlaps = top_overlaps(top_q, top_b)
-    return (rkld, jsd, *overlaps, torch.exp(b.max(dim=1).values), top_q[:, 0], top_b[:, 0])
+    top5, top10 = top_overlaps(top_q, top_b)
+    return {
+        "rkld": rkld,
+        "jsd": jsd,
+        "tv": (p - torch.exp(logq)).abs().sum(dim=1, dtype=torch.float64) / 2,
+        "top5": top5,
+        "top10": top10,
+        "ptop_base": torch.exp(b.max(dim=1).values),
+        "top1_q": top_q[:, 0],
+        "top1_base": top_b[:, 0],
+    }
 
 
 def top_overlaps(top_q, top_b) -> list:

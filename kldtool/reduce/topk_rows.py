@@ -23,7 +23,7 @@ def reduce_topk_rows(logits, records, targets, k: int, floor: float) -> TokenRec
     out = [_block(lg, rec, t, k, floor) for lg, rec, t in row_blocks(logits, records, targets)]
     if not out:
         return TokenRecords.empty(0)
-    return to_records([torch.cat([o[i] for o in out]).cpu().numpy() for i in range(len(out[0]))])
+    return to_records({f: torch.cat([o[f] for o in out]).cpu().numpy() for f in out[0]})
 
 
 def _bucket(a, b):
@@ -58,8 +58,27 @@ def _block(logits, records, targets, k, floor):
     dp = torch.exp(-nll) - torch.exp(-nll_base)
     tail = rest_p * _band_kld(p[:, k // 2 :], q[:, k // 2 :], kept[:, k // 2 :])
     top_q = top_ids(logits, max(TOP_K))
-    overlaps = top_overlaps(top_q, ids)
-    return (nll, nll_base, kld, dp, imax == ids[:, 0], rkld, jsd, *overlaps, p[:, 0], tail, top_q[:, 0], ids[:, 0])
+    top5, top10 = top_overlaps(top_q, ids)
+    # total variation: exact on the K ids; the tails' share lies between ½ |R_p - R_q| and ½ (R_p + R_q)
+    tv_k = (p - q).abs().sum(dim=1, dtype=torch.float64) / 2
+    return {
+        "nll": nll,
+        "nll_base": nll_base,
+        "kld": kld,
+        "dp": dp,
+        "same_top": imax == ids[:, 0],
+        "rkld": rkld,
+        "jsd": jsd,
+        "top5": top5,
+        "top10": top10,
+        "ptop_base": p[:, 0],
+        "kld_tail": tail,
+        "top1_q": top_q[:, 0],
+        "top1_base": ids[:, 0],
+        "tv": tv_k + (rest_p - rest_q).abs() / 2,
+        "tv_hi": tv_k + (rest_p + rest_q) / 2,
+        "p_out": rest_p,
+    }
 
 
 def _band_kld(p, q, kept):

@@ -12,7 +12,7 @@ def reduce_rows_torch(logits, base_rows, targets, floor: float) -> TokenRecords:
 
     n_vocab = logits.shape[1]
     out = [_reduce_block(lg, rows, t, n_vocab, floor) for lg, rows, t in row_blocks(logits, base_rows, targets)]
-    return to_records([torch.cat([o[k] for o in out]).cpu().numpy() for k in range(len(out[0]))])
+    return to_records({k: torch.cat([o[k] for o in out]).cpu().numpy() for k in out[0]})
 
 
 def _reduce_block(logits, rows, targets, n_vocab, floor):
@@ -25,5 +25,12 @@ def _reduce_block(logits, rows, targets, n_vocab, floor):
     terms = torch.exp(b) * ((b - logits) + big_m[:, None])
     kld = torch.where(b > floor, terms, torch.zeros_like(terms)).sum(dim=1, dtype=torch.float64)
     dp = torch.exp(-nll) - torch.exp(-nll_base)
-    extras = extras_block(logits, big_m, b, floor)  # ends with both top-1 ids
-    return (nll, nll_base, kld, dp, imax == extras[-1], *extras)
+    extras = extras_block(logits, big_m, b, floor)
+    return {
+        "nll": nll,
+        "nll_base": nll_base,
+        "kld": kld,
+        "dp": dp,
+        "same_top": imax == extras["top1_base"],
+        **extras,
+    }

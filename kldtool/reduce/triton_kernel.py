@@ -79,8 +79,9 @@ def _log1p(y):
 
 
 @triton.jit
-def _extras(x, b, valid, big_m, floor, rk, p_all, js):
-    """Fold one tile into the reverse KLD's and the JSD's lane sums (rowmath.extras_block)."""
+def _extras(x, b, valid, big_m, row_m, inv_s, floor, rk, p_all, js, tv):
+    """Fold one tile into the reverse KLD's, the JSD's and the total variation's lane sums
+    (rowmath.extras_block)."""
     logq = x - big_m
     d = logq - b
     em = _expm1(d)
@@ -90,7 +91,9 @@ def _extras(x, b, valid, big_m, floor, rk, p_all, js):
     s = _log1p(em * 0.5)
     g = ((1.0 + em) * d - (2.0 + em) * s) * 0.5
     js += tl.where(valid, tl.where(b > floor, p * g, tl.exp(logq) * 0.34657359027997264), 0.0).to(tl.float64)
-    return rk, p_all, js
+    # q as exp(x - max) / Σ: exp(log q) would carry log q's rounding, eps |log q| relative
+    tv += tl.where(valid, tl.abs(p - tl.exp(x - row_m) * inv_s), 0.0).to(tl.float64)
+    return rk, p_all, js, tv
 
 
 @triton.jit
@@ -204,6 +207,7 @@ def _reduce_kernel(
 
     lse = tl.log(total).to(tl.float32)
     big_m = row_m + lse
+    inv_s = (1.0 / total).to(tl.float32)
     t = tl.load(targets_ptr + r)
     nll = big_m - tl.load(lrow + t).to(tl.float32)
     qt = tl.load(crow + t)
@@ -213,6 +217,7 @@ def _reduce_kernel(
     rk = tl.zeros((TILE,), tl.float64)
     p_all = tl.zeros((TILE,), tl.float64)
     js = tl.zeros((TILE,), tl.float64)
+    tv = tl.zeros((TILE,), tl.float64)
     # The same pass keeps each lane's three largest logits and base codes (the top-k
     # candidates). Codes rank as the values they decode to unless the scale is 0.
     live = (scale > 0).to(tl.float32)
@@ -225,7 +230,7 @@ def _reduce_kernel(
         x = tl.load(lrow + offs).to(tl.float32)
         c = tl.load(crow + offs).to(tl.float32)
         b = c * scale + lowest
-        rk, p_all, js = _extras(x, b, offs < n_vocab, big_m, floor, rk, p_all, js)
+        rk, p_all, js, tv = _extras(x, b, offs < n_vocab, big_m, row_m, inv_s, floor, rk, p_all, js, tv)
         x1, xi1, x2, xi2, x3, xi3 = _top3(x, offs, x1, xi1, x2, xi2, x3, xi3)
         c1, ci1, c2, ci2, c3, ci3 = _top3(c * live, offs, c1, ci1, c2, ci2, c3, ci3)
     for start in range(n_full, n_vocab, TILE):
@@ -234,7 +239,7 @@ def _reduce_kernel(
         x = tl.load(lrow + offs, mask=valid, other=0.0).to(tl.float32)
         c = tl.load(crow + offs, mask=valid, other=0).to(tl.float32)
         b = c * scale + lowest
-        rk, p_all, js = _extras(x, b, valid, big_m, floor, rk, p_all, js)
+        rk, p_all, js, tv = _extras(x, b, valid, big_m, row_m, inv_s, floor, rk, p_all, js, tv)
         x1, xi1, x2, xi2, x3, xi3 = _top3(tl.where(valid, x, none), offs, x1, xi1, x2, xi2, x3, xi3)
         c1, ci1, c2, ci2, c3, ci3 = _top3(tl.where(valid, c * live, none), offs, c1, ci1, c2, ci2, c3, ci3)
     top_q, unsure_q = _top_ids(x1, xi1, x2, xi2, x3, xi3, n_vocab, TOP_B, SLOTS)
@@ -253,15 +258,16 @@ def _reduce_kernel(
     tl.store(out_ptr + 9 * n_rows + r, first_b.to(tl.float64))
     tl.store(out_ptr + 10 * n_rows + r, _overlap(top_q, top_b, TOP_A, SLOTS).to(tl.float64))
     tl.store(out_ptr + 11 * n_rows + r, _overlap(top_q, top_b, TOP_B, SLOTS).to(tl.float64))
-    tl.store(out_ptr + 12 * n_rows + r, (unsure_q.to(tl.int32) + 2 * unsure_b.to(tl.int32)).to(tl.float64))
+    tl.store(out_ptr + 12 * n_rows + r, tl.sum(tv, 0) * 0.5)
+    tl.store(out_ptr + 13 * n_rows + r, (unsure_q.to(tl.int32) + 2 * unsure_b.to(tl.int32)).to(tl.float64))
 
 
 def reduce_rows_triton(
     logits, base_rows, targets, floor: float, tile: int = TILE, num_warps: int = NUM_WARPS, stages: int = STAGES
 ):
     """The kernel alone, the contract of ``reduce.reduce_rows`` for int16 ``base_rows`` on the logits' device;
-    returns, on it, the (13, rows) float64 record table: ``COLUMNS`` (nll, nll_base, kld, dp,
-    same_top, rkld, jsd, ptop_base, top1_q, top1_base, top5, top10, unsure). ``unsure`` is 1
+    returns, on it, the (14, rows) float64 record table: ``COLUMNS`` (nll, nll_base, kld, dp,
+    same_top, rkld, jsd, ptop_base, top1_q, top1_base, top5, top10, tv, unsure). ``unsure`` is 1
     where the compared top-10 may miss an entry, 2 where the base's may, 3 where both may."""
     import torch
 
@@ -319,5 +325,6 @@ COLUMNS = (
     "top1_base",
     "top5",
     "top10",
+    "tv",
     "unsure",
 )

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from kldtool.codec.rows import HEADER_SLOTS
-from kldtool.reduce.records import PendingRecords, TokenRecords
+from kldtool.reduce.records import PendingRecords, TokenRecords, to_records
 from kldtool.reduce.rowmath import TOP_K, top_ids, top_overlaps
 from kldtool.reduce.triton_kernel import COLUMNS, reduce_rows_triton
 
@@ -35,7 +35,8 @@ def _on_host(table, logits, base_rows) -> TokenRecords:
         rows = torch.as_tensor(idx, device=logits.device)
         for n, exact in zip(TOP_K, _exact_overlaps(logits[rows], base_rows[rows])):
             cols[f"top{n}"][idx] = exact.cpu().numpy()
-    return TokenRecords.from_columns(cols | {"kld_tail": np.zeros(len(cols["nll"]))})
+    del cols["unsure"]
+    return to_records(cols)
 
 
 def _exact_overlaps(logits, rows) -> list:

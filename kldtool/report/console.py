@@ -99,6 +99,7 @@ def extra_block(stats: dict) -> list[str]:
         "====== kldtool: more statistics ======",
         _pm(f"Mean    reverse KLD{ge}", _pair(e["rkld_mean"])),
         _pm(f"Mean    JSD        {ge}", _pair(e["jsd_mean"])),
+        *_tv_lines(e.get("tv")),
         *(
             f"Top-{k:<2} agreement  : {cf('%6.3f', 100 * top[k]['value'])} ± "
             f"{cf('%5.3f', 100 * top[k]['uncertainty'])} %"
@@ -154,6 +155,24 @@ def extra_block(stats: dict) -> list[str]:
     return lines
 
 
+def _tv_lines(tv: dict | None) -> list[str]:
+    """Total variation and the speculative acceptance rate: a mean with its ±, or, where the
+    compared rows are known in part, the interval the mean lies in."""
+    if not tv:
+        return []
+    lo, hi = tv["acceptance"]
+    if not tv["exact"]:
+        return [
+            f"Mean    TV within    : [{cf('%.6f', tv['mean']['value'])}, {cf('%.6f', tv['mean_upper'])}]",
+            f"Acceptance 1 - TV    : [{cf('%.4f', 100 * lo)}, {cf('%.4f', 100 * hi)}] %",
+        ]
+    return [
+        _pm("Mean    TV         ", _pair(tv["mean"])),
+        f"Median  TV         : {cf('%10.6f', tv['median'])}   99.0% TV: {cf('%10.6f', tv['p99'])}",
+        f"Acceptance 1 - TV  : {cf('%7.4f', 100 * hi)} %",
+    ]
+
+
 def _endpoint_lines(e: dict | None) -> list[str]:
     if not e:
         return []
@@ -163,14 +182,8 @@ def _endpoint_lines(e: dict | None) -> list[str]:
         f"Endpoint, top {k} log-probs a position: KLD, reverse KLD and JSD are lower bounds (the top {k} "
         f"and the target exact, the rest one bucket); PPL, Δp and same top are exact",
         f"Base mass outside them: mean {shown[0]}, 99.0% {shown[1]}",
-        *(
-            [
-                f"Mean    TV within [{e['tv_mean'][0]:.6f}, {e['tv_mean'][1]:.6f}]; speculative acceptance "
-                f"1 - TV within [{e['acceptance'][0]:.6f}, {e['acceptance'][1]:.6f}]"
-            ]
-            if e.get("tv_mean")
-            else []
-        ),
+        f"KLD estimate {cf('%10.6f', e['kld_mean_estimate'])} = bound + tail {cf('%.6f', e['tail_estimate'])} "
+        f"(tail model: the tails diverge as the returned ranks {k // 2 + 1}..{k} do)",
         "",
     ]
 

@@ -32,6 +32,12 @@ def _q(key: str):
     return lambda r: (r.statistics["kld_quantiles"].get(key, math.nan),)
 
 
+def _tv(r: ResultRow) -> tuple:
+    """Mean total variation and its ±; NaN for a result written before it was kept."""
+    tv = (r.statistics.get("extra") or {}).get("tv")
+    return (tv["mean"]["value"], tv["mean"]["uncertainty"]) if tv else (math.nan, math.nan)
+
+
 def _size(key: str):
     return lambda r: ((r.size or {}).get(key, math.nan),)
 
@@ -48,6 +54,7 @@ COLUMNS = (
     Column("99.9% KLD", ("kld_p999",), _q("99.9%"), "%.6f"),
     Column("same top %", ("same_top_p", "same_top_p_unc"), _pair("same_top_p"), "%.3f", 100.0),
     Column("RMS Δp %", ("rms_dp", "rms_dp_unc"), _pair("rms_dp"), "%.3f", 100.0),
+    Column("mean TV", ("tv_mean", "tv_mean_unc"), _tv, "%.6f"),
 )
 
 

@@ -1,7 +1,7 @@
 """Running sums as llama-perplexity keeps them (docs/llama-perplexity-format.md §5) and of the extra metrics, plus
 the per-token values the percentiles and top-1 buckets need.
 
-The sums are kept per chunk as well as in total. That costs 21 floats a chunk and makes a
+The sums are kept per chunk as well as in total. That costs 25 floats a chunk and makes a
 run's state exact to save and restore (``--resume``) and exact to merge (``kldtool merge``):
 replaying the chunk sums in chunk order repeats the very additions the uninterrupted run
 made, so every printed digit, including each chunk's running line, comes out the same. The
@@ -16,35 +16,57 @@ import numpy as np
 
 from kldtool.reduce import TokenRecords
 
-SUMS = (
-    "nll",
-    "nll2",
-    "base",
-    "base2",
-    "nll_base",
-    "kld",
-    "kld2",
-    "dp",
-    "dp2",
-    "dp4",
-    "rkld",
-    "rkld2",
-    "jsd",
-    "jsd2",
-    "top5",
-    "top5_2",
-    "top10",
-    "top10_2",
-    "kld_tail",
-)
+
+def _fsum(x) -> float:
+    return float(np.sum(x, dtype=np.float64))
+
+
+def _f32(x) -> np.ndarray:
+    return np.asarray(x, np.float32)
+
+
+def _f64(x) -> np.ndarray:
+    return np.asarray(x, np.float64)
+
+
+def _dp2(r) -> np.ndarray:
+    # The squares and the cross product are float32 products, as in llama.cpp.
+    dp = _f32(r.dp)
+    return (dp * dp).astype(np.float64)
+
+
+# Each chunk's sums, by name, from its records: the one list the chunk vectors, the state files,
+# the bootstrap and the statistics read. A new per-token statistic adds its lines here.
+SUM_OF = {
+    "nll": lambda r: _fsum(_f32(r.nll)),
+    "nll2": lambda r: _fsum(_f32(r.nll) * _f32(r.nll)),
+    "base": lambda r: _fsum(_f32(r.nll_base)),
+    "base2": lambda r: _fsum(_f32(r.nll_base) * _f32(r.nll_base)),
+    "nll_base": lambda r: _fsum(_f32(r.nll) * _f32(r.nll_base)),
+    "kld": lambda r: _fsum(_f64(r.kld)),
+    "kld2": lambda r: _fsum(_f64(r.kld) ** 2),
+    "dp": lambda r: _fsum(_f32(r.dp)),
+    "dp2": lambda r: _fsum(_dp2(r)),
+    "dp4": lambda r: _fsum(_dp2(r) * _dp2(r)),
+    "rkld": lambda r: _fsum(_f64(r.rkld)),
+    "rkld2": lambda r: _fsum(_f64(r.rkld) ** 2),
+    "jsd": lambda r: _fsum(_f64(r.jsd)),
+    "jsd2": lambda r: _fsum(_f64(r.jsd) ** 2),
+    "top5": lambda r: _fsum(_f64(r.top5)),
+    "top5_2": lambda r: _fsum(_f64(r.top5) ** 2),
+    "top10": lambda r: _fsum(_f64(r.top10)),
+    "top10_2": lambda r: _fsum(_f64(r.top10) ** 2),
+    "kld_tail": lambda r: _fsum(_f64(r.kld_tail)),
+    "tv": lambda r: _fsum(_f64(r.tv)),
+    "tv2": lambda r: _fsum(_f64(r.tv) ** 2),
+    "tv_hi": lambda r: _fsum(_f64(r.tv_hi)),
+    "p_out": lambda r: _fsum(_f64(r.p_out)),
+}
+SUMS = tuple(SUM_OF)
 N_SAME, COUNT = len(SUMS), len(SUMS) + 1
 VECTOR_LEN = len(SUMS) + 2
 # Per-token values kept for percentiles and top-1 buckets, float32 each.
-VALUES = ("kld", "dp", "ptop_base")
-
-
-def _fsum(x: np.ndarray) -> float:
-    return float(np.sum(x, dtype=np.float64))
+VALUES = ("kld", "dp", "ptop_base", "tv", "p_out")
 
 
 def _spans(counts) -> Iterator[tuple[int, int]]:
@@ -55,37 +77,8 @@ def _spans(counts) -> Iterator[tuple[int, int]]:
 
 def chunk_vector(r: TokenRecords) -> np.ndarray:
     """One chunk's contribution: the sums, the same-top count and the token count."""
-    nll = r.nll.astype(np.float32)
-    nb = r.nll_base.astype(np.float32)
-    dp = r.dp.astype(np.float32)
-    # The squares and the cross product are float32 products, as in llama.cpp.
-    dp2 = (dp * dp).astype(np.float64)
-
-    def s_s2(x):
-        x = np.asarray(x, np.float64)
-        return _fsum(x), _fsum(x * x)
-
-    return np.array(
-        [
-            _fsum(nll),
-            _fsum(nll * nll),
-            _fsum(nb),
-            _fsum(nb * nb),
-            _fsum(nll * nb),
-            *s_s2(r.kld),
-            _fsum(dp),
-            _fsum(dp2),
-            _fsum(dp2 * dp2),
-            *s_s2(r.rkld),
-            *s_s2(r.jsd),
-            *s_s2(r.top5),
-            *s_s2(r.top10),
-            _fsum(r.kld_tail),
-            float(np.count_nonzero(r.same_top)),
-            float(len(r)),
-        ],
-        dtype=np.float64,
-    )
+    sums = [f(r) for f in SUM_OF.values()]
+    return np.array([*sums, float(np.count_nonzero(r.same_top)), float(len(r))], dtype=np.float64)
 
 
 def chunk_values(r: TokenRecords) -> dict[str, np.ndarray]:

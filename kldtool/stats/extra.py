@@ -1,5 +1,5 @@
-"""kldtool's statistics beyond llama.cpp's: reverse KLD, JSD, top-k agreement and KLD by the
-base's top-1 probability (definitions in docs/metrics.md)."""
+"""kldtool's statistics beyond llama.cpp's: reverse KLD, JSD, total variation, top-k
+agreement and KLD by the base's top-1 probability (definitions in docs/metrics.md)."""
 
 from __future__ import annotations
 
@@ -28,7 +28,36 @@ def extra_stats(acc: KldAccumulator, same_top: tuple[float, float]) -> dict:
             "5": overlap(5),
             "10": overlap(10),
         },
+        "tv": tv_stats(acc),
         "top1_buckets": top1_buckets(acc.per_token("ptop_base"), acc.per_token("kld")),
+    }
+
+
+def tv_stats(acc: KldAccumulator) -> dict:
+    """Total variation: its mean with llama.cpp's ±, median and 99 %, and the speculative
+    acceptance rate 1 - TV. Where the compared rows are known in part each token's TV is an
+    interval: ``mean`` is then the mean of its low ends, ``mean_upper`` of its high ends, and
+    the percentiles are the low ends'."""
+    s, n = acc.sums, acc.count
+    mean, unc = mean_unc(s["tv"], s["tv2"], n)
+    upper = s["tv_hi"] / n if n else 0.0
+    v = np.sort(acc.per_token("tv"))
+    return {
+        "mean": {"value": mean, "uncertainty": unc},
+        "mean_upper": upper,
+        "exact": bool(s["tv_hi"] == s["tv"]),
+        "median": percentile(v, 0.5) if len(v) else None,
+        "p99": percentile(v, 0.99) if len(v) else None,
+        "acceptance": [1.0 - upper, 1.0 - mean],
+    }
+
+
+def outside_mass(acc: KldAccumulator) -> dict:
+    """The base's probability outside the entries known on both sides (P_out): mean and 99 %."""
+    v = np.sort(acc.per_token("p_out"))
+    return {
+        "mean": acc.sums["p_out"] / acc.count if acc.count else None,
+        "p99": percentile(v, 0.99) if len(v) else None,
     }
 
 

