@@ -27,7 +27,7 @@ ENDPOINT = {
             None,
             "--endpoint-api",
             help="--endpoint: the form the server returns prompt log-probs in: vllm (prompt_logprobs), "
-            "openai-echo (echo + logprobs), or auto (default: tried in that order, the pick said).",
+            "sglang (/generate), openai-echo (echo + logprobs), or auto (default: tried in that order).",
         ),
     ),
     "top_k": (

@@ -20,7 +20,7 @@ import numpy as np
 from kldtool.engines import hf_tokenizer
 from kldtool.engines.base import Engine
 from kldtool.engines.endpoint.client import Client, HttpError
-from kldtool.engines.endpoint.forms import APIS, EchoForm, VllmForm
+from kldtool.engines.endpoint.forms import APIS, EchoForm, SglangForm, VllmForm
 from kldtool.engines.endpoint.pieces import Pieces
 from kldtool.errors import EngineError, UsageError
 from kldtool.protocols import Window
@@ -90,12 +90,12 @@ class EndpointEngine(Engine):
         refusal is an answer)."""
         probe = Client(self.url, retries=0)
         tried = []
-        for form in [VllmForm(), EchoForm(), EchoForm(text=True)]:
+        for form in [VllmForm(), SglangForm(), EchoForm(), EchoForm(text=True)]:
             if api != "auto" and form.name != api:
                 continue
             body = form.body(self.model_id, self._prompt(self.probe, form), 1)
             try:
-                answer = probe.post("/v1/completions", body)
+                answer = probe.post(form.path, body)
                 form.read(answer, self.probe, 1, self.url, self.pieces)
                 if form.text:
                     self._take_servers_bos(answer)
@@ -126,7 +126,7 @@ class EndpointEngine(Engine):
     def _top_k(self, asked: int | None) -> int:
         """``asked``, checked against the server; else the most the server allows."""
         probe = min(asked or 1 << 20, self.n_vocab)
-        if not asked and isinstance(self.form, EchoForm):
+        if not asked and not isinstance(self.form, VllmForm):
             probe = min(DEFAULT_MAX_K, self.n_vocab)  # a server with no limit answers every entry
         try:
             self._logprobs(self.probe, probe, "the probe")
@@ -145,7 +145,7 @@ class EndpointEngine(Engine):
 
     def _logprobs(self, prompt: list[int], k: int, where: str) -> list:
         body = self.form.body(self.model_id, self._prompt(prompt, self.form), k)
-        return self.form.read(self.client.post("/v1/completions", body), prompt, k, f"{self.url}: {where}", self.pieces)
+        return self.form.read(self.client.post(self.form.path, body), prompt, k, f"{self.url}: {where}", self.pieces)
 
     def window_logprobs(self, w: Window, k: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(top-``k`` ids, -1 where not known by id; their log-probs; the target's log-prob) at

@@ -3,6 +3,9 @@ shape: per prompt position, the log-prob of the prompt's own token and the top K
 pairs, best first.
 
 - ``vllm``: the completions API with vLLM's ``prompt_logprobs``; token ids in, ids out.
+- ``sglang``: SGLang's native ``/generate`` with ``return_logprob``, ``logprob_start_len=0`` and
+  ``top_logprobs_num``; token ids in, (log-prob, id, text) triples out (the format of sglang
+  0.5.23's tokenizer manager; no SGLang runs on the CPU these tests have).
 - ``openai-echo``: the legacy completions form, ``echo`` with ``logprobs`` (vLLM,
   llama-cpp-python's server). Token ids in where the server takes them, else the window's text,
   which the server tokenizes itself: its tokens are then checked against the window's, and the
@@ -17,7 +20,7 @@ import math
 
 from kldtool.errors import EngineError
 
-APIS = ("vllm", "openai-echo")
+APIS = ("vllm", "sglang", "openai-echo")
 LOGPROB_SLACK = 1e-4  # a log-prob above 0 by more than float32 rounding is no log-prob
 
 
@@ -38,6 +41,7 @@ def _logprob(v, where: str) -> float:
 
 class VllmForm:
     name = "vllm"
+    path = "/v1/completions"
     text = False
 
     def body(self, model: str, prompt: list[int], k: int) -> dict:
@@ -68,10 +72,49 @@ class VllmForm:
         return out
 
 
+class SglangForm:
+    name = "sglang"
+    path = "/generate"
+    text = False
+
+    def body(self, model: str, prompt: list[int], k: int) -> dict:
+        return {
+            "input_ids": prompt,
+            "sampling_params": {"max_new_tokens": 1, "temperature": 0.0},
+            "return_logprob": True,
+            "logprob_start_len": 0,
+            "top_logprobs_num": k,
+        }
+
+    def read(self, answer, prompt: list[int], k: int, where: str, pieces=None) -> list[Position | None]:
+        try:
+            meta = answer["meta_info"]
+            own, tops = meta["input_token_logprobs"], meta["input_top_logprobs"]
+        except (KeyError, TypeError):
+            raise EngineError(f"{where}: the answer has no input log-probs (not SGLang's /generate)") from None
+        if not isinstance(own, list) or not isinstance(tops, list) or not len(own) == len(tops) == len(prompt):
+            got = len(own) if isinstance(own, list) else "none"
+            raise EngineError(f"{where}: {got} input log-probs for a prompt of {len(prompt)} tokens (truncated?)")
+        out: list[Position | None] = [None]
+        for pos in range(1, len(prompt)):
+            try:
+                lp, token = own[pos][0], int(own[pos][1])
+                ranked = [(int(e[1]), _logprob(e[0], where)) for e in (tops[pos] or [])[:k]]
+            except (IndexError, KeyError, TypeError, ValueError):
+                raise EngineError(f"{where}, position {pos}: not a log-prob entry") from None
+            if token != prompt[pos]:
+                raise EngineError(
+                    f"{where}, position {pos}: the server scored token {token} where the prompt has {prompt[pos]}"
+                )
+            out.append(Position(_logprob(lp, where), ranked))
+        return out
+
+
 class EchoForm:
     """``text``: the server takes text prompts only (decided once, when the form is picked)."""
 
     name = "openai-echo"
+    path = "/v1/completions"
 
     def __init__(self, text: bool = False):
         self.text = text
@@ -124,7 +167,3 @@ def _leading_bos(tokens: list, prompt: list[int], pieces) -> int:
     if len(prompt) < 2 or not tokens or not isinstance(tokens[0], str) or prompt[0] not in pieces.special:
         return 0
     return int(not pieces.prints_as(prompt[0], tokens[0]) and pieces.prints_as(prompt[1], tokens[0]))
-
-
-def form(name: str, text: bool = False):
-    return VllmForm() if name == "vllm" else EchoForm(text)
