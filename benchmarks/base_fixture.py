@@ -1,6 +1,6 @@
-"""What the benchmarks share: running kldtool's CLI quietly, and for the vLLM ones their flags
-and the base file they compare against (the built-in SmolLM2 through transformers over
-WikiText-2, or Python's pydoc text without it)."""
+"""What the benchmarks share: running kldtool's CLI quietly, and for the vLLM ones their flags,
+the base file they compare against (the built-in SmolLM2 through transformers over WikiText-2,
+or Python's pydoc text without it) and a server of that model with kldtool's plugin."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from types import SimpleNamespace
 
 ROOT = Path(__file__).resolve().parent.parent
 WIKI = ROOT.parent / "shared" / "data" / "wikitext-2" / "wiki.test.txt"
@@ -77,6 +78,45 @@ def base_reader(a: argparse.Namespace):
             yield model, reader, tmp
         finally:
             reader.close()
+
+
+@contextlib.contextmanager
+def served_with_plugin(a: argparse.Namespace):
+    """A vLLM OpenAI server of the built-in model with kldtool's plugin, its base file allowed:
+    (model, reader, url, kldtool's --server client ``engine``, ``plain``: the client a notebook
+    would write, every window a completion with prompt_logprobs=0, sent from a thread pool)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    sys.path.insert(0, str(ROOT / "tests"))
+    from helpers.vllm_serve import operator_env, served
+
+    from kldtool.engines.vllm.served import MAX_IN_FLIGHT, VllmServerEngine
+    from kldtool.protocols import llamacpp_windows
+
+    with base_reader(a) as (model, reader, tmp):
+        h = reader.header
+        exchange = Path(tmp) / "exchange"  # the operator allows the base file's directory and this
+        exchange.mkdir()
+        operator = operator_env([Path(reader.path).parent], exchange)
+        with served(model, tmp, h.n_ctx + 1, dtype=a.dtype, operator=operator) as url:
+            engine = VllmServerEngine(
+                url, n_ctx=h.n_ctx, windows_per_call=max(4, 65536 // h.n_ctx), exchange_dir=str(exchange)
+            )
+            windows = llamacpp_windows(reader.tokens, h.n_ctx, h.n_chunk, engine.bos_id)
+
+            def one(w) -> None:
+                body = {"model": engine.model_id, "prompt": [int(t) for t in w.tokens], "max_tokens": 1}
+                r = engine._request("/v1/completions", body | {"prompt_logprobs": 0})
+                assert len(r["choices"][0]["prompt_logprobs"]) == len(w.tokens)
+
+            def plain() -> None:
+                with ThreadPoolExecutor(max_workers=min(len(windows), MAX_IN_FLIGHT)) as pool:
+                    list(pool.map(one, windows))
+
+            try:
+                yield SimpleNamespace(model=model, reader=reader, url=url, engine=engine, plain=plain)
+            finally:
+                engine.close()
 
 
 def compare_quietly(engine, reader) -> None:

@@ -16,54 +16,13 @@ figures in docs/benchmarks.md, which had it in a process of its own).
 
 from __future__ import annotations
 
-import sys
-from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
-
-from base_fixture import base_reader, report, time_both, vllm_args
-
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
+from base_fixture import report, served_with_plugin, time_both, vllm_args
 
 
 def main() -> None:
     a = vllm_args(__doc__)
-
-    from helpers.vllm_serve import operator_env, served
-
-    from kldtool.engines.vllm.served import MAX_IN_FLIGHT, VllmServerEngine
-    from kldtool.protocols import llamacpp_windows
-
-    with base_reader(a) as (model, reader, tmp):
-        h = reader.header
-        # The operator allows the base file's directory and a results directory beside it.
-        exchange = Path(tmp) / "exchange"
-        exchange.mkdir()
-        operator = operator_env([Path(reader.path).parent], exchange)
-        with served(model, tmp, h.n_ctx + 1, dtype=a.dtype, operator=operator) as url:
-            engine = VllmServerEngine(
-                url, n_ctx=h.n_ctx, windows_per_call=max(4, 65536 // h.n_ctx), exchange_dir=str(exchange)
-            )
-            windows = llamacpp_windows(reader.tokens, h.n_ctx, h.n_chunk, engine.bos_id)
-
-            def one(w) -> None:
-                r = engine._request(
-                    "/v1/completions",
-                    {
-                        "model": engine.model_id,
-                        "prompt": [int(t) for t in w.tokens],
-                        "max_tokens": 1,
-                        "prompt_logprobs": 0,
-                    },
-                )
-                assert len(r["choices"][0]["prompt_logprobs"]) == len(w.tokens)
-
-            def plain() -> None:
-                with ThreadPoolExecutor(max_workers=min(len(windows), MAX_IN_FLIGHT)) as pool:
-                    list(pool.map(one, windows))
-
-            best = time_both(plain, engine, reader, a.rounds)
-            engine.close()
+    with served_with_plugin(a) as s:
+        best = time_both(s.plain, s.engine, s.reader, a.rounds)
     report(
         a,
         best,
