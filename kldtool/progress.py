@@ -72,11 +72,12 @@ def _duration(seconds: float) -> str:
 
 class Progress:
     """One stage of a run: ``what`` (say "compare"), ``total`` items of ``unit``. Use as a
-    context manager; ``advance()`` per item done, or ``to(done, total)`` from a callback."""
+    context manager; ``advance()`` per item done (with the tokens it scored, for a tokens/s
+    rate), or ``to(done, total)`` from a callback."""
 
     def __init__(self, what: str, total: int, unit: str = "windows"):
         self.what, self.total, self.unit = what, max(int(total), 0), unit
-        self.done = 0
+        self.done = self.tokens = 0
         self.mode = mode()
         self._t0 = self._shown = time.monotonic()
         self._every, self._lines = line_seconds(), 0
@@ -124,7 +125,8 @@ class Progress:
         elif self.mode == "lines" and kind is None and self.done and (self._lines or self._elapsed() >= self._every):
             self._line(final=True)  # a stage too short for a line of its own gets none at its end either
 
-    def advance(self, n: int = 1) -> None:
+    def advance(self, n: int = 1, tokens: int = 0) -> None:
+        self.tokens += tokens
         self.to(self.done + n)
 
     def to(self, done: int, total: int | None = None) -> None:
@@ -147,7 +149,8 @@ class Progress:
         rate = self._rate()
         if not rate:
             return ""
-        return f"{rate:.2f} {self.unit}/s" if rate >= 1 else f"{1 / rate:.1f} s each"
+        text = f"{rate:.2f} {self.unit}/s" if rate >= 1 else f"{1 / rate:.1f} s each"
+        return text + (f", {self.tokens / self._elapsed():.0f} tokens/s" if self.tokens else "")
 
     def _line(self, final: bool) -> None:
         self._shown, self._lines = time.monotonic(), self._lines + 1

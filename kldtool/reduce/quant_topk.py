@@ -125,8 +125,9 @@ def _records(base: _Base, cq: _Compared, floor: float) -> TokenRecords:
     r_js = np.clip(p_out, lo, hi)
     m_out = np.maximum((p_out + r_js) / 2, 1e-300)
     jsd += 0.5 * (_bucket(p_out, m_out) + _bucket(r_js, m_out))
-    tv_s = 0.5 * np.abs(np.where(in_s, np.exp(s_b), 0.0) - q).sum(axis=1)
-    gap = np.maximum(np.maximum(lo - p_out_all, p_out_all - hi), 0.0)  # |P - R| at its least over R's interval
+    # total variation counts a clamped base entry as p = 0, as KLD does
+    tv_s = 0.5 * np.abs(p_s - q).sum(axis=1)
+    gap = np.maximum(np.maximum(lo - p_out, p_out - hi), 0.0)  # |P - R| at its least over R's interval
     ids, top_b = cq.ids, base.top_ids
     return to_records(
         {
@@ -143,7 +144,7 @@ def _records(base: _Base, cq: _Compared, floor: float) -> TokenRecords:
             "top1_q": ids[:, 0],
             "top1_base": top_b[:, 0],
             "tv": tv_s + 0.5 * gap,
-            "tv_hi": tv_s + 0.5 * (p_out_all + hi),
+            "tv_hi": tv_s + 0.5 * (p_out + hi),
             "p_out": p_out,
         }
     )

@@ -69,7 +69,7 @@ def extras_block(logits, big_m, b, floor):
     return {
         "rkld": rkld,
         "jsd": jsd,
-        "tv": (p - torch.exp(logq)).abs().sum(dim=1, dtype=torch.float64) / 2,
+        "tv": (torch.where(b > floor, p, 0.0) - torch.exp(logq)).abs().sum(dim=1, dtype=torch.float64) / 2,
         "top5": top5,
         "top10": top10,
         "ptop_base": torch.exp(b.max(dim=1).values),

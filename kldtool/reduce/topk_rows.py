@@ -60,7 +60,7 @@ def _block(logits, records, targets, k, floor):
     top_q = top_ids(logits, max(TOP_K))
     top5, top10 = top_overlaps(top_q, ids)
     # total variation: exact on the K ids; the tails' share lies between ½ |R_p - R_q| and ½ (R_p + R_q)
-    tv_k = (p - q).abs().sum(dim=1, dtype=torch.float64) / 2
+    tv_k = (torch.where(kept, p, 0.0) - q).abs().sum(dim=1, dtype=torch.float64) / 2
     return {
         "nll": nll,
         "nll_base": nll_base,

@@ -92,7 +92,7 @@ def _extras(x, b, valid, big_m, row_m, inv_s, floor, rk, p_all, js, tv):
     g = ((1.0 + em) * d - (2.0 + em) * s) * 0.5
     js += tl.where(valid, tl.where(b > floor, p * g, tl.exp(logq) * 0.34657359027997264), 0.0).to(tl.float64)
     # q as exp(x - max) / Σ: exp(log q) would carry log q's rounding, eps |log q| relative
-    tv += tl.where(valid, tl.abs(p - tl.exp(x - row_m) * inv_s), 0.0).to(tl.float64)
+    tv += tl.where(valid, tl.abs(tl.where(b > floor, p, 0.0) - tl.exp(x - row_m) * inv_s), 0.0).to(tl.float64)
     return rk, p_all, js, tv
 
 
