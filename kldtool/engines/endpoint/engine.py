@@ -111,7 +111,8 @@ class EndpointEngine(Engine):
         tokens it counts for the probe's text, and the windows follow it (a tokenizer loaded
         here may not know, as transformers' from a GGUF does not)."""
         ours = len(self.probe) - (1 if self.probe and self.probe[0] in self.pieces.special else 0)
-        counted = (answer.get("usage") or {}).get("prompt_tokens")
+        usage = answer.get("usage")  # a server's answer: a dict only where it says so
+        counted = usage.get("prompt_tokens") if isinstance(usage, dict) else None
         if counted == ours + 1 and self.tokenizer.bos_token_id is not None:
             self.bos_id = self.tokenizer.bos_token_id
         elif counted == ours:
