@@ -1,7 +1,8 @@
 """Where in a run the divergence is: its scored tokens split into buckets, by depth (the predicted
-token's position in its window, in log2-spaced buckets) or by kind of token (whitespace, digits,
-code-like, punctuation, word start, word continuation, other; plus classes the user names by a
-regex over the token's text or a file of token ids), each bucket with the run's own statistics.
+token's position in its window, in compare's own depth buckets: stats/depth.py) or by kind of
+token (whitespace, digits, code-like, punctuation, word start, word continuation, other; plus
+classes the user names by a regex over the token's text or a file of token ids), each bucket
+with the run's own statistics.
 
 A bucket's statistics come from the same per-chunk vectors the whole run's do (its tokens
 through ``per_token.accumulate``, window by window), so its mean KLD,
@@ -21,6 +22,7 @@ import numpy as np
 from kldtool.errors import UsageError
 from kldtool.analysis.per_token import accumulate
 from kldtool.stats.bootstrap import Bootstrap, block_bootstrap, chunk_statistics
+from kldtool.stats.depth import default_bounds, labels
 from kldtool.stats.summary import percentile
 
 KINDS = ("whitespace", "digits", "code-like", "punctuation", "word start", "word continuation", "other")
@@ -42,19 +44,6 @@ def kind_of(text: str) -> str:
     if stripped[0].isalpha():
         return "word start" if text[0].isspace() else "word continuation"
     return "other"
-
-
-def depth_edges(longest: int) -> list[int]:
-    """Bucket starts 1, 2, 4, 8, ... up to the longest window (depth 0 is never predicted)."""
-    edges, d = [], 1
-    while d <= longest:
-        edges.append(d)
-        d *= 2
-    return edges
-
-
-def depth_labels(edges: list[int]) -> list[str]:
-    return [f"{a}-{b - 1}" if b - 1 > a else str(a) for a, b in zip(edges, edges[1:] + [edges[-1] * 2])]
 
 
 @dataclass(frozen=True)
@@ -113,10 +102,10 @@ def by_depth(cols: dict, starts: dict[int, int], spec: Bootstrap) -> list[dict]:
     """Buckets of the predicted token's position in its window (``starts``: window -> stream offset)."""
     start = np.array([starts[int(c)] for c in cols["chunk"]], np.int64)
     depth = cols["position"].astype(np.int64) - start
-    edges = depth_edges(int(depth.max()))
-    which = np.searchsorted(edges, depth, side="right") - 1
-    rows = [{"bucket": label} | bucket_stats(cols, which == i, spec) for i, label in enumerate(depth_labels(edges))]
-    return [r for r in rows if r["tokens"]]  # depths no window scores (llama.cpp's first half) are left out
+    bounds = default_bounds(int(depth.min()), int(depth.max()))  # compare's own table's buckets
+    which = np.searchsorted(bounds, depth, side="right") - 1
+    rows = [{"bucket": label} | bucket_stats(cols, which == i, spec) for i, label in enumerate(labels(bounds))]
+    return [r for r in rows if r["tokens"]]
 
 
 def by_kind(cols: dict, text_of, classes: list[UserClass], spec: Bootstrap) -> list[dict]:

@@ -91,6 +91,13 @@ def compare(
     min_chunks: int = typer.Option(
         16, "--min-chunks", help="With --target-ci: the first look, after this many windows (then 2x, 4x, ...)."
     ),
+    depth_bins: Optional[str] = typer.Option(
+        None,
+        "--depth-bins",
+        help="Print KLD by depth (the predicted token's position in its window) after the statistics: "
+        "log2 buckets (log2; linear ones where the scored depths span fewer than 4) or bucket starts "
+        "such as 1,4096,32768. The JSON has the table in any case.",
+    ),
     run=None,
     boot=None,
     shown=None,
@@ -102,6 +109,7 @@ def compare(
     from kldtool.pipeline.compare import run_compare
     from kldtool.cli.compare_flags import check_protocol_flags, checkpoints_of, parse_chunk_range, stopping_of
     from kldtool.pipeline.noise_floor import load_floor
+    from kldtool.stats.depth import parse_depth_bins
 
     del kl_divergence
     if base_file is None:
@@ -109,6 +117,7 @@ def compare(
     checkpoints = checkpoints_of(state, checkpoint_every, resume)
     resampling = bootstrap_of(boot)
     visit, stopping = stopping_of(order, target_ci, min_chunks)
+    parse_depth_bins(depth_bins, 1, 1)  # a malformed spec fails before anything is opened
     reader = open_base_file(base_file)
     try:
         floor = load_floor(noise_floor, reader) if noise_floor else None
@@ -136,6 +145,7 @@ def compare(
                 floor=floor,
                 order=visit,
                 stopping=stopping,
+                depth_bins=depth_bins,
             )
         finally:
             eng.close()

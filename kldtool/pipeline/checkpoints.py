@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from kldtool.errors import StateError
 from kldtool.identity import model_identity
 from kldtool.pipeline.sinks import Sinks
 from kldtool.analysis.state_file import RunState, check_fits, load_state
@@ -25,7 +26,7 @@ class Checkpoints:
 
 
 def start_state(ck: Checkpoints, meta: dict, sinks: Sinks) -> RunState:
-    fresh = RunState(meta, KldAccumulator())
+    fresh = RunState(meta, KldAccumulator(meta.get("depth_bounds")))
     if not ck.resume:
         return fresh
     if not os.path.exists(ck.path):
@@ -33,6 +34,11 @@ def start_state(ck: Checkpoints, meta: dict, sinks: Sinks) -> RunState:
         return fresh
     state = load_state(ck.path)
     check_fits(state, ck.path, meta["base"], model_identity(meta["model"]), tuple(meta["chunk_range"]), order_of(meta))
+    bounds = meta.get("depth_bounds")
+    if state.acc.chunks and state.acc.depth_bounds is None:
+        sinks.info(f"compare: note: {ck.path} was made by a kldtool that kept no depth buckets; this run keeps none")
+    elif state.acc.chunks and state.acc.depth_bounds != (None if bounds is None else tuple(bounds)):
+        raise StateError(f"{ck.path}: made with other --depth-bins; resume it with the ones it ran with")
     if state.meta.get("n_seq") != meta["n_seq"]:
         sinks.info(
             f"compare: note: the checkpoint was made with {state.meta.get('n_seq')} chunks per pass, "

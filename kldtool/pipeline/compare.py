@@ -29,6 +29,7 @@ from kldtool.sizes import model_size_dict
 from kldtool.small_files import write_json
 from kldtool.stats import summarize
 from kldtool.stats.bootstrap import Bootstrap
+from kldtool.stats.depth import depth_block, parse_depth_bins, window_depths
 from kldtool.window_order import FILE_ORDER, Order
 
 
@@ -45,11 +46,21 @@ def run_compare(
     floor: dict | None = None,
     order: Order = FILE_ORDER,
     stopping: Stopping = Stopping(),
+    depth_bins: str | None = None,
 ) -> dict:
+    """``depth_bins``: ``--depth-bins`` (the depth table is kept in any case, printed when given)."""
     run = CompareRun(engine, reader, sinks or Sinks(), checkpoints or Checkpoints(), bootstrap)
-    run.start(force, chunk_range, per_token_path, order, stopping)
+    run.start(force, chunk_range, per_token_path, order, stopping, depth_bins)
     run.loop()
     return run.result(json_path, floor)
+
+
+def depth_bounds(windows, spec: str | None) -> list[int]:
+    """The depth buckets' bounds over the depths the windows score."""
+    scored = [w for w in windows if w.n_scored]
+    if not scored:
+        return [1, 2]
+    return parse_depth_bins(spec, min(w.first + 1 for w in scored), max(w.first + w.n_scored for w in scored))
 
 
 class CompareRun:
@@ -65,6 +76,7 @@ class CompareRun:
         per_token_path: str | None,
         order: Order = FILE_ORDER,
         stopping: Stopping = Stopping(),
+        depth_bins: str | None = None,
     ) -> None:
         engine, reader, sinks = self.engine, self.reader, self.sinks
         self.warnings = check_compatible(engine, reader, force)
@@ -86,6 +98,9 @@ class CompareRun:
             "warnings": self.warnings,
             "protocol": file_protocol(reader),
             "manifest": run_manifest(described, engine.tokenizer_identity()),
+            # From every window of the file, so shards of one run have the same buckets.
+            "depth_bounds": depth_bounds(windows, depth_bins),
+            "depth_shown": depth_bins is not None,
         }
         self.state = start_state(self.ck, self.meta, sinks)
         self.in_range = order.arrange(windows[a:b])
@@ -164,7 +179,8 @@ class CompareRun:
                     # holds, and --resume cuts them back to the checkpoint.
                     if self.per_token:
                         self.per_token.add(w.index, w.scored_positions(), w.targets, rec)
-                    acc.add(rec, w.index)
+                    bounds = acc.depth_bounds
+                    acc.add(rec, w.index, bounds and depth_block(rec, window_depths(w.first, len(rec)), bounds))
                     sinks.line(chunk_line(w.index + 1, summarize(acc, with_quantiles=False)))
                     shown.advance(tokens=len(rec))
                 due = (
@@ -232,7 +248,14 @@ class CompareRun:
         acc = self.acc.in_window_order()
         bounded = getattr(engine, "bounded", None)  # a server's top-K log-probs: the KLD is a bound
         result["statistics"] = final_report(
-            acc, self.sinks, self.warnings, self.bootstrap, h.keep, floor, bounded() if bounded else None
+            acc,
+            self.sinks,
+            self.warnings,
+            self.bootstrap,
+            h.keep,
+            floor,
+            bounded() if bounded else None,
+            show_depth=meta["depth_shown"],
         )
         if self.stopped:
             self.sinks.line(stop_line(self.stopped, self.order))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from kldtool.pipeline.sinks import Sinks
 from kldtool.report.console import chunk_line, extra_block, final_blocks
+from kldtool.report.depth import depth_lines
 from kldtool.stats import KldAccumulator, summarize
 from kldtool.stats.bootstrap import Bootstrap
 from kldtool.stats.run_stats import statistics
@@ -14,9 +15,9 @@ from kldtool.stats.summary import MIN_TOKENS_FOR_STATS
 
 def replay(source: KldAccumulator, sinks: Sinks) -> KldAccumulator:
     """Add ``source``'s chunks again one by one, printing each running line as the run did."""
-    acc = KldAccumulator()
-    for chunk, vector, values in source.iter_chunks():
-        acc.add_chunk(chunk, vector, values)
+    acc = KldAccumulator(source.depth_bounds)
+    for chunk, vector, values, depth in source.iter_chunks():
+        acc.add_chunk(chunk, vector, values, depth)
         sinks.line(chunk_line(chunk + 1, summarize(acc, with_quantiles=False)))
     return acc
 
@@ -29,10 +30,11 @@ def final_report(
     keep: int | None = None,
     floor: dict | None = None,
     endpoint: dict | None = None,
+    show_depth: bool = False,
 ) -> dict:
-    """llama.cpp's three statistic blocks, kldtool's extra block (and any --force warning
-    again), returning the statistics. ``endpoint``: what a run from a server's top-K log-probs
-    knows only as a bound (engines/endpoint)."""
+    """llama.cpp's three statistic blocks, kldtool's extra block, with ``show_depth`` the depth
+    table (and any --force warning again), returning the statistics. ``endpoint``: what a run
+    from a server's top-K log-probs knows only as a bound (engines/endpoint)."""
     sinks.line()
     summary, stats = statistics(acc, bootstrap, keep, endpoint)
     if floor and acc.count:
@@ -40,7 +42,8 @@ def final_report(
             "multiple": (summary.kld_mean[0] / floor["kld_mean"] if floor["kld_mean"] > 0 else float("inf"))
         }
     if acc.count >= MIN_TOKENS_FOR_STATS:
-        for line in final_blocks(summary, "KLD ≥" if endpoint else "KLD") + extra_block(stats):
+        shown = depth_lines(stats.get("depth"), bool(endpoint)) if show_depth else []
+        for line in final_blocks(summary, "KLD ≥" if endpoint else "KLD") + extra_block(stats) + shown:
             sinks.line(line)
     else:
         sinks.info(

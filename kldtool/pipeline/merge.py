@@ -84,7 +84,8 @@ def run_merge(
         "warnings": warnings,
     }
     endpoint = bounded_facts(first.meta["model"])  # shards of a run from a server's top K stay bounds
-    result["statistics"] = final_report(acc, sinks, warnings, bootstrap, first.meta["base"].get("keep"), None, endpoint)
+    keep, shown = first.meta["base"].get("keep"), bool(first.meta.get("depth_shown"))
+    result["statistics"] = final_report(acc, sinks, warnings, bootstrap, keep, None, endpoint, show_depth=shown)
     result["chunk_sums"] = acc.chunk_table()
     if json_path:
         write_json(json_path, result)

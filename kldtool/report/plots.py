@@ -3,6 +3,7 @@
 - ``kld_vs_bpw.png``: mean and 99 % KLD against bits per weight, log y;
 - ``ppl_ratio_vs_bpw.png``: PPL(Q)/PPL(base) against bits per weight, with its ±;
 - ``kld_histograms.png``: each quant's KLD distribution (log-spaced bins);
+- ``kld_by_depth.png``: mean KLD by the predicted token's position in its window, one line a run;
 - ``ppl --protocol documents --plot FILE``: PPL against context length, one line per model.
 """
 
@@ -98,12 +99,44 @@ def kld_histograms(plt, rows: list[ResultRow], path: str) -> None:
         total = counts.sum() + h["below"] + h["above"]
         ax.stairs(counts / max(total, 1), edges, label=f"{r.label} (< 1e-7: {h['below'] / max(total, 1):.1%})")
     ax.set_xscale("log")
-    ax.set_xlabel("per-token KL divergence (nats, log-spaced bins)")
-    ax.set_ylabel("share of scored tokens per bin")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
+    _finish(ax, "per-token KL divergence (nats, log-spaced bins)", "share of scored tokens per bin")
     _title(ax, "Distribution of per-token KLD", rows)
     _save(fig, path)
+
+
+def kld_by_depth(plt, rows: list[ResultRow], path: str) -> None:
+    """Mean KLD in each depth bucket (with its 95 % chunk-bootstrap interval) at the bucket's
+    middle depth, one line per run: where in a long window a quant or a KV-cache type diverges."""
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    positive = True
+    for r in rows:
+        buckets = (r.statistics.get("depth") or {}).get("rows") or []
+        if not buckets:
+            continue
+        x = [(b["depths"][0] + b["depths"][1]) / 2 for b in buckets]
+        y = [b["kld_mean"] for b in buckets]
+        spans = [b.get("kld_mean_interval_95") or (m, m) for b, m in zip(buckets, y)]
+        err = [[max(m - lo, 0) for m, (lo, _) in zip(y, spans)], [max(hi - m, 0) for m, (_, hi) in zip(y, spans)]]
+        ax.errorbar(x, y, yerr=err, fmt="o-", capsize=3, label=r.label)
+        positive = positive and min(y) > 0
+    ax.set_xscale("log", base=2)
+    if positive:
+        ax.set_yscale("log")
+    _finish(
+        ax,
+        "depth: the predicted token's position in its window (bucket middle)",
+        "mean KLD (95 % chunk bootstrap)",
+    )
+    _title(ax, "KLD by depth", rows)
+    _save(fig, path)
+
+
+def _finish(ax, xlabel: str, ylabel: str) -> None:
+    """Axis labels, a light grid and the legend, as every per-run plot has them."""
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
 
 
 def _save(fig, path: str) -> None:
@@ -181,6 +214,7 @@ def write_plots(rows: list[ResultRow], out_dir: str) -> list[str]:
         ("kld_vs_bpw.png", kld_vs_bpw, len(_sized(rows)) > 0),
         ("ppl_ratio_vs_bpw.png", ppl_ratio_vs_bpw, len(_sized(rows)) > 0),
         ("kld_histograms.png", kld_histograms, any("kld_histogram" in r.statistics for r in rows)),
+        ("kld_by_depth.png", kld_by_depth, any((r.statistics.get("depth") or {}).get("rows") for r in rows)),
     ]
     for name, draw, possible in plans:
         if possible:

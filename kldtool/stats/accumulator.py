@@ -86,11 +86,16 @@ def chunk_values(r: TokenRecords) -> dict[str, np.ndarray]:
 
 
 class KldAccumulator:
-    def __init__(self):
+    """The run's sums per chunk and in total, its per-token values and, where ``depth_bounds``
+    are given, each chunk's sums per depth bucket (``stats/depth.py``)."""
+
+    def __init__(self, depth_bounds=None):
         self.total = np.zeros(VECTOR_LEN, np.float64)
         self.chunks: list[int] = []
         self.chunk_vectors: list[np.ndarray] = []
         self._values: dict[str, list[np.ndarray]] = {name: [] for name in VALUES}
+        self.depth_bounds = None if depth_bounds is None else tuple(int(b) for b in depth_bounds)
+        self.depth_blocks: list[np.ndarray] = []
 
     @property
     def sums(self) -> dict[str, float]:
@@ -104,13 +109,19 @@ class KldAccumulator:
     def count(self) -> int:
         return int(self.total[COUNT])
 
-    def add(self, r: TokenRecords, chunk: int = -1) -> None:
-        self.add_chunk(chunk, chunk_vector(r), chunk_values(r))
+    def add(self, r: TokenRecords, chunk: int = -1, depth: np.ndarray | None = None) -> None:
+        """One chunk's records; ``depth``: their sums per depth bucket (``stats/depth.py``'s
+        ``depth_block``), needed where the accumulator keeps depth buckets."""
+        self.add_chunk(chunk, chunk_vector(r), chunk_values(r), depth)
 
-    def add_chunk(self, chunk: int, vector: np.ndarray, values: dict[str, np.ndarray]) -> None:
+    def add_chunk(self, chunk: int, vector: np.ndarray, values: dict[str, np.ndarray], depth=None) -> None:
         n = int(vector[COUNT])
         if any(len(values[name]) != n for name in VALUES):
             raise ValueError(f"chunk {chunk}: {[len(values[k]) for k in VALUES]} values for {n} tokens")
+        if self.depth_bounds is not None:
+            if depth is None or np.shape(depth)[0] != len(self.depth_bounds) - 1:
+                raise ValueError(f"chunk {chunk}: depth sums of shape {np.shape(depth)} for {self.depth_bounds}")
+            self.depth_blocks.append(np.asarray(depth, np.float64))
         self.total += vector
         self.chunks.append(int(chunk))
         self.chunk_vectors.append(np.asarray(vector, np.float64))
@@ -118,8 +129,14 @@ class KldAccumulator:
             self._values[name].append(values[name])
 
     def merge(self, other: "KldAccumulator") -> None:
-        for chunk, vector, values in other.iter_chunks():
-            self.add_chunk(chunk, vector, values)
+        """Add ``other``'s chunks. Their depth buckets are kept where both have the same bounds
+        (an empty accumulator takes ``other``'s); otherwise the merged sums have none."""
+        if not self.chunks:
+            self.depth_bounds = other.depth_bounds
+        elif self.depth_bounds != other.depth_bounds:
+            self.depth_bounds, self.depth_blocks = None, []
+        for chunk, vector, values, depth in other.iter_chunks():
+            self.add_chunk(chunk, vector, values, depth)
 
     def in_window_order(self) -> "KldAccumulator":
         """The same chunks added in window order (itself when they already are): a run that
@@ -127,9 +144,9 @@ class KldAccumulator:
         order has, and so does a merge of such runs."""
         if self.chunks == sorted(self.chunks):
             return self
-        acc = KldAccumulator()
-        for chunk, vector, values in sorted(self.iter_chunks(), key=lambda c: c[0]):
-            acc.add_chunk(chunk, vector, values)
+        acc = KldAccumulator(self.depth_bounds)
+        for chunk, vector, values, depth in sorted(self.iter_chunks(), key=lambda c: c[0]):
+            acc.add_chunk(chunk, vector, values, depth)
         return acc
 
     def truncate(self, n_chunks: int) -> None:
@@ -137,17 +154,18 @@ class KldAccumulator:
         in the same order, so it equals the total the run had after those chunks."""
         n_tokens = int(sum(int(v[COUNT]) for v in self.chunk_vectors[:n_chunks]))
         self._values = {name: [self.per_token(name)[:n_tokens]] for name in VALUES}
-        del self.chunks[n_chunks:], self.chunk_vectors[n_chunks:]
+        del self.chunks[n_chunks:], self.chunk_vectors[n_chunks:], self.depth_blocks[n_chunks:]
         self.total = np.zeros(VECTOR_LEN, np.float64)
         for v in self.chunk_vectors:
             self.total += v
 
-    def iter_chunks(self) -> Iterator[tuple[int, np.ndarray, dict[str, np.ndarray]]]:
-        """(chunk, vector, per-token values) in the order they were added."""
+    def iter_chunks(self) -> Iterator[tuple[int, np.ndarray, dict[str, np.ndarray], np.ndarray | None]]:
+        """(chunk, vector, per-token values, depth sums or None) in the order they were added."""
         whole = {name: self.per_token(name) for name in VALUES}
         counts = np.array([int(v[COUNT]) for v in self.chunk_vectors], np.int64)
-        for chunk, vector, (a, b) in zip(self.chunks, self.chunk_vectors, _spans(counts)):
-            yield chunk, vector, {name: v[a:b] for name, v in whole.items()}
+        depths = self.depth_blocks if self.depth_bounds is not None else [None] * len(self.chunks)
+        for chunk, vector, (a, b), depth in zip(self.chunks, self.chunk_vectors, _spans(counts), depths):
+            yield chunk, vector, {name: v[a:b] for name, v in whole.items()}, depth
 
     def per_token(self, name: str) -> np.ndarray:
         """One of ``VALUES`` for every token, in scoring order."""
@@ -171,11 +189,15 @@ class KldAccumulator:
     def arrays(self) -> dict[str, np.ndarray]:
         """Everything needed to rebuild this accumulator exactly (see :meth:`from_arrays`)."""
         vectors = np.array(self.chunk_vectors, np.float64).reshape(-1, VECTOR_LEN)
-        return {
+        out = {
             "chunks": np.array(self.chunks, np.int64),
             "chunk_vectors": vectors,
             **{name: self.per_token(name) for name in VALUES},
         }
+        if self.depth_bounds is not None:
+            out["depth_bounds"] = np.array(self.depth_bounds, np.int64)
+            out["depth_sums"] = np.array(self.depth_blocks, np.float64).reshape(len(self.chunks), -1)
+        return out
 
     @classmethod
     def from_arrays(cls, a: dict[str, np.ndarray]) -> "KldAccumulator":
@@ -186,9 +208,12 @@ class KldAccumulator:
         counts = vectors[:, COUNT].astype(np.int64)
         if (counts < 0).any() or any(int(counts.sum()) != len(v) for v in values.values()):
             raise ValueError(f"{len(values['kld'])} per-token values for {int(counts.sum())} tokens")
-        acc = cls()
-        for chunk, vector, (a_, b_) in zip(chunks, vectors, _spans(counts)):
-            acc.add_chunk(int(chunk), vector, {name: v[a_:b_] for name, v in values.items()})
+        acc = cls(a["depth_bounds"].tolist() if "depth_bounds" in a else None)
+        depths = [None] * len(chunks)
+        if acc.depth_bounds is not None:  # a state file of an older kldtool has none
+            depths = np.asarray(a["depth_sums"], np.float64).reshape(len(chunks), len(acc.depth_bounds) - 1, -1)
+        for chunk, vector, (a_, b_), depth in zip(chunks, vectors, _spans(counts), depths):
+            acc.add_chunk(int(chunk), vector, {name: v[a_:b_] for name, v in values.items()}, depth)
         return acc
 
 

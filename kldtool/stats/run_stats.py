@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from kldtool.stats.accumulator import KldAccumulator
 from kldtool.stats.bootstrap import Bootstrap, block_bootstrap
+from kldtool.stats.depth import depth_table
 from kldtool.stats.extra import extra_stats, outside_mass
 from kldtool.stats.histogram import kld_histogram
 from kldtool.stats.summary import MIN_TOKENS_FOR_STATS, KldSummary, summarize
@@ -30,6 +31,8 @@ def statistics(
         stats["kld_histogram"] = kld_histogram(acc.values()[0])
         stats["extra"] = extra_stats(acc, summary.same_top)
         stats["bootstrap"] = block_bootstrap(acc.chunk_vectors, bootstrap)
+        if acc.depth_bounds is not None:
+            stats["depth"] = depth_table(acc.depth_bounds, acc.depth_blocks, bootstrap)
     if keep and acc.count:
         lower, tail = summary.kld_mean[0], acc.sums["kld_tail"] / acc.count
         stats["compact_base"] = {
