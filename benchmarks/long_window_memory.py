@@ -18,6 +18,11 @@ engine's step API (tests/helpers/tiny_lm.py, a recurrent model) on long document
     .venv/bin/python benchmarks/long_window_memory.py [--lengths 2048,8192,16384] [--block 512] [--whole 2048]
     .venv/bin/python benchmarks/long_window_memory.py --phase compare --lengths 2048,8192,16384,32768
     .venv/bin/python benchmarks/long_window_memory.py --phase step
+    .venv/bin/python benchmarks/long_window_memory.py --phase llamacpp --lengths 8192,32768,131072 --peer
+
+``--phase llamacpp`` (benchmarks/long_window_llamacpp.py): llama.cpp's base and compare of one
+window up to 131,072 tokens at Llama 3's vocabulary, KV-cache types at the longest, and
+llama-perplexity at the same lengths, all under one memory limit.
 """
 
 from __future__ import annotations
@@ -39,7 +44,13 @@ def main() -> None:
     ap.add_argument("--block", type=int, default=512)
     ap.add_argument("--whole", default="2048", help="lengths also run as one whole window (-b = L)")
     ap.add_argument("--text", default=str(WIKI))
-    ap.add_argument("--phase", choices=("ppl", "compare", "step"), default="ppl")
+    ap.add_argument("--phase", choices=("ppl", "compare", "step", "llamacpp"), default="ppl")
+    ap.add_argument("--policies", default="heap,mmap", help="llamacpp: KLDTOOL_MALLOC policies, each run")
+    ap.add_argument("--kv-types", default="q8_0,q4_0", help="llamacpp: compare's caches (the first at every length)")
+    ap.add_argument("--limit-gib", type=float, default=16.0, help="llamacpp: the memory every process runs under")
+    ap.add_argument("--peer", action="store_true", help="llamacpp: also run llama-perplexity at each length")
+    ap.add_argument("--out", default="long-window-results", help="llamacpp: where compare's JSON results go")
+    ap.add_argument("--work", default=tempfile.gettempdir() + "/kldtool-long-window", help="llamacpp: base files")
     ap.add_argument(
         "--check-length",
         type=int,
@@ -53,6 +64,10 @@ def main() -> None:
         return compare_phase(a, lengths)
     if a.phase == "step":
         return step_phase(a)
+    if a.phase == "llamacpp":
+        from long_window_llamacpp import llamacpp_phase
+
+        return llamacpp_phase(a, lengths)
     whole = [int(x) for x in a.whole.split(",") if x]
     rows = {}
     for mode, ls in (("block", lengths), ("whole", whole)):

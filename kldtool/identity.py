@@ -35,8 +35,15 @@ def model_identity(described: dict, full_path: bool = True) -> dict:
     """The parts of an engine's description that change the numbers. Shards may come from
     machines with other paths, so merging compares only the model's file or directory name."""
     model = str(described.get("model"))
-    return {
+    out = {
         "engine": described.get("engine"),
         "dtype": described.get("dtype"),
         "model": model if full_path else os.path.basename(model.rstrip("/")),
     }
+    # llama.cpp's attention settings where they are not its defaults: a q4_0 KV cache is another
+    # configuration of the same GGUF (report ranks them side by side; resume keeps them apart).
+    if described.get("kv_cache") not in (None, "f16"):
+        out["kv_cache"] = described["kv_cache"]
+    if described.get("flash_attn") == "off":
+        out["flash_attn"] = "off"
+    return out

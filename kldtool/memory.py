@@ -54,3 +54,18 @@ def set_malloc_policy(policy: str | None = None) -> str | None:
     except (OSError, AttributeError):
         return None
     return policy if ok else None
+
+
+# From this many tokens a window, freed buffers go back to the system unless KLDTOOL_MALLOC says
+# otherwise: within one long window the heap policy's holes add up, and its peak grew with the
+# window's length (docs/benchmarks.md#long-windows-through-llamacpp), while a window's many
+# blocks make the faults it saves a small share of the work.
+LONG_WINDOW = 16_384
+
+
+def for_window(n_ctx: int) -> str | None:
+    """Switch to the mmap policy for windows of LONG_WINDOW tokens or more where the user chose
+    none; the policy switched to, or None where nothing changed."""
+    if n_ctx < LONG_WINDOW or os.environ.get("KLDTOOL_MALLOC"):
+        return None
+    return set_malloc_policy("mmap")

@@ -4,6 +4,8 @@ into an engine, a protocol, a corpus or a bootstrap with the same checks for eve
 
 from __future__ import annotations
 
+import sys
+
 import functools
 import json
 import inspect
@@ -61,6 +63,7 @@ def start_loading(opts: SimpleNamespace, model: str | None) -> None:
 def open_engine(opts: SimpleNamespace, model: str | None, n_ctx: int):
     """The engine a command's ENGINE flags describe, for windows of ``n_ctx`` tokens."""
     from kldtool.engines import EngineOptions, make_engine
+    from kldtool.memory import for_window
 
     if opts.threads is not None and opts.threads < 1:
         raise UsageError(f"--threads {opts.threads}: must be at least 1")
@@ -71,7 +74,7 @@ def open_engine(opts: SimpleNamespace, model: str | None, n_ctx: int):
     # Only flags the user set reach vLLM (and are refused by the other engines); an unset switch is False.
     vllm = {k: v for k in VLLM_KEYS if (v := getattr(opts, k)) is not None and v is not False}
     vllm.update(parse_vllm_args(opts.vllm_arg or []))
-    return make_engine(
+    engine = make_engine(
         EngineOptions(
             opts.engine,
             model,
@@ -94,6 +97,12 @@ def open_engine(opts: SimpleNamespace, model: str | None, n_ctx: int):
         ),
         n_ctx,
     )
+    if for_window(n_ctx):  # once the engine is made: a refused flag is the only line printed
+        print(
+            f"note: windows of {n_ctx} tokens: freed buffers go back to the system (KLDTOOL_MALLOC=mmap)",
+            file=sys.stderr,
+        )
+    return engine
 
 
 def protocol_of(opts: SimpleNamespace):

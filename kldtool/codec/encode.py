@@ -20,14 +20,21 @@ def encode_base_rows(logits, targets, coding: Coding) -> tuple[np.ndarray, np.nd
     """Base mode for one window on any device: (uint16 host rows, float32 NLL of each target),
     the NLL as llama.cpp's phase 1 computes it, ``(max + lse) - logit[target]``. With
     ``coding.keep`` the rows are top-K records (codec/topk_records.py), made on the device."""
+    parts = list(encode_base_slices(logits, targets, coding))
+    if len(parts) == 1:
+        return parts[0]
+    return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
+
+
+def encode_base_slices(logits, targets, coding: Coding):
+    """:func:`encode_base_rows` slice by slice of ENCODE_BYTES of logits, for a caller that
+    takes rows as they come (the base writer): no block's rows are ever joined in one array."""
     import torch
 
     logits = torch.as_tensor(logits)
     step = max(1, ENCODE_BYTES // (4 * logits.shape[-1]))
-    if len(logits) <= step:
-        return _encode(logits, targets, coding)
-    parts = [_encode(logits[a : a + step], targets[a : a + step], coding) for a in range(0, len(logits), step)]
-    return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
+    for a in range(0, len(logits), step):
+        yield _encode(logits[a : a + step], targets[a : a + step], coding)
 
 
 def _encode(logits, targets, coding: Coding) -> tuple[np.ndarray, np.ndarray]:

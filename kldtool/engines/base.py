@@ -10,7 +10,8 @@ from typing import Iterable, Iterator
 
 import numpy as np
 
-from kldtool.codec import Coding, encode_base_rows, target_nll
+from kldtool.codec import Coding, target_nll
+from kldtool.codec.encode import encode_base_slices
 from kldtool.errors import UsageError
 from kldtool.protocols import Window
 from kldtool.reduce import TokenRecords, reduce_base, settled
@@ -117,8 +118,8 @@ class Engine(ABC):
         as ``coding`` says, float32 NLL of each of their targets), block by block in order, so
         the base file is written as the rows come and no window's rows are ever held whole."""
         for i, off, lg in self.logit_blocks(windows):
-            rows, nll = encode_base_rows(lg, windows[i].targets[off : off + len(lg)], coding)
-            yield i, rows, nll
+            for rows, nll in encode_base_slices(lg, windows[i].targets[off : off + len(lg)], coding):
+                yield i, rows, nll
 
     def hidden_blocks(
         self, windows: list[Window], probe_rows=None

@@ -12,6 +12,9 @@ from dataclasses import dataclass
 from kldtool.errors import UsageError
 
 KV_CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
+FLOAT_CACHES = ("f32", "f16", "bf16")
+# ggml's type numbers (ggml.h) the Python bindings do not export.
+GGML_NUMBERS = {"GGML_TYPE_BF16": 30}
 FLASH_ATTN = {"auto": "AUTO", "on": "ENABLED", "off": "DISABLED"}
 
 
@@ -27,13 +30,19 @@ class Attention:
             raise UsageError(f"--kv-cache-dtype {kv_cache}: for --engine llamacpp, one of {', '.join(KV_CACHE_TYPES)}")
         if flash_attn is not None and flash_attn.lower() not in FLASH_ATTN:
             raise UsageError(f"--flash-attn {flash_attn}: auto, on or off")
-        return cls(kv_cache and kv_cache.lower(), (flash_attn or "auto").lower())
+        kv, fa = kv_cache and kv_cache.lower(), (flash_attn or "auto").lower()
+        if kv and kv not in FLOAT_CACHES and fa == "off":
+            raise UsageError(
+                f"--kv-cache-dtype {kv}: llama.cpp quantizes the V cache only with --flash-attn on or auto"
+            )
+        return cls(kv, fa)
 
     def apply(self, cp, lib) -> None:
         """Set them on llama.cpp's context parameters ``cp``."""
         cp.flash_attn_type = getattr(lib, f"LLAMA_FLASH_ATTN_TYPE_{FLASH_ATTN[self.flash_attn]}")
         if self.kv_cache:
-            cp.type_k = cp.type_v = getattr(lib, f"GGML_TYPE_{self.kv_cache.upper()}")
+            name = f"GGML_TYPE_{self.kv_cache.upper()}"
+            cp.type_k = cp.type_v = getattr(lib, name) if hasattr(lib, name) else GGML_NUMBERS[name]
 
     def describe(self) -> dict:
         return {"kv_cache": self.kv_cache or "f16", "flash_attn": self.flash_attn}

@@ -27,7 +27,7 @@ import json
 import os
 from pathlib import Path
 
-from helpers.vocab_models import SHAPES, SPECIALS, cache_root, model_dir
+from helpers.vocab_models import SHAPES, SPECIALS, cache_root, model_dir, shape
 
 ARCH = {
     "llama": "llama",
@@ -83,7 +83,7 @@ def gguf_of(name: str, kind: str = "F16", softcap: float | None = None) -> Path:
     import numpy as np
     from safetensors.numpy import load_file
 
-    model_type, vocab, _ = SHAPES[name]
+    model_type, vocab, _ = shape(name)
     arch = ARCH[model_type]
     cfg = json.loads((model_dir(name) / "config.json").read_text())
     w = load_file(str(model_dir(name) / "model.safetensors"))

@@ -76,9 +76,26 @@ SMALL = dict(
     head_dim=64,
     max_position_embeddings=32768,
 )
+# Long-context Llama 3 shapes (not in SHAPES: the vocabulary tests run those at short windows):
+# rope base 500,000 as Llama 3's, narrow attention (2 query heads, one key-value head of 64) so
+# a CPU runs a 131,072-token window in minutes. llama3-128k has Llama 3's vocabulary and
+# context, for the 128k benchmarks; llama3-32k a small vocabulary, for tests at 16k-32k.
+LONG_ATTENTION = dict(
+    hidden_size=128, intermediate_size=256, num_attention_heads=2, num_key_value_heads=1, rope_theta=500_000.0
+)
+LONG = {
+    "llama3-128k": ("llama", 128_256, LONG_ATTENTION | {"max_position_embeddings": 131_072}),
+    "llama3-32k": ("llama", 8_192, LONG_ATTENTION | {"max_position_embeddings": 32_768}),
+}
+LONG_WORDS = {"llama3-128k": 270_000, "llama3-32k": 70_000}  # two windows of the whole context, as llama.cpp asks
 SPECIALS = ["<unk>", "<s>", "</s>"]  # ids 0, 1, 2; every other id i is the word "w{i}"
 CORPUS_WORDS = 40_000
 VERSION = 3  # bump when what is built changes: the cache key
+
+
+def shape(name: str) -> tuple:
+    """(transformers model_type, vocabulary, config keys) of a shape in SHAPES or LONG."""
+    return (SHAPES | LONG)[name]
 
 
 def cache_root() -> Path:
@@ -108,8 +125,8 @@ def corpus(name: str, ids: bool = False) -> Path:
 
     path = model_dir(name) / ("corpus.ids" if ids else "corpus.txt")
     if not path.exists():
-        vocab = SHAPES[name][1]
-        drawn = np.random.default_rng(vocab).integers(len(SPECIALS), vocab, CORPUS_WORDS)
+        vocab = shape(name)[1]
+        drawn = np.random.default_rng(vocab).integers(len(SPECIALS), vocab, LONG_WORDS.get(name, CORPUS_WORDS))
         word = "{}" if ids else "w{}"
         lines = [" ".join(word.format(i) for i in drawn[k : k + 50]) for k in range(0, len(drawn), 50)]
         tmp = path.with_suffix(f".partial-{os.getpid()}")
@@ -122,7 +139,7 @@ def corpus_flags(name: str) -> list:
     """kldtool's flags for the model's corpus. transformers loads a qwen2 directory's tokenizer as
     its own Qwen2Tokenizer, a byte-level BPE rebuilt from the vocabulary and merges, which a
     word-level tokenizer has none of: that model reads the ids themselves (--corpus-format ids)."""
-    if SHAPES[name][0] == "qwen2":
+    if shape(name)[0] == "qwen2":
         return ["-f", corpus(name, ids=True), "--corpus-format", "ids"]
     return ["-f", corpus(name)]
 
@@ -142,7 +159,7 @@ def _build(name: str, target: Path) -> None:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    model_type, vocab, special = SHAPES[name]
+    model_type, vocab, special = shape(name)
     config = AutoConfig.for_model(
         model_type, vocab_size=vocab, bos_token_id=1, eos_token_id=2, pad_token_id=0, **(SMALL | special)
     )

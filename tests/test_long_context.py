@@ -1,0 +1,77 @@
+"""Long windows through llama.cpp and transformers, at 16k-32k tokens on a random-weight Llama 3
+shape (rope base 500,000; tests/helpers/vocab_models.py's llama3-32k, its F16 GGUF written in
+llama.cpp's conventions): the checkpoint's base against its own F16 GGUF under flash attention
+at every depth bucket, and llama.cpp's KV-cache types against its f16-cache base. The 128k runs
+are benchmarks (benchmarks/long_window_memory.py --phase llamacpp)."""
+
+import json
+
+import pytest
+
+from conftest import run_cli
+from helpers.vocab_gguf import gguf_of
+from helpers.vocab_models import corpus, model_dir
+
+NAME = "llama3-32k"
+LONG = 16_384
+KV_TYPES = ("f32", "bf16", "q8_0", "q5_1", "q5_0", "iq4_nl", "q4_1", "q4_0")
+
+
+def _compare(base, tmp_path, name: str, *flags) -> dict:
+    out = tmp_path / f"{name}.json"
+    p = run_cli("compare", "--kl-divergence-base", base, "--json", out, *flags)
+    # A window this long returns freed buffers to the system (the heap's holes add up).
+    assert f"note: windows of {LONG} tokens: freed buffers go back to the system" in p.stderr
+    return json.loads(out.read_text())["statistics"]
+
+
+@pytest.fixture(scope="module")
+def long_bases(tmp_path_factory):
+    """The checkpoint's base (transformers, exl3: every position of one 16k window scored) and the
+    F16 GGUF's own (llama.cpp, flash attention on, f16 cache: its scored half)."""
+    d = tmp_path_factory.mktemp("long")
+    ids = ("-f", corpus(NAME, ids=True), "--corpus-format", "ids", "--chunks", 1)
+    ckpt = d / "checkpoint.kldt"
+    run_cli("base", "-m", model_dir(NAME), *ids, "--protocol", "exl3", "-c", LONG, "--stride", LONG,
+            "--kl-divergence-base", ckpt)  # fmt: skip
+    own = d / "f16-cache.kldt"
+    run_cli("base", "-m", gguf_of(NAME), *ids, "-c", LONG, "--flash-attn", "on", "--kl-divergence-base", own)
+    return d, ckpt, own
+
+
+def test_f16_gguf_matches_its_checkpoint_at_every_depth(long_bases, tmp_path):
+    _, ckpt, _ = long_bases
+    s = _compare(ckpt, tmp_path, "f16", "-m", gguf_of(NAME), "--flash-attn", "on")
+    rows = s["depth"]["rows"]
+    assert [r["bucket"] for r in rows][-1] == f"{LONG // 2}-{LONG - 1}" and len(rows) == 14
+    assert sum(r["tokens"] for r in rows) == s["count"] == LONG - 1
+    assert max(abs(r["kld_mean"]) for r in rows) < 1e-4
+    assert s["same_top_p"]["value"] > 0.99
+
+
+def test_kv_cache_types_against_the_f16_cache_base(long_bases, tmp_path):
+    """Every cache type llama.cpp offers for K and V runs at 16k under flash attention; the f16
+    cache reproduces its own base to the rows' rounding, and the quantized caches diverge in
+    order of their bits (q8_0 < q5_1 < q4_0)."""
+    _, _, own = long_bases
+    kld = {}
+    for kv in ("f16", *KV_TYPES):
+        s = _compare(own, tmp_path, kv, "-m", gguf_of(NAME), "--flash-attn", "on", "--kv-cache-dtype", kv)
+        kld[kv] = s["kld_mean"]["value"]
+        assert sum(r["tokens"] for r in s["depth"]["rows"]) == s["count"] == LONG // 2 - 1
+    print({k: f"{v:.3g}" for k, v in kld.items()})
+    # The f16 cache differs from its base only by the base rows' rounding (~1e-8 here).
+    assert abs(kld["f16"]) < 1e-7 and abs(kld["f32"] - kld["f16"]) < 1e-8
+    assert kld["f16"] < kld["q8_0"] < kld["q5_1"] < kld["q4_0"]
+    # Two caches of one GGUF are two configurations: report ranks them and draws their depth curves.
+    table = tmp_path / "kv.md"
+    run_cli("report", tmp_path / "q8_0.json", tmp_path / "q4_0.json", "--markdown", table, "--plots", tmp_path / "p")
+    assert "q8_0" in table.read_text() and "q4_0" in table.read_text()
+    assert (tmp_path / "p" / "kld_by_depth.png").stat().st_size > 10_000
+
+
+def test_quantized_v_cache_without_flash_attention_is_refused(long_bases):
+    _, _, own = long_bases
+    p = run_cli("compare", "--kl-divergence-base", own, "-m", gguf_of(NAME), "--flash-attn", "off",
+                "--kv-cache-dtype", "q4_0", check_rc=None)  # fmt: skip
+    assert p.returncode != 0 and "--kv-cache-dtype q4_0" in p.stderr and "--flash-attn" in p.stderr
