@@ -88,7 +88,7 @@ def test_plots_are_real_pictures(swept):
 
     out, _ = swept
     names = sorted(os.listdir(out / "plots"))
-    assert names == ["kld_histograms.png", "kld_vs_bpw.png", "ppl_ratio_vs_bpw.png"]
+    assert names == ["kld_by_depth.png", "kld_histograms.png", "kld_vs_bpw.png", "ppl_ratio_vs_bpw.png"]
     for n in names:
         with Image.open(out / "plots" / n) as im:
             assert im.format == "PNG" and im.size[0] >= 600 and im.size[1] >= 400
