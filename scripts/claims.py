@@ -126,6 +126,13 @@ CLAIMS = {
         "tests: each unit's error against float64 to 1e-6; the hybrids' KLDs only in the benchmark",
         "2026-11-26, 2-core vm",
     ),
+    "one window of 131,072 tokens": (
+        ["tests/test_long_context.py"],
+        ["benchmarks/long_window_memory.py", "benchmarks/long_window_llamacpp.py"],
+        "tests at 16,384 tokens: the F16 GGUF within 1e-4 of its checkpoint in every depth bucket, "
+        "the KV-cache types in order of their bits; the 128k memory and llama-perplexity's stop only in the benchmark",
+        "2026-11-29, 2-core vm",
+    ),
     "xLSTM": (
         ["tests/test_xlstm.py"],
         ["benchmarks/xlstm_lengths.py"],

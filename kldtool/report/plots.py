@@ -108,7 +108,7 @@ def kld_by_depth(plt, rows: list[ResultRow], path: str) -> None:
     """Mean KLD in each depth bucket (with its 95 % chunk-bootstrap interval) at the bucket's
     middle depth, one line per run: where in a long window a quant or a KV-cache type diverges."""
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    positive = True
+    positive, xs = True, []
     for r in rows:
         buckets = (r.statistics.get("depth") or {}).get("rows") or []
         if not buckets:
@@ -118,8 +118,9 @@ def kld_by_depth(plt, rows: list[ResultRow], path: str) -> None:
         spans = [b.get("kld_mean_interval_95") or (m, m) for b, m in zip(buckets, y)]
         err = [[max(m - lo, 0) for m, (lo, _) in zip(y, spans)], [max(hi - m, 0) for m, (_, hi) in zip(y, spans)]]
         ax.errorbar(x, y, yerr=err, fmt="o-", capsize=3, label=r.label)
-        positive = positive and min(y) > 0
-    ax.set_xscale("log", base=2)
+        positive, xs = positive and min(y) > 0, xs + x
+    if max(xs) >= 4 * min(xs):  # a log axis over less than a factor 4 shows no ticks
+        ax.set_xscale("log", base=2)
     if positive:
         ax.set_yscale("log")
     _finish(
