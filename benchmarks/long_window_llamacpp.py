@@ -123,11 +123,11 @@ def llamacpp_phase(a, lengths: list[int]) -> None:
             env = {"KLDTOOL_MALLOC": policy}
             base = tmp / f"base-{n}.kldt"
             flags = ["-m", str(gguf), "--flash-attn", "on"]
-            b_usage, b_wall = _kldtool(["base", *flags, "-f", str(ids), "--corpus-format", "ids", "-c", str(n),
+            b_usage, b_wall = kldtool_run(["base", *flags, "-f", str(ids), "--corpus-format", "ids", "-c", str(n),
                                         "--chunks", "1", "--kl-divergence-base", str(base)], env, procs)  # fmt: skip
             for kv in kv_types if (n, policy) == (lengths[-1], policies[0]) else kv_types[:1]:
                 js = out_dir / f"kv-{kv}-{n // 1024}k-{policy}.json"
-                c_usage, c_wall = _kldtool(["compare", *flags, "--kv-cache-dtype", kv, "--kl-divergence-base",
+                c_usage, c_wall = kldtool_run(["compare", *flags, "--kv-cache-dtype", kv, "--kl-divergence-base",
                                             str(base), "--json", str(js)], env, procs)  # fmt: skip
                 kld = json.loads(js.read_text())["statistics"]["kld_mean"]["value"]
                 rows[n, policy, kv] = (b_usage, b_wall, c_usage, c_wall, kld)
@@ -142,7 +142,7 @@ def llamacpp_phase(a, lengths: list[int]) -> None:
     _report(rows, peer_rows, lengths, policies, kv_types, cfg, where)
 
 
-def _kldtool(args: list[str], env: dict, procs) -> tuple[float, float]:
+def kldtool_run(args: list[str], env: dict, procs) -> tuple[float, float]:
     rc, rss, wall, last = measured([sys.executable, "-m", "kldtool", *args], procs, env)
     if rc:
         raise SystemExit(f"kldtool {' '.join(args)} failed ({rc}): {last}")

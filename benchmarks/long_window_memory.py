@@ -20,6 +20,12 @@ engine's step API (tests/helpers/tiny_lm.py, a recurrent model) on long document
     .venv/bin/python benchmarks/long_window_memory.py --phase step
     .venv/bin/python benchmarks/long_window_memory.py --phase llamacpp --lengths 8192,32768,131072 --peer
 
+``--phase engines`` (benchmarks/long_window_engines.py): the same model through transformers and
+llama.cpp at each length, each engine's base compared by the other, and every KV-cache type of
+--kv-types at the longest length; ``--phase protocols``: one window of the longest length under
+the stride and documents protocols (every position scored, depth 1 on), the first of --kv-types
+against the f16-cache base.
+
 ``--phase llamacpp`` (benchmarks/long_window_llamacpp.py): llama.cpp's base and compare of one
 window up to 131,072 tokens at Llama 3's vocabulary, KV-cache types at the longest, and
 llama-perplexity at the same lengths, all under one memory limit.
@@ -44,9 +50,10 @@ def main() -> None:
     ap.add_argument("--block", type=int, default=512)
     ap.add_argument("--whole", default="2048", help="lengths also run as one whole window (-b = L)")
     ap.add_argument("--text", default=str(WIKI))
-    ap.add_argument("--phase", choices=("ppl", "compare", "step", "llamacpp"), default="ppl")
+    ap.add_argument("--phase", choices=("ppl", "compare", "step", "llamacpp", "engines", "protocols"), default="ppl")
     ap.add_argument("--policies", default="heap,mmap", help="llamacpp: KLDTOOL_MALLOC policies, each run")
     ap.add_argument("--kv-types", default="q8_0,q4_0", help="llamacpp: compare's caches (the first at every length)")
+    ap.add_argument("--protocols", default="stride,documents", help="protocols: which, at the longest length")
     ap.add_argument("--limit-gib", type=float, default=16.0, help="llamacpp: the memory every process runs under")
     ap.add_argument("--peer", action="store_true", help="llamacpp: also run llama-perplexity at each length")
     ap.add_argument("--out", default="long-window-results", help="llamacpp: where compare's JSON results go")
@@ -68,6 +75,10 @@ def main() -> None:
         from long_window_llamacpp import llamacpp_phase
 
         return llamacpp_phase(a, lengths)
+    if a.phase in ("engines", "protocols"):
+        import long_window_engines
+
+        return getattr(long_window_engines, f"{a.phase}_phase")(a, lengths)
     whole = [int(x) for x in a.whole.split(",") if x]
     rows = {}
     for mode, ls in (("block", lengths), ("whole", whole)):

@@ -128,9 +128,10 @@ CLAIMS = {
     ),
     "one window of 131,072 tokens": (
         ["tests/test_long_context.py"],
-        ["benchmarks/long_window_memory.py", "benchmarks/long_window_llamacpp.py"],
+        ["benchmarks/long_window_memory.py", "benchmarks/long_window_llamacpp.py", "benchmarks/long_window_engines.py"],
         "tests at 16,384 tokens: the F16 GGUF within 1e-4 of its checkpoint in every depth bucket, "
-        "the KV-cache types in order of their bits; the 128k memory and llama-perplexity's stop only in the benchmark",
+        "the KV-cache types in order of their bits; at 128k (both engines, every cache type, the stride and "
+        "documents protocols) and llama-perplexity's stop only in the benchmarks",
         "2026-11-29, 2-core vm",
     ),
     "xLSTM": (
