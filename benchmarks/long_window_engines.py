@@ -28,7 +28,7 @@ import json
 import sys
 from pathlib import Path
 
-from long_window_llamacpp import NAME, kldtool_run, kv_bytes, memory_cgroup
+from long_window_llamacpp import NAME, kldtool_run, kv_bytes, run_places
 from results import append_row
 
 ENV = {"KLDTOOL_MALLOC": "mmap"}
@@ -41,12 +41,7 @@ def engines_phase(a, lengths: list[int]) -> None:
     ckpt = model_dir(NAME)
     cfg = json.loads((ckpt / "config.json").read_text())
     gguf, ids = gguf_of(NAME), corpus(NAME, ids=True)
-    procs = memory_cgroup(int(a.limit_gib * 2**30))
-    where = f"a cgroup of {a.limit_gib:g} GiB" if procs else "no cgroup (the machine's own memory)"
-    print(f"limit: {where}", flush=True)
-    out, work = Path(a.out), Path(a.work)
-    out.mkdir(parents=True, exist_ok=True)
-    work.mkdir(parents=True, exist_ok=True)
+    procs, where, out, work = run_places(a)
     llama = ["-m", str(gguf), "--flash-attn", "on"]
     for n in lengths:
         window = ["-f", str(ids), "--corpus-format", "ids", "-c", str(n), "--chunks", "1"]
@@ -94,11 +89,7 @@ def protocols_phase(a, lengths: list[int]) -> None:
     from helpers.vocab_models import corpus
 
     n, kv = lengths[-1], a.kv_types.split(",")[0]
-    procs = memory_cgroup(int(a.limit_gib * 2**30))
-    where = f"a cgroup of {a.limit_gib:g} GiB" if procs else "no cgroup (the machine's own memory)"
-    out, work = Path(a.out), Path(a.work)
-    out.mkdir(parents=True, exist_ok=True)
-    work.mkdir(parents=True, exist_ok=True)
+    procs, where, out, work = run_places(a)
     ids = corpus(NAME, ids=True)
     # The corpus is short documents (one per line); documents wants one of n tokens: the stream
     # cut into two documents of n + 1 tokens.

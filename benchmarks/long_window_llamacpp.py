@@ -55,6 +55,18 @@ def memory_cgroup(limit: int) -> Path | None:
     return None
 
 
+def run_places(a) -> tuple[Path | None, str, Path, Path]:
+    """The cgroup's procs file (or None), a phrase for where the runs ran, and the made --out and
+    --work folders, for a phase's runs."""
+    procs = memory_cgroup(int(a.limit_gib * 2**30))
+    where = f"a cgroup of {a.limit_gib:g} GiB" if procs else "no cgroup (the machine's own memory)"
+    print(f"limit: {where}", flush=True)
+    out, work = Path(a.out), Path(a.work)
+    out.mkdir(parents=True, exist_ok=True)
+    work.mkdir(parents=True, exist_ok=True)
+    return procs, where, out, work
+
+
 def in_group(cmd: list[str], procs: Path | None) -> list[str]:
     if procs is None:
         return cmd
@@ -101,14 +113,7 @@ def llamacpp_phase(a, lengths: list[int]) -> None:
 
     cfg = json.loads((model_dir(NAME) / "config.json").read_text())
     gguf, ids = gguf_of(NAME), corpus(NAME, ids=True)
-    limit = int(a.limit_gib * 2**30)
-    procs = memory_cgroup(limit)
-    where = f"a cgroup of {a.limit_gib:g} GiB" if procs else "no cgroup (the machine's own memory)"
-    print(f"limit: {where}", flush=True)
-    out_dir = Path(a.out)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    tmp = Path(a.work)
-    tmp.mkdir(parents=True, exist_ok=True)
+    procs, where, out_dir, tmp = run_places(a)
     policies = a.policies.split(",")
     kv_types = a.kv_types.split(",")
     peer, peer_rows, rows = None, {}, {}
