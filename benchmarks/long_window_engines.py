@@ -78,8 +78,6 @@ def engines_phase(a, lengths: list[int]) -> None:
             f"mean KLD {s['kld_mean']['value']:.3g}, same top {100 * s['same_top_p']['value']:.2f} %",
         )
     g_base.unlink()
-    if procs is not None:
-        procs.parent.rmdir()
 
 
 def protocols_phase(a, lengths: list[int]) -> None:
@@ -119,8 +117,6 @@ def protocols_phase(a, lengths: list[int]) -> None:
             f"{rows[0]['kld_mean']:.3g}, depth {rows[-1]['bucket']}: {rows[-1]['kld_mean']:.3g}",
         )
     docs.unlink()
-    if procs is not None:
-        procs.parent.rmdir()
 
 
 def _compare(flags: list[str], base: Path, js: Path, procs) -> tuple[tuple[float, float], dict]:

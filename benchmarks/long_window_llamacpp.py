@@ -22,6 +22,8 @@ table says so). Appends dated rows to benchmarks/RESULTS.md.
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import json
 import os
 import subprocess
@@ -59,12 +61,20 @@ def run_places(a) -> tuple[Path | None, str, Path, Path]:
     """The cgroup's procs file (or None), a phrase for where the runs ran, and the made --out and
     --work folders, for a phase's runs."""
     procs = memory_cgroup(int(a.limit_gib * 2**30))
+    if procs is not None:
+        # Removed at exit, a failed step's included (its processes have ended by then).
+        atexit.register(_remove_group, procs.parent)
     where = f"a cgroup of {a.limit_gib:g} GiB" if procs else "no cgroup (the machine's own memory)"
     print(f"limit: {where}", flush=True)
     out, work = Path(a.out), Path(a.work)
     out.mkdir(parents=True, exist_ok=True)
     work.mkdir(parents=True, exist_ok=True)
     return procs, where, out, work
+
+
+def _remove_group(group: Path) -> None:
+    with contextlib.suppress(OSError):  # a process still in it (a killed driver's child) keeps it
+        group.rmdir()
 
 
 def in_group(cmd: list[str], procs: Path | None) -> list[str]:
@@ -142,8 +152,6 @@ def llamacpp_phase(a, lengths: list[int]) -> None:
             if peer and policy == policies[0]:
                 peer_rows[n] = _peer(a, peer, gguf, base, n, cfg, procs)
             base.unlink()
-    if procs is not None:
-        procs.parent.rmdir()  # empty once its processes have ended
     _report(rows, peer_rows, lengths, policies, kv_types, cfg, where)
 
 
