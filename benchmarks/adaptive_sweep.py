@@ -15,14 +15,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 
-from base_fixture import ROOT, WIKI, kldtool
+from base_fixture import gguf_sweep_inputs, kldtool
 from results import append_row
 from stopping_coverage import report_coverage
 
@@ -43,18 +42,8 @@ def main() -> None:
     ap.add_argument("--types", default=TYPES)
     ap.add_argument("--sims", type=int, default=400)
     a = ap.parse_args()
-    sys.path.insert(0, str(ROOT))
-    from kldtool.engines.defaults import default_gguf
-
-    CACHE.mkdir(parents=True, exist_ok=True)
-    src, types = default_gguf(), a.types.split(",")
-    base = CACHE / f"base-c{a.ctx}-{a.chunks}.kldt"
-    if not base.exists():
-        kldtool("base", "-m", src, "-f", WIKI, "-c", a.ctx, "--chunks", a.chunks, "--kl-divergence-base", base)
-    quants = {t: CACHE / f"{t}.gguf" for t in types}
-    for t, path in quants.items():
-        if not path.exists():
-            kldtool("quantize", src, path, t)
+    types = a.types.split(",")
+    base, quants = gguf_sweep_inputs(CACHE, a.ctx, a.chunks, types)
     runs = CACHE / f"full-c{a.ctx}-{a.chunks}"  # kept: stopping_coverage.py can be rerun on them
     runs.mkdir(exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:

@@ -150,3 +150,21 @@ def time_both(plain, engine, reader, rounds: int) -> dict:
 
     plain()
     return best_alternating({"plain": plain, "kldtool": lambda: compare_quietly(engine, reader)}, rounds)
+
+
+def gguf_sweep_inputs(cache: Path, ctx: int, chunks: int, types: list[str]) -> tuple[Path, dict[str, Path]]:
+    """The built-in Q4_1 GGUF's base file over WikiText-2 and its requantized types, made once
+    in ``cache`` (the sweep benchmarks share them)."""
+    sys.path.insert(0, str(ROOT))
+    from kldtool.engines.defaults import default_gguf
+
+    cache.mkdir(parents=True, exist_ok=True)
+    src = default_gguf()
+    base = cache / f"base-c{ctx}-{chunks}.kldt"
+    if not base.exists():
+        kldtool("base", "-m", src, "-f", WIKI, "-c", ctx, "--chunks", chunks, "--kl-divergence-base", base)
+    quants = {t: cache / f"{t}.gguf" for t in types}
+    for t, path in quants.items():
+        if not path.exists():
+            kldtool("quantize", src, path, t)
+    return base, quants

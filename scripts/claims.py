@@ -90,6 +90,12 @@ CLAIMS = {
         "printed mean KLD, PPL(Q) and same top equal to llama-perplexity's; unrounded KLD to 1e-5; floors below 1e-10",
         "2026-11-29, CI's 2-core CPU machine (every CI run)",
     ),
+    "`sweep --ray`": (
+        ["tests/test_ray_cluster.py"],
+        ["benchmarks/ray_sweep.py"],
+        "the Ray sweep's output equals the one-machine sweep's, character for character; the speed is benchmarks only",
+        "2026-11-29, 2-core vm",
+    ),
     "`kldtool sweep` vs the full sweep": (
         ["tests/test_adaptive_sweep.py"],
         ["benchmarks/adaptive_sweep.py", "benchmarks/stopping_coverage.py"],
