@@ -6,10 +6,12 @@ same command run without Ray: the same output, character for character, the same
 
 import json
 import re
+import shutil
 import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -146,6 +148,36 @@ def test_ship_base_reaches_a_node_that_cannot_see_it(cluster, fixture_base, mode
     # Each node opened a copy in its own temporary directory, not the driver's file.
     opened = {json.loads((out / f"requant-{t}.json").read_text())["base_file"]["path"] for t in TYPES}
     assert str(hidden_base) not in opened and all("kldtool-shipped" in x for x in opened)
+    # The head's copy (the second node's is out of sight): the full size, holding exactly the
+    # original's bytes in the windows it fetched, which are the windows its turns visited.
+    (copy,) = [Path(x) for x in opened if Path(x).parent.parent == Path(tempfile.gettempdir(), "kldtool-shipped")]
+    try:
+        fetched = json.loads(Path(str(copy) + ".windows.json").read_text())
+        original, held = Path(fixture_base).read_bytes(), copy.read_bytes()
+        assert len(held) == len(original) and 0 < len(fetched) <= 8
+        # llama.cpp's layout: magic and 3 int32 (20 bytes), 8 x 128 int32 tokens, 8 equal chunks
+        rows = len(original) - 20 - 4 * 128 * 8
+        assert rows % 8 == 0
+        size = rows // 8
+        for w in fetched:
+            start = 20 + 4 * 128 * 8 + w * size
+            assert held[start : start + size] == original[start : start + size], w
+    finally:
+        shutil.rmtree(copy.parent)
+
+
+def test_ship_base_of_a_container_prints_what_one_machine_prints(cluster, single_bases, requant, tmp_path):
+    path, _ = single_bases["kldtool"]  # frames of zstd rows: each window's frames are shipped
+    hidden = cluster["hidden"] / "container.kldt"
+    hidden.write_bytes(path.read_bytes())
+    models = ["-m", requant("Q8_0"), "-m", requant("Q2_K")]
+    here = sweep(path, models, tmp_path / "here")
+    try:
+        there = sweep(hidden, models, tmp_path / "there", "--ship-base", ray_address=cluster["address"])
+        assert there.stdout == here.stdout
+    finally:
+        for copy in Path(tempfile.gettempdir(), "kldtool-shipped").glob("*/container.kldt"):
+            shutil.rmtree(copy.parent)
 
 
 @pytest.mark.parametrize(

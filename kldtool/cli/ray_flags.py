@@ -42,8 +42,8 @@ SHIP = {
         typer.Option(
             False,
             "--ship-base",
-            help="--ray: put the base file into Ray's object store once, for nodes that do not mount it "
-            "(each node copies it to its temporary directory once).",
+            help="--ray: put the base file into Ray's object store once, for nodes that do not mount it; "
+            "each node fetches only the windows its turns score.",
         ),
     ),
 }

@@ -91,7 +91,7 @@ def _players(cluster, run, reader, quants):
     from kldtool.cluster.ray_players import on_cluster
 
     engine_for = functools.partial(open_engine, task_flags(run, shape))
-    return on_cluster(cluster.ray, shape, reader.path, cluster.ship_base, engine_for, quants)
+    return on_cluster(cluster.ray, shape, reader, cluster.ship_base, engine_for, quants)
 
 
 def _print(log: dict, sw, spec, markdown: str | None) -> None:

@@ -111,6 +111,8 @@ class PartBlocks:
 
     def __call__(self, group):
         g = group[0].index // self.n_seq
+        if self._next is None or self._next[0] != g:  # a part cut short would shift every window after it
+            raise EngineError(f"base: the shards' part files lack windows {group[0].index + 1}..{group[-1].index + 1}")
         while self._next is not None and self._next[0] == g:
             _, i, rows, nll = self._next
             yield i, rows, nll

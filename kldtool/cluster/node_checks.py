@@ -30,7 +30,11 @@ def check_nodes(ray, paths: list[str], writable: str) -> int:
         )
         for n in nodes
     ]
-    for node, missing in zip(nodes, ray.get(refs, timeout=300)):
+    try:
+        answers = ray.get(refs, timeout=300)
+    except ray.exceptions.GetTimeoutError:
+        raise UsageError("--ray: not every node answered the file check within 300 s (see `ray status`)") from None
+    for node, missing in zip(nodes, answers):
         if missing:
             raise UsageError(
                 f"--ray: node {node['NodeManagerAddress']} ({node['NodeID'][:8]}) cannot see "

@@ -73,7 +73,7 @@ def _absolute(q: Quant) -> Quant:
 
 
 @contextlib.contextmanager
-def on_cluster(address: str, shape: TaskShape, base_path: str, ship: bool, engine_for, quants: list[Quant]):
+def on_cluster(address: str, shape: TaskShape, reader, ship: bool, engine_for, quants: list[Quant]):
     """Players on the cluster at ``address``, once it is checked that some node can hold a task
     and that every node sees the files (``ship``: all but the base file, put in the object
     store instead)."""
@@ -82,10 +82,13 @@ def on_cluster(address: str, shape: TaskShape, base_path: str, ship: bool, engin
         check_fits(ray, shape)
         directory = os.path.abspath(quants[0].directory)
         os.makedirs(directory, exist_ok=True)
-        n = check_nodes(ray, local_paths(None if ship else base_path, [q.model for q in quants]), directory)
+        n = check_nodes(ray, local_paths(None if ship else reader.path, [q.model for q in quants]), directory)
         sinks.info(f"sweep: on the Ray cluster ({address}): {n} nodes checked, each task {shape.describe()}")
-        base = os.path.abspath(base_path)
+        base = os.path.abspath(reader.path)
         if ship:
-            base = ShippedBase.put(ray, base)
-            sinks.info(f"sweep: {base.name} in the object store ({base.size:,} bytes), fetched once per node")
+            base = ShippedBase.put(ray, reader)
+            sinks.info(
+                f"sweep: {base.name} in the object store ({base.size:,} bytes, {len(base.windows)} windows); "
+                f"each node fetches the windows its turns score"
+            )
         yield RayPlayers(ray, base, engine_for, shape)

@@ -57,7 +57,7 @@ def run_turn(play: Play, base, engine_for: Callable[..., object], q: Quant, look
     with open(os.path.join(q.directory, q.label + ".lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
-            reader = open_base_file(base if isinstance(base, str) else base.fetch())
+            reader = open_base_file(base if isinstance(base, str) else _fetched(base, play, q, look))
         except (KldError, OSError) as e:
             return Outcome(q.label, error=str(e), seconds=time.time() - t, node=node, attempts=tried)
         try:
@@ -66,3 +66,12 @@ def run_turn(play: Play, base, engine_for: Callable[..., object], q: Quant, look
             reader.close()
     outcome.node, outcome.attempts = node, tried
     return outcome
+
+
+def _fetched(base, play: Play, q: Quant, look: int) -> str:
+    """This node's copy of a shipped base file, with the windows this turn will score."""
+    from kldtool.analysis.state_file import load_state
+    from kldtool.cluster.shipped_base import visited
+
+    done = len(load_state(q.state).acc.chunks) if os.path.exists(q.state) else 0
+    return base.fetch(visited(play, done, look))

@@ -141,6 +141,9 @@ class ContainerReader(BaseFileReader):
         if not getattr(self.form, "use_head", lambda s: False)(source):
             super().use_head(source)
 
+    def stored_spans(self, chunk: int) -> list[tuple[int, int]]:
+        return [(int(self.index[f][0]), int(self.index[f][1])) for f in self.frames.of_chunk(chunk)]
+
     def read_frame(self, index: int) -> Frame:
         """Frame ``index`` decompressed and checked, not yet rebuilt into rows (zstd releases the
         GIL, so prefetch threads run this in parallel)."""

@@ -84,6 +84,10 @@ class RawReader(BaseFileReader):
             self._fail(f"chunk {chunk} cut short at offset {size}", TruncatedRows)
         return Frame(index, offset, memoryview(self._map)[offset:end])
 
+    def stored_spans(self, chunk: int) -> list[tuple[int, int]]:
+        h = self.header
+        return [(self.rows_offset + chunk * h.chunk_nbytes, h.chunk_nbytes)]
+
     def close(self) -> None:
         if getattr(self, "_map", None) is not None:
             try:

@@ -147,6 +147,12 @@ class BaseFileReader:
         """Frame ``index`` as stored (decompressed), checked; thread-safe."""
         raise NotImplementedError
 
+    def stored_spans(self, chunk: int) -> list[tuple[int, int]]:
+        """(offset, bytes) of what the file stores for window ``chunk``'s rows, as stored: all a
+        run scoring that window reads beyond the header, tables and metadata (cluster/ships
+        only these to a node that lacks the file)."""
+        raise NotImplementedError
+
     def frame_rows(self, frame: Frame) -> np.ndarray:
         """uint16 rows of a frame, on the host."""
         try:
