@@ -20,7 +20,7 @@ def wants_cluster(cluster) -> bool:
 def base_on_cluster(cluster, run, corpus, scoring, spec, model, out, settings: dict) -> dict:
     """``settings``: the format, codec, keep, clamp, frame rows, store and resume flags."""
     from kldtool.cluster.base_shards import BaseJob, score_shards
-    from kldtool.cluster.node_checks import check_nodes, local_paths
+    from kldtool.cluster.node_checks import as_workers_see, check_nodes, local_paths
     from kldtool.cluster.ray_session import check_fits, connected
     from kldtool.pipeline.write_base import default_codec
 
@@ -29,8 +29,7 @@ def base_on_cluster(cluster, run, corpus, scoring, spec, model, out, settings: d
     if settings["store"] != "logprobs" or settings["resume"]:
         raise UsageError("base --ray: --store hidden and --resume run on one machine only")
     shape = task_shape(cluster, [])
-    here = os.path.abspath(corpus.file) if corpus.file is not None and os.path.exists(corpus.file) else corpus.file
-    model = os.path.abspath(model) if model and os.path.exists(model) else model
+    here, model = as_workers_see(corpus.file), as_workers_see(model)
     corpus = types.SimpleNamespace(**(vars(corpus) | {"file": here}))
     fmt = settings["fmt"]
     job = BaseJob(

@@ -1,4 +1,6 @@
-"""``sweep``'s flags for running its quants' turns as tasks on a Ray cluster (kldtool/cluster/)."""
+"""The flags that run ``sweep``'s turns and ``base``'s shards as tasks on a Ray cluster
+(kldtool/cluster/): the cluster and each task's shape, ``sweep``'s --ship-base, ``base``'s
+--shards."""
 
 from __future__ import annotations
 

@@ -44,9 +44,15 @@ def check_nodes(ray, paths: list[str], writable: str) -> int:
     return len(nodes)
 
 
+def as_workers_see(path: str | None) -> str | None:
+    """A path this machine has, made absolute (a worker's working directory is not the
+    driver's); anything else (a hub id, None) as it is."""
+    return os.path.abspath(path) if path and os.path.exists(path) else path
+
+
 def local_paths(base_path: str | None, models: list[str]) -> list[str]:
     """The paths the tasks will open: the base file (None: shipped) and each model this machine
     has as a file or directory (others are hub ids, fetched by each node itself)."""
     return ([os.path.abspath(base_path)] if base_path else []) + [
-        os.path.abspath(m) for m in models if os.path.exists(m)
+        as_workers_see(m) for m in models if os.path.exists(m)
     ]

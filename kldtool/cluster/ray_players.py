@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from typing import Callable
 
 from kldtool.cluster.live import Board
-from kldtool.cluster.node_checks import check_nodes, local_paths
+from kldtool.cluster.node_checks import as_workers_see, check_nodes, local_paths
 from kldtool.cluster.ray_session import TaskShape, check_fits, connected
 from kldtool.cluster.ray_task import attempts, run_turn
 from kldtool.cluster.shipped_base import ShippedBase
@@ -47,9 +47,7 @@ class RayPlayers:
                 board.tick({refs[r].label for r in pending})
         out = [outcomes[q.label] for q in todo]
         for o in out:
-            for note in o.notes:
-                sinks.info(f"{o.label}: {note}")
-            sinks.info(o.line())
+            o.report(sinks)
         return out
 
     def _gathered(self, ref, q: Quant, look: int) -> Outcome:
@@ -68,8 +66,7 @@ class RayPlayers:
 
 def _absolute(q: Quant) -> Quant:
     """The quant as a worker, whose working directory is not the driver's, must name its files."""
-    model = os.path.abspath(q.model) if os.path.exists(q.model) else q.model
-    return replace(q, model=model, directory=os.path.abspath(q.directory))
+    return replace(q, model=as_workers_see(q.model), directory=os.path.abspath(q.directory))
 
 
 @contextlib.contextmanager

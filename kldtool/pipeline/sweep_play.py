@@ -72,6 +72,12 @@ class Outcome:
             f"({self.seconds:.1f} s{where}{tried})"
         )
 
+    def report(self, sinks: Sinks) -> None:
+        """The turn's warnings, then its line, on the driver's stderr."""
+        for note in self.notes:
+            sinks.info(f"{self.label}: {note}")
+        sinks.info(self.line())
+
     def facts(self, look: int) -> dict:
         """The turn's record in sweep.json."""
         out = {"round": look, "quant": self.label, "wall_time_s": round(self.seconds, 3), "attempts": self.attempts}
@@ -113,8 +119,6 @@ class LocalPlayers:
         out = []
         for q in todo:
             outcome = play_quant(play, self.reader, self.engine_for, q, look)
-            for note in outcome.notes:
-                sinks.info(f"{q.label}: {note}")
-            sinks.info(outcome.line())
+            outcome.report(sinks)
             out.append(outcome)
         return out
