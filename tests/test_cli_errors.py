@@ -3,13 +3,13 @@ and no output file that looks complete. Every broken file here is made from a re
 (the llama-perplexity fixture, cut to two chunks) by the one change the case is about."""
 
 import json
-import zlib
 
 import numpy as np
 import pytest
 
 from conftest import WIKI, run_cli
 from kldtool import errors
+from helpers.container_edit import container_tail, with_metadata
 from kldtool.logitsfile import container
 
 pytestmark = pytest.mark.quick
@@ -56,22 +56,6 @@ def small_container(small_raw):
     out = small_raw.with_suffix(".kldt")
     run_cli("convert", small_raw, out)
     return out
-
-
-def container_tail(data: bytes):
-    """(index_offset, index bytes, metadata bytes) of a complete container."""
-    index_offset, meta_len = (int(x) for x in np.frombuffer(data[-container.TRAILER :], "<u8", 2))
-    meta_start = len(data) - container.TRAILER - meta_len
-    return index_offset, data[index_offset:meta_start], data[meta_start : -container.TRAILER]
-
-
-def with_metadata(data: bytes, meta: bytes) -> bytes:
-    """The container with other metadata bytes and a checksum that holds for them."""
-    index_offset, index, _ = container_tail(data)
-    trailer = np.array([index_offset, len(meta)], "<u8").tobytes()
-    per_frame = int(np.frombuffer(data[-12:-8], "<u4")[0])  # the trailer's rows per frame, kept
-    trailer += np.array([zlib.crc32(index + meta), per_frame], "<u4").tobytes() + container.END_MAGIC
-    return data[:index_offset] + index + meta + trailer
 
 
 def flip(data: bytes, offset: int) -> bytes:

@@ -9,7 +9,8 @@ import pytest
 
 from conftest import llamacpp_reference, WIKI, assert_lines_match, chunk_table_lines, final_block_lines, run_cli
 from kldtool import errors
-from kldtool.engines.llamacpp import LlamaCppEngine, _same_kernels
+from kldtool.engines.llamacpp import LlamaCppEngine
+from kldtool.engines.llamacpp_pieces import same_kernels
 from kldtool.protocols import Window, llamacpp_windows
 from test_cli_errors import container_tail, fail, one_line_error, small_container, small_raw  # noqa: F401
 
@@ -54,7 +55,7 @@ def _windows(n_windows: int, n_ctx: int) -> list[Window]:
 )
 def test_which_batches_keep_their_kernels(n_windows, n_ctx, ubatch, same):
     """llama.cpp's equal split as perplexity's context makes it (a KV stream per sequence)."""
-    assert _same_kernels(_windows(n_windows, n_ctx), ubatch) is same
+    assert same_kernels(_windows(n_windows, n_ctx), ubatch) is same
 
 
 def test_pieces_decode_bit_identical_logits(q4_1_gguf):

@@ -7,6 +7,7 @@ token in the base file's token stream), ``target`` (its id), then the reducer's 
 ``ptop_base``, ``kld_tail``, ``top1_q`` and ``top1_base`` (both models' most probable token ids;
 -1 when read from a file written before they were kept), ``tv``, ``tv_hi`` and ``p_out`` (NaN
 from such a file) (docs/metrics.md). The run's metadata is the JSON attribute ``run``; ``complete`` is set last.
+MoE routing's columns, where the run compared it: per_token_routing.py.
 
 While the run goes, the records are appended to ``.NAME.partial`` beside the target, synced to
 disk whenever the compare state is checkpointed; ``--resume`` cuts them back to the
@@ -19,6 +20,7 @@ import json
 import os
 import numpy as np
 
+from kldtool.analysis.per_token_routing import read_routing_columns
 from kldtool.errors import OutputError, StateError, UsageError
 from kldtool.logitsfile.atomic import output_target, partial_path
 from kldtool.reduce import FIELDS as RECORD_FIELDS
@@ -47,6 +49,7 @@ class PerTokenWriter:
         self.path = output_target(path)
         self.tmp = partial_path(self.path)
         self.run = run
+        self.resume_tokens, self.routing = resume_tokens, None
         try:
             if resume_tokens:
                 self.fh = self._reopen(resume_tokens)
@@ -82,9 +85,16 @@ class PerTokenWriter:
         except OSError as e:
             raise OutputError(f"{self.tmp}: cannot write the per-token records ({e.strerror})") from None
 
+    def with_routing(self, layers: tuple[int, ...]) -> None:
+        from kldtool.analysis.per_token_routing import RoutingColumns
+
+        self.routing = RoutingColumns(self.tmp, layers, self.resume_tokens)
+
     def flush(self) -> None:
         self.fh.flush()
         os.fsync(self.fh.fileno())
+        if self.routing:
+            self.routing.flush()
 
     def finish(self, statistics: dict) -> None:
         import h5py
@@ -98,6 +108,8 @@ class PerTokenWriter:
                     f.create_dataset(
                         name, data=np.ascontiguousarray(rec[name]), compression="gzip", compression_opts=4, shuffle=True
                     )
+                if self.routing:
+                    self.routing.finish(f)
                 f.attrs["kind"] = KIND
                 f.attrs["run"] = json.dumps(self.run)
                 f.attrs["statistics"] = json.dumps(statistics)
@@ -107,12 +119,16 @@ class PerTokenWriter:
             h5_tmp.unlink(missing_ok=True)
             raise OutputError(f"{self.path}: could not write the per-token file ({e})") from None
         self.tmp.unlink()
+        if self.routing:
+            self.routing.close(keep=False)
 
     def close(self, keep: bool) -> None:
         """Stop without finishing: keep the records for --resume, or remove them."""
         self.fh.close()
         if not keep:
             self.tmp.unlink(missing_ok=True)
+        if self.routing:
+            self.routing.close(keep)
 
 
 def read_per_token(path: str) -> tuple[dict, dict[str, np.ndarray]]:
@@ -132,7 +148,7 @@ def read_per_token(path: str) -> tuple[dict, dict[str, np.ndarray]]:
         missing = [name for name in FIELDS if name not in f and name not in LATER]
         if missing:
             raise UsageError(f"{path}: written by an older kldtool (no column {missing[0]}); rerun compare --per-token")
-        cols = {name: f[name][:] for name in FIELDS if name in f}
+        cols = {name: f[name][:] for name in FIELDS if name in f} | read_routing_columns(f)
     n = len(cols["chunk"])
     cols.update({name: np.full(n, fill, FIELDS[name]) for name, fill in LATER.items() if name not in cols})
     if len({len(c) for c in cols.values()}) != 1:

@@ -28,6 +28,7 @@ VERSION = 3  # 2: the extra metrics' sums and the base top-1 probabilities; 3: t
 class RunState:
     meta: dict
     acc: KldAccumulator
+    routing: np.ndarray | None = None  # routing/stats.py's rows, one per window scored with routing
 
     @property
     def chunk_range(self) -> tuple[int, int]:
@@ -64,6 +65,8 @@ def save_state(path: str, state: RunState) -> None:
     buf = io.BytesIO()
     meta = state.meta | {"kind": KIND, "version": VERSION, "complete": state.complete}
     arrays = state.acc.arrays()
+    if state.routing is not None:
+        arrays = arrays | {"routing_windows": state.routing}
     np.savez(buf, meta=np.frombuffer(json.dumps(meta).encode("utf-8"), np.uint8), **arrays)
     f = AtomicFile(path)
     f.write(buf.getbuffer())
@@ -89,9 +92,12 @@ def load_state(path: str) -> RunState:
         fail("not a kldtool state file")
     if meta.get("version") != VERSION:
         fail(f"state version {meta.get('version')} is not supported (this kldtool reads {VERSION})")
+    routing = arrays.pop("routing_windows", None)
     try:
         acc = KldAccumulator.from_arrays(arrays)
-        state = RunState(meta, acc)
+        state = RunState(meta, acc, routing)
+        if routing is not None and (routing.ndim != 2 or len(routing) > len(acc.chunks)):
+            raise ValueError(f"routing rows of shape {routing.shape} for {len(acc.chunks)} windows")
         a, b = state.chunk_range
         planned = state.planned()
     except (KeyError, ValueError, TypeError) as e:

@@ -1,6 +1,7 @@
 """Where a quant goes wrong (``kldtool worst RESULT.h5``; report/worst.py prints it). The N scored positions with the
 largest KLD (``--by dp``: largest |Δp|, ``--by nll``: largest rise in the target's NLL over the
-base's), each with the text before it, the target, both models' top-1 tokens and both models'
+base's; ``--by routing``: the positions whose MoE routing departs from the base's earliest in
+the network, larger KLD first among equals), each with the text before it, the target, both models' top-1 tokens and both models'
 probability of the target; ``--by window``: the chunks ranked by mean KLD.
 
 The tokens come from the base file the per-token file names (``--base`` if it moved); token
@@ -16,7 +17,7 @@ import numpy as np
 
 from kldtool.errors import UsageError
 
-BY = ("kld", "dp", "nll", "window")
+BY = ("kld", "dp", "nll", "routing", "window")
 
 
 @dataclass
@@ -56,6 +57,11 @@ def tokenizer_source(explicit: str | None, base_meta: dict, run: dict) -> str:
 
 
 def _order(cols: dict, by: str) -> np.ndarray:
+    if by == "routing":
+        if "routing_first" not in cols:
+            raise UsageError("--by routing: this per-token file has no routing (its compare run compared none)")
+        departed = np.flatnonzero(cols["routing_first"] >= 0)
+        return departed[np.lexsort((-cols["kld"][departed], cols["routing_first"][departed]))]
     if by == "kld":
         key = cols["kld"]
     elif by == "dp":
@@ -82,6 +88,9 @@ def worst_tokens(cols: dict, tokens: np.ndarray, decode: Decoder, n: int, by: st
             "top1_q_id": int(cols["top1_q"][i]),
             "top1_base_id": int(cols["top1_base"][i]),
         }
+        if "routing_first" in cols:
+            row["first_departing_layer"] = int(cols["routing_first"][i])
+            row["layers_flipped"] = int(cols["routing_flipped"][i])
         row["context"] = decode.text(tokens[max(0, pos - context) : pos])
         for k in ("target", "top1_q", "top1_base"):
             row[k] = decode.text([row[f"{k}_id"]]) if row[f"{k}_id"] >= 0 else "?"

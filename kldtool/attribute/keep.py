@@ -3,7 +3,9 @@ lines (GGUF tensor names as regular expressions, ``=TYPE``) and an llm-compresso
 list (module names; a whole layer as an ``re:`` pattern).
 
 GGUF names follow llama.cpp's for Llama-style models (``blk.N.attn_q.weight`` ...); a module
-with no known GGUF name is left out of the GGUF list and reported.
+with no known GGUF name is left out of the GGUF list and reported. A mixture's router and shared
+expert have theirs; one routed expert has none (llama.cpp stacks a layer's experts into one
+tensor, quantized at one type), so ``--granularity expert`` lists experts for llm-compressor only.
 """
 
 from __future__ import annotations
@@ -19,6 +21,13 @@ GGUF_TENSORS = {
     "mlp.up_proj": "ffn_up",
     "mlp.down_proj": "ffn_down",
 }
+EXPERT_TENSORS = {  # a mixture's units with a GGUF tensor of their own (attribute/expert_units.py)
+    "gate": r"^blk\.{layer}\.ffn_gate_inp\.weight$",
+    "router": r"^blk\.{layer}\.ffn_gate_inp\.weight$",
+    "shared_experts": r"^blk\.{layer}\.ffn_(gate|up|down)_shexp\.weight$",
+    "shared_expert": r"^blk\.{layer}\.ffn_(gate|up|down)_shexp\.weight$",
+}
+ROUTER_NAMES = (".gate", ".router")
 
 
 def gguf_pattern(row: dict, granularity: str) -> str | None:
@@ -29,6 +38,8 @@ def gguf_pattern(row: dict, granularity: str) -> str | None:
         return None
     if granularity == "layer":
         return rf"^blk\.{row['layer']}\."
+    if granularity == "expert":
+        return EXPERT_TENSORS.get(row["name"].rsplit(".", 1)[-1], "").format(layer=row["layer"]) or None
     suffix = row["name"].split(f".{row['layer']}.", 1)[-1]
     tensor = GGUF_TENSORS.get(suffix)
     return rf"^blk\.{row['layer']}\.{tensor}\.weight$" if tensor else None
@@ -47,6 +58,8 @@ def tensor_type_lines(rows: list[dict], granularity: str, qtype: str) -> tuple[l
 
 
 def ignore_lines(rows: list[dict], granularity: str) -> list[str]:
+    if granularity == "expert":  # an expert and a shared expert are modules of their own in a checkpoint
+        return [r["name"] if r["name"].endswith(ROUTER_NAMES) else f"re:^{re.escape(r['name'])}\\." for r in rows]
     if granularity == "layer":
         return [f"re:^{re.escape(r['name'])}\\." for r in rows]
     return [r["name"] for r in rows]

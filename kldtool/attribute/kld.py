@@ -32,16 +32,17 @@ def swapped(unit: Unit, values: dict):
     import torch
 
     params = dict(unit.module.named_parameters())
-    saved = {k: params[k].detach().clone() for k in values}
+    where = {k: params[k] if unit.part is None else params[k][unit.part] for k in values}  # an expert: its slice
+    saved = {k: where[k].detach().clone() for k in values}
     with torch.no_grad():
         for k, v in values.items():
-            params[k].copy_(v)
+            where[k].copy_(v)
     try:
         yield
     finally:
         with torch.no_grad():
             for k, v in saved.items():
-                params[k].copy_(v)
+                where[k].copy_(v)
 
 
 def window_vectors(engine, reader, windows) -> np.ndarray:

@@ -55,19 +55,21 @@ def _first(out):
 def _hooks(units: list[Unit], sums: dict[str, ErrorSums]):
     import torch
 
-    busy = set()  # a unit's own quant call runs through its hooks too; they must not recurse
+    # A unit's own quant call runs through its module's hooks too, the hooks of every unit of that
+    # module (a layer's experts share one): none of them may run inside it.
+    busy = set()
 
     def make(unit: Unit):
         def hook(module, args, kwargs, output):
-            if unit.name in busy:
+            if id(module) in busy:
                 return None
-            busy.add(unit.name)
+            busy.add(id(module))
             try:
-                params = {k: v.to(output_device(output)) for k, v in unit.quant.items()}
+                params = {k: v.to(output_device(output)) for k, v in unit.full(unit.quant).items()}
                 got = torch.func.functional_call(module, params, args, kwargs)
                 sums[unit.name].add(_first(output), _first(got))
             finally:
-                busy.discard(unit.name)
+                busy.discard(id(module))
             return None
 
         return hook

@@ -8,7 +8,8 @@ import sys
 
 from kldtool.attribute.kld import MODES, attribute_kld
 from kldtool.attribute.layer_errors import measure
-from kldtool.attribute.units import find_units, load_quant
+from kldtool.attribute.expert_units import expert_units
+from kldtool.attribute.units import GRANULARITIES, find_units, load_quant
 from kldtool.errors import MismatchError, UsageError
 from kldtool.progress import Progress
 
@@ -40,6 +41,8 @@ def run_attribute(base_model, quant, base_file, chunks, granularity, dtype, devi
     from kldtool.logitsfile import open_base_file
     from kldtool.protocols import stored_windows
 
+    if granularity not in GRANULARITIES:
+        raise UsageError(f"--granularity {granularity!r}: expected one of {', '.join(GRANULARITIES)}")
     reader = open_base_file(base_file)
     try:
         base = TransformersEngine(base_model, dtype=dtype, device=device)
@@ -48,7 +51,10 @@ def run_attribute(base_model, quant, base_file, chunks, granularity, dtype, devi
                 f"{base_file}: written for a vocabulary of {reader.header.n_vocab}, {base_model} has {base.n_vocab}"
             )
         windows = stored_windows(reader.tokens, reader.header, base.bos_id)[:chunks]
-        units = find_units(base.model, load_quant(quant, dtype), granularity)
+        if granularity == "expert":
+            units = expert_units(base.model, load_quant(quant, dtype))
+        else:
+            units = find_units(base.model, load_quant(quant, dtype), granularity)
         scored = len(units) if budget is None else min(budget, len(units))
         n_kld = (1 + scored * len(modes) + ("out" in modes)) if modes else 0
         tokens = sum(len(w.tokens) for w in windows)

@@ -1,5 +1,7 @@
-"""The parts of a model a quant can be blamed on: each decoder layer (``layer``) or each linear
-tensor inside one (``tensor``), with the quant's values of the parameters it owns.
+"""The parts of a model a quant can be blamed on: each decoder layer (``layer``), each linear
+tensor inside one (``tensor``), or in a mixture of experts each expert of each layer, each
+layer's router and its shared expert (``expert``: expert_units.py), with the quant's values of
+the parameters it owns.
 
 Both models are transformers models of one architecture (a GGUF is dequantized by transformers'
 own loader, which also maps llama.cpp's tensor names and layouts back); a unit is kept only where
@@ -12,7 +14,7 @@ from dataclasses import dataclass
 
 from kldtool.errors import MismatchError, UsageError
 
-GRANULARITIES = ("layer", "tensor")
+GRANULARITIES = ("layer", "tensor", "expert")
 
 
 @dataclass
@@ -23,6 +25,20 @@ class Unit:
     quant: dict  # parameter name (relative to the module) -> the quant's tensor
     base: dict  # the same parameters' base values (leave-one-out restores them)
     numel: int  # parameters the quant changes
+    part: int | None = None  # one expert: the index along the first axis of the module's parameters
+
+    def full(self, values: dict) -> dict:
+        """``values`` as whole parameters of the module (an expert's slice set into the others'
+        current values), for a call of the module with them."""
+        if self.part is None:
+            return values
+        params = dict(self.module.named_parameters())
+        out = {}
+        for k, v in values.items():
+            whole = params[k].detach().clone()
+            whole[self.part] = v.to(whole.device)
+            out[k] = whole
+        return out
 
 
 def decoder_layers(model) -> list:
@@ -59,6 +75,8 @@ def find_units(base, quant, granularity: str) -> list[Unit]:
         raise MismatchError(f"attribute: the quant has no {', '.join(odd)} ... (not the base's architecture)")
     names = {m: n for n, m in base.named_modules()}
     layers = {names[m]: i for i, m in enumerate(decoder_layers(base))}
+    if granularity == "expert":
+        raise UsageError("--granularity expert: attribute/expert_units.py finds those units")
     if granularity == "layer":
         owners = [(names[m], m) for m in decoder_layers(base)]
     else:

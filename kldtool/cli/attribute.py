@@ -23,7 +23,9 @@ def attribute(
     ),
     chunks: int = typer.Option(4, "--chunks", help="Windows of the base file to evaluate on."),
     granularity: str = typer.Option(
-        "layer", "--granularity", help="layer (each decoder layer) or tensor (each linear)."
+        "layer",
+        "--granularity",
+        help="layer (each decoder layer), tensor (each linear) or expert (a mixture's experts, routers, shared experts).",
     ),
     kld: str = typer.Option(
         "in,out", "--kld", help="KLD attribution: in (leave-one-in), out (leave-one-out), in,out or none."

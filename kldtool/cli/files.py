@@ -71,6 +71,7 @@ def info(
             "ratio_to_raw": round(reader.file_size / raw_size, 4),
             "store": reader.metadata.get("store", "logprobs"),
             **_hidden_facts(reader.metadata),
+            **_routing_facts(reader.metadata),
             **_served_facts(reader.metadata),
             "metadata": reader.metadata,
         }
@@ -84,6 +85,18 @@ def info(
             print(f"{k:22s}: {v}")
     print("metadata              :")
     print(json.dumps(data["metadata"], indent=2))
+
+
+def _routing_facts(meta: dict) -> dict:
+    """A MoE base file's routing section (routing/section.py): its shape and its size."""
+    r = meta.get("routing")
+    if not isinstance(r, dict):
+        return {}
+    return {
+        "routing": f"{len(r['layers'])} layers x {r['k']} of {r['n_experts']} experts ({r['scoring']})",
+        "routing_bytes_per_token": r["bytes_per_token"],
+        "routing_stored_bytes": sum(b for _, b in r["frames"]),
+    }
 
 
 def _served_facts(meta: dict) -> dict:
@@ -122,6 +135,7 @@ def convert(
     re-frame a container (lossless; a frame at a time). A hidden-state file becomes the full
     rows it replays."""
     from kldtool.logitsfile import FORMATS, create_writer, iter_chunks, open_base_file
+    from kldtool.routing.section import RoutingReader, RoutingSection
 
     reader = open_base_file(src)
     try:
@@ -132,9 +146,12 @@ def convert(
             raise UsageError(f"{dst}: is the input file; choose another output path")
         meta = dict(reader.metadata)
         meta.setdefault("converted_from", {"path": src, "format": reader.format_name})
-        for key in ("store", "hidden", "head"):  # a hidden-state file converts to the rows it replays
+        for key in ("store", "hidden", "head", "routing"):  # a hidden-state file converts to the rows it replays
             meta.pop(key, None)
+        routing = RoutingReader(reader)
         writer = create_writer(dst, target, reader.header, reader.tokens, meta, frame_rows=frame_rows)
+        if routing.shape and target == "kldtool":  # llama.cpp's raw layout has no room for it
+            writer.sections = [RoutingSection.copied(routing)]
         frames = reader.frames
         try:
             for k, rows in iter_chunks(reader, range(frames.n_frames), read=reader.read_frame_rows):

@@ -90,7 +90,10 @@ def report(
 
         listed = "".join(f"\n{pairs[0]}\n\n" if i == 0 else f"- {p.strip()}\n" for i, p in enumerate(pairs))
         parts = [breakdown_markdown(r.label, out) for r, outs in splits if not isinstance(outs, str) for out in outs]
-        write_text(markdown, table.markdown(rows, title) + listed + "".join("\n" + p for p in parts))
+        from kldtool.report.routing import routing_markdown
+
+        text = table.markdown(rows, title) + listed + "".join("\n" + p for p in parts) + routing_markdown(rows)
+        write_text(markdown, text)
     if csv_out:
         write_text(csv_out, table.csv_text(rows))
     if plots:
@@ -159,8 +162,8 @@ def worst(
         "kld",
         "--by",
         help="kld (largest KLD), dp (largest |Δp|), nll (largest rise of the "
-        "target's NLL) or window (chunks by mean KLD); or a breakdown of the whole run: depth (by "
-        "position in the window) or kind (by kind of token, and each --class).",
+        "target's NLL), routing (earliest MoE routing departure) or window (chunks by mean KLD); or a "
+        "breakdown of the whole run: depth (by position in the window) or kind (by kind of token, and each --class).",
     ),
     classes: List[str] = typer.Option(
         [],

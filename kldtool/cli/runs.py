@@ -71,6 +71,13 @@ def base(
         "those replayed from the file's first "
         "chunks; above it, no file.",
     ),
+    routing: Optional[bool] = typer.Option(
+        None,
+        "--routing/--no-routing",
+        help="Store each scored position's MoE expert ids and router probabilities (default: on for a MoE "
+        "model in the kldtool format with the transformers or llamacpp engine; vLLM gives no routing on its "
+        "hooked runner: docs/metrics.md).",
+    ),
     json_out: Optional[str] = typer.Option(None, "--json", help="Also write the result as JSON here."),
     resume: bool = typer.Option(
         False,
@@ -112,6 +119,8 @@ def base(
     from kldtool.cli.base_ray import base_on_cluster, wants_cluster
 
     if wants_cluster(cluster):
+        if routing:
+            raise UsageError("--routing: base --ray does not record routing yet; run it on one machine")
         picked = {"fmt": fmt, "codec": codec, "keep": top, "clamp": clamp, "frame_rows": frame_rows}
         result = base_on_cluster(
             cluster, run, corpus, scoring, spec, model, out, picked | {"store": store, "resume": resume}
@@ -138,6 +147,7 @@ def base(
             store=store,
             replay_tolerance=replay_tolerance,
             head=head,
+            routing=routing,
         )
     finally:
         eng.close()

@@ -157,6 +157,19 @@ class Engine(ABC):
         parts = self._per_block(windows, lambda w, off, lg: target_nll(lg, w.targets[off : off + len(lg)]))
         return [_join(p) for p in parts]
 
+    def routing_shape(self):
+        """A mixture of experts' routers (routing/rows.py's RouterShape) where this engine can
+        read the experts they choose, else None."""
+        return None
+
+    def record_routing(self):
+        """Start recording each scored row's routing; the recorder's ``pop(window index)``
+        gives a window's rows (routing/rows.py's Routed) once its blocks are through."""
+        raise UsageError(
+            f"--routing: the {self.name} engine does not record MoE routing (transformers and llamacpp do; "
+            f"docs/metrics.md, 'MoE routing')"
+        )
+
     @abstractmethod
     def describe(self) -> dict:
         """Engine, model, dtype and versions, for the metadata of outputs."""

@@ -7,20 +7,10 @@ to llama-perplexity's on the same build.
 
 ``contexts`` > 1 (compare's default with two threads or more) splits the threads among that
 many contexts on the one loaded model, each decoding its own batches of chunks on its own
-thread (llamacpp_lanes.py). A logit is computed by the same kernels whichever thread count
-holds it, so the numbers stay llama-perplexity's; the lanes gain what ggml's threads lose
-waiting for each other at every operation of a decode (docs/benchmarks.md measures it).
-
-What a batch's composition can change is the kernels a token goes through. llama-perplexity's
-context keeps a KV stream per sequence, so llama.cpp cuts a batch into ubatches of the same
-t = n_ubatch / n_seq positions of every sequence; the quantized matmuls take a ubatch's rows in
-groups of 4 and any rest through another kernel, and ggml's flash attention takes a stream's
-queries through its tiled kernel when there are at least 64 of them, else one by one. A batch
-whose every ubatch has rows and output rows in fours and 64 positions or more per sequence
-gives each token the same kernels as any such piece of it: a lane decodes those pieces on their
-own (``lane_pieces``: one 512-token chunk at a time at c=512), logits bit-identical (sha256 of
-each chunk's logits at c=512, 256 and 128 for four quant types; tests/test_llamacpp_lanes.py
-checks c=256), and no lane waits through a last partial round.
+thread (llamacpp_lanes.py; the pieces of a batch a lane may take: llamacpp_pieces.py). A logit
+is computed by the same kernels whichever thread count holds it, so the numbers stay
+llama-perplexity's; the lanes gain what ggml's threads lose waiting for each other at every
+operation of a decode (docs/benchmarks.md measures it).
 """
 
 from __future__ import annotations
@@ -32,36 +22,10 @@ import numpy as np
 
 from kldtool.engines import llamacpp_load
 from kldtool.engines.base import Engine
-from kldtool.engines.llamacpp_load import silence_llama_logs
+from kldtool.engines.llamacpp_load import cpu_features, silence_llama_logs
 from kldtool.engines.llamacpp_attention import Attention
 from kldtool.errors import EngineError, UsageError
 from kldtool.protocols import Window
-
-
-def cpu_features(lib) -> str:
-    """The instruction sets this llama.cpp build's CPU kernels use ("SSE3 AVX AVX2 ..."):
-    an AVX-512 build computes other logits than an AVX2 one."""
-    info = lib.llama_print_system_info().decode("utf-8", "replace")
-    pairs = (p.partition("=") for p in info.split("|"))
-    return " ".join(k.split(":")[-1].strip() for k, _, v in pairs if v.strip() == "1") or "unknown"
-
-
-FA_TILE_Q = 64  # ggml-cpu's flash attention: a stream's queries go through its tiled kernel from this many
-
-
-def _same_kernels(batch: list[Window], ubatch: int) -> bool:
-    """Whether every ubatch of ``batch``'s decode has rows and output rows in fours and at
-    least FA_TILE_Q positions of each sequence (llama.cpp's equal split: the same ``t``
-    positions of every sequence per ubatch): then each token's kernels do not depend on the
-    other sequences beside it."""
-    n_tokens = len(batch[0].tokens)
-    t = ubatch // len(batch)
-    for a in range(0, n_tokens, max(t, 1)):
-        k = min(t, n_tokens - a)
-        outputs = sum(max(0, a + k - max(a, w.first)) for w in batch)
-        if k < min(FA_TILE_Q, n_tokens) or (len(batch) * k) % 4 or outputs % 4:
-            return False
-    return True
 
 
 class LlamaCppEngine(Engine):
@@ -128,6 +92,22 @@ class LlamaCppEngine(Engine):
         self.ctx_shape = None
         self._owns_model = True
         self._lane = False  # a lane's context is sized for the pieces it gets (lane_pieces)
+        self._tap = None  # llamacpp_routing.py's, while routing is recorded
+
+    def routing_shape(self):
+        from kldtool.engines.llamacpp_routing import router_shape
+
+        return router_shape(self.lib, self.model)
+
+    def record_routing(self):
+        # One window per decode (each routed row's position is then known); each lane's context
+        # its own tap (_twin).
+        from kldtool.engines.llamacpp_routing import LlamaRouterTap
+
+        if self._tap is None:
+            self._tap = LlamaRouterTap(self.lib, self.routing_shape())
+            self._free_context()  # the next one is made with the tap's callback
+        return self._tap
 
     def schedule(self, batches: list[list[Window]]):
         from kldtool.engines.llamacpp_lanes import LaneSchedule
@@ -144,17 +124,9 @@ class LlamaCppEngine(Engine):
         return [self._twin(self.threads // n + (i < self.threads % n)) for i in range(n)]
 
     def lane_pieces(self, batch: list[Window]) -> list[list[Window]]:
-        n_tokens = len(batch[0].tokens)
-        if len(batch) == 1 or n_tokens > self.batch_tokens:
-            return [batch]
-        ubatch = min(self.n_ubatch, self.windows_per_call(n_tokens) * n_tokens)  # the whole batch's context
-        if not _same_kernels(batch, ubatch):
-            return [batch]
-        for size in range(1, len(batch)):
-            pieces = [batch[i : i + size] for i in range(0, len(batch), size)]
-            if all(_same_kernels(p, min(ubatch, len(p) * n_tokens)) for p in pieces):
-                return pieces
-        return [batch]
+        from kldtool.engines.llamacpp_pieces import lane_pieces
+
+        return lane_pieces(batch, self.n_ubatch, self.batch_tokens)
 
     def prepare(self, windows: list[Window]) -> None:
         self._ensure_context(len(windows[0].tokens), len(windows))
@@ -168,6 +140,7 @@ class LlamaCppEngine(Engine):
         twin = copy.copy(self)
         twin.threads, twin.contexts, twin.ctx, twin.ctx_shape, twin._owns_model = threads, 1, None, None, False
         twin._lane = True
+        twin._tap = self._tap and self._tap.twin()
         return twin
 
     def _ensure_context(self, n_ctx: int, n_windows: int):
@@ -185,6 +158,8 @@ class LlamaCppEngine(Engine):
         cp.n_threads = cp.n_threads_batch = self.threads
         cp.swa_full = False  # llama-perplexity's (common's) default
         self.attention.apply(cp, lib)
+        if self._tap:
+            cp.cb_eval = self._tap.callback
         self.ctx = lib.llama_init_from_model(self.model, cp)
         if not self.ctx:
             raise EngineError(f"{self.model_path}: llama.cpp could not create a context of {n_seq} x {n_ctx} tokens")
@@ -248,6 +223,8 @@ class LlamaCppEngine(Engine):
         rc = self.lib.llama_decode(self.ctx, self.batch)
         if rc != 0:
             raise EngineError(f"{self.model_path}: llama_decode failed with code {rc}")
+        if self._tap:
+            self._tap.decoded(items)
         n_out = sum(1 for it in items if it[3])
         ptr = self.lib.llama_get_logits(self.ctx)
         return np.ctypeslib.as_array(ptr, shape=(n_out, self.n_vocab)) if n_out else None
@@ -257,6 +234,10 @@ class LlamaCppEngine(Engine):
         self._ensure_context(n_ctx, len(windows))
         if n_ctx > self.n_batch:  # the blocks are views of llama.cpp's buffer: keep copies
             return [np.concatenate(p) for p in self._per_block(windows, lambda w, off, lg: lg.copy())]
+        if self._tap:
+            if len(windows) > 1:
+                return [self.logits([w])[0].copy() for w in windows]
+            self._tap.window = windows[0]
         self.lib.llama_memory_clear(self.lib.llama_get_memory(self.ctx), True)
         first = windows[0].first
         items = [(int(t), k, s, k >= first) for s, w in enumerate(windows) for k, t in enumerate(w.tokens)]
@@ -277,6 +258,8 @@ class LlamaCppEngine(Engine):
         num_batches > 1); each decode's logits are yielded as a view, valid until the next."""
         for s, w in enumerate(windows):
             self.lib.llama_memory_clear(self.lib.llama_get_memory(self.ctx), True)
+            if self._tap:
+                self._tap.window = w
             done = 0
             for a in range(0, len(w.tokens), self.n_batch):
                 items = [(int(w.tokens[k]), k, 0, k >= w.first) for k in range(a, min(a + self.n_batch, len(w.tokens)))]
@@ -295,7 +278,7 @@ class LlamaCppEngine(Engine):
         lib, n_ctx = self.lib, len(windows[0].tokens)
         self._ensure_context(n_ctx, len(windows))
         dim = int(lib.llama_model_n_embd(self.model))
-        packed = n_ctx <= self.n_batch
+        packed = n_ctx <= self.n_batch and not self._tap
         lib.llama_set_embeddings(self.ctx, True)
         try:
             for seqs in [list(range(len(windows)))] if packed else [[s] for s in range(len(windows))]:
@@ -303,6 +286,8 @@ class LlamaCppEngine(Engine):
                 for a in range(0, n_ctx, self.n_batch):
                     b = min(a + self.n_batch, n_ctx)
                     items = [(int(windows[s].tokens[k]), k, j, True) for j, s in enumerate(seqs) for k in range(a, b)]
+                    if self._tap:
+                        self._tap.window = windows[seqs[0]]
                     logits = self._decode(items)
                     emb = np.ctypeslib.as_array(lib.llama_get_embeddings(self.ctx), shape=(len(items), dim))
                     for j, s in enumerate(seqs):

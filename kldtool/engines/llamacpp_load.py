@@ -89,3 +89,11 @@ def drop() -> None:
             load.dropped = True
             if load.done.is_set():
                 load._free()
+
+
+def cpu_features(lib) -> str:
+    """The instruction sets this llama.cpp build's CPU kernels use ("SSE3 AVX AVX2 ..."):
+    an AVX-512 build computes other logits than an AVX2 one."""
+    info = lib.llama_print_system_info().decode("utf-8", "replace")
+    pairs = (p.partition("=") for p in info.split("|"))
+    return " ".join(k.split(":")[-1].strip() for k, _, v in pairs if v.strip() == "1") or "unknown"

@@ -92,6 +92,18 @@ class TransformersEngine(Engine):
         self.bos_id = hf_tokenizer.bos_to_substitute(self.tokenizer)
         self.prefix_id = hf_tokenizer.prefix_token(self.tokenizer)
         self._versions = {"transformers": transformers.__version__, "torch": torch.__version__}
+        self._tap = None
+
+    def routing_shape(self):
+        from kldtool.engines.transformers_routing import router_shape
+
+        return router_shape(self.model)
+
+    def record_routing(self):
+        from kldtool.engines.transformers_routing import RouterTap
+
+        self._tap = self._tap or RouterTap(self.model, self.routing_shape())
+        return self._tap
 
     def tokenize(self, text: bytes) -> np.ndarray:
         return hf_tokenizer.tokenize(self.tokenizer, text, self.bos_id)
@@ -113,6 +125,8 @@ class TransformersEngine(Engine):
         # In the model's dtype: the reducers and the encoder read it as float32 themselves, so a
         # bf16 model on a GPU does not pay a float32 copy of the batch's logits.
         lg = out.logits[:, :n_scored, :]
+        if self._tap:
+            self._tap.keep([w.index for w in windows], first, n_scored)
         return [lg[i] for i in range(len(windows))]
 
     def logit_blocks(self, windows: list[Window]):
@@ -133,6 +147,8 @@ class TransformersEngine(Engine):
                     input_ids=ids[:, a:b], past_key_values=cache, use_cache=True, logits_to_keep=max(b - lo, 1)
                 )
                 if lo < b:
+                    if self._tap:
+                        self._tap.keep([w.index], lo - a, b - lo)
                     yield 0, lo - w.first, out.logits[0]
                 del out
 

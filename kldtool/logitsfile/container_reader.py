@@ -37,6 +37,7 @@ class ContainerReader(BaseFileReader):
             index_offset,
         )
         self.header = self.form.header  # a top-K file's K comes from its metadata
+        self.sections_span = (frames_end, index_offset)  # where sections (routing) may lie
         self.tokens = self._read_tokens(PREAMBLE)
 
     def _preamble(self) -> tuple[int, int]:

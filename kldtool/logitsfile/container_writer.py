@@ -55,6 +55,7 @@ class ContainerWriter(ResumableWriter):
         self.index: list[tuple[int, int]] = []
         self.waiting: list[np.ndarray] = []  # rows of the current frame so far
         self._frame_ends: list[int] = []
+        self.sections: list = []  # stored after the frames at finish (routing/section.py)
 
     def stored_width(self) -> int:
         return self.form.width
@@ -130,6 +131,8 @@ class ContainerWriter(ResumableWriter):
         while self.pending:
             self._drain_one()
         self.pool.shutdown()
+        for section in self.sections:
+            self.metadata[section.name] = section.write(self.out, self.header.n_chunk)
         if self.form.replayed:  # the head the hidden states are replayed through, after the last frame
             self.metadata["head"], section = self.form.head_section(self.out.tell())
             self.out.write(section)

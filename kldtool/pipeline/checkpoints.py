@@ -46,4 +46,4 @@ def start_state(ck: Checkpoints, meta: dict, sinks: Sinks) -> RunState:
         )
     sinks.info(f"compare: resuming {ck.path}, which holds {state.progress()}")
     resumed = state.meta.get("resumed", []) + [state.chunk_range[0] + state.visited]
-    return RunState(meta | {"resumed": resumed}, state.acc)
+    return RunState(meta | {"resumed": resumed}, state.acc, state.routing)

@@ -21,6 +21,7 @@ from kldtool.pipeline.checkpoints import Checkpoints, start_state
 from kldtool.pipeline.early_stop import Stopping, stop_line
 from kldtool.pipeline.compat import base_windows, check_compatible, file_protocol
 from kldtool.pipeline.final_report import final_report, replay
+from kldtool.pipeline.routing_compare import compare_routing
 from kldtool.pipeline.sinks import Sinks
 from kldtool.progress import Progress
 from kldtool.analysis.state_file import save_state
@@ -106,8 +107,13 @@ class CompareRun:
         self.in_range = order.arrange(windows[a:b])
         self.ends = stopping.ends(b - a)
         self.batch_ends = batch_ends(self.in_range, self.n_seq, self.ends)  # no batch runs across a segment's end
-        self.schedule = self._schedule()
         done = self.state.visited
+        self.per_token = None
+        if per_token_path and not (self.state.complete and os.path.exists(per_token_path)):
+            self.per_token = PerTokenWriter(per_token_path, self.meta, resume_tokens=self.state.acc.count)
+        # Before the schedule: an engine recording routing may run its windows otherwise.
+        self.routing = compare_routing(engine, reader, sinks, self.state, self.per_token)
+        self.schedule = self._schedule()
         where = f"chunks {a + done + 1}..{b}" if not order.random else f"{b - a - done} windows of chunks {a + 1}..{b}"
         sinks.info(
             f"compare: {where} of {h.n_chunk}, order {order}, n_ctx={h.n_ctx}, n_seq={self.n_seq}, "
@@ -125,9 +131,6 @@ class CompareRun:
         sinks.line()
         sinks.line(TABLE_HEADER)
         self.acc = self.state.acc = replay(self.state.acc, sinks)
-        self.per_token = None
-        if per_token_path and not (self.state.complete and os.path.exists(per_token_path)):
-            self.per_token = PerTokenWriter(per_token_path, self.meta, resume_tokens=self.acc.count)
 
     def _schedule(self):
         """The engine's schedule for the windows from the last one scored to the next segment's
@@ -145,6 +148,8 @@ class CompareRun:
         # Records reach the disk before the state: they must never hold fewer tokens than it.
         if self.per_token:
             self.per_token.flush()
+        if self.routing:
+            self.state.routing = self.routing.stats.matrix()
         save_state(self.ck.path, self.state)
 
     def loop(self, label: str = "compare") -> None:
@@ -179,6 +184,8 @@ class CompareRun:
                     # holds, and --resume cuts them back to the checkpoint.
                     if self.per_token:
                         self.per_token.add(w.index, w.scored_positions(), w.targets, rec)
+                    if self.routing:
+                        self.routing.add(w, rec)
                     bounds = acc.depth_bounds
                     acc.add(rec, w.index, bounds and depth_block(rec, window_depths(w.first, len(rec)), bounds))
                     sinks.line(chunk_line(w.index + 1, summarize(acc, with_quantiles=False)))
@@ -196,6 +203,8 @@ class CompareRun:
             if ck.path:
                 # Keep whole batches only: a resumed run must evaluate the same batches.
                 acc.truncate(last_end(self.batch_ends, len(acc.chunks)))
+                if self.routing:
+                    self.routing.stats.truncate(len(acc.chunks))
                 if len(acc.chunks) > saved_at:
                     self._checkpoint()
                 sinks.info(
@@ -257,6 +266,8 @@ class CompareRun:
             bounded() if bounded else None,
             show_depth=meta["depth_shown"],
         )
+        if self.routing:
+            result["statistics"]["routing"] = self.routing.report(self.sinks, self.bootstrap)
         if self.stopped:
             self.sinks.line(stop_line(self.stopped, self.order))
         result["chunk_sums"] = acc.chunk_table()

@@ -26,6 +26,7 @@ from kldtool.pipeline.batching import groups, whole_batches
 from kldtool.manifest import run_metadata
 from kldtool.pipeline.hidden_base import DEFAULT_TOLERANCE, HiddenStore, check_store
 from kldtool.pipeline.plan import Plan, make_plan
+from kldtool.pipeline.routing_base import base_routing, routed_blocks
 from kldtool.manifest import run_manifest
 from kldtool.protocols import Protocol, window_table
 from kldtool.report.console import final_estimate, ppl_progress
@@ -107,6 +108,7 @@ class BaseSetup:
     settings: dict
     n_seq: int
     coding: Coding
+    sections: tuple = ()  # stored after the rows (routing/section.py)
 
 
 def setup_base(engine, corpus, protocol, chunks, fmt, codec, keep, clamp, frame_rows, force, hidden=None, head=None):
@@ -178,7 +180,9 @@ def run_base(
     store: str = "logprobs",
     replay_tolerance: float = DEFAULT_TOLERANCE,
     head: str = "inline",
+    routing: bool | None = None,
 ) -> dict:
+    """``routing``: --routing / --no-routing, or None (pipeline/routing_base.py decides)."""
     sinks = sinks or Sinks()
     codec = codec or default_codec(fmt)
     check_store(store, fmt, keep, replay_tolerance, head)
@@ -189,6 +193,12 @@ def run_base(
     encode = (
         (lambda group: hidden.blocks(engine, group)) if hidden else (lambda group: engine.encode(group, setup.coding))
     )
+    routed = base_routing(engine, routing, fmt, out_path, resume, setup.header)
+    if routed:
+        section, tap = routed
+        setup.sections, plain = (section,), encode
+        encode = lambda group: routed_blocks(plain(group), group, section, tap)  # noqa: E731
+        sinks.info(f"base: recording MoE routing ({section.shape.bytes_per_token} bytes per token)")
     return write_run(setup, out_path, fmt, encode, sinks, resume, hidden, t0)
 
 
@@ -207,6 +217,8 @@ def write_run(setup: BaseSetup, out_path, fmt, encode, sinks: Sinks, resume=Fals
         if out_path
         else (None, 0)
     )
+    if writer:
+        writer.sections = list(setup.sections)
     try:
         with Progress("base", n_chunk - done) as shown:
             for group in groups(windows[done:], n_seq):

@@ -132,6 +132,20 @@ def kld_by_depth(plt, rows: list[ResultRow], path: str) -> None:
     _save(fig, path)
 
 
+def routing_flips(plt, rows: list[ResultRow], path: str) -> None:
+    """Per routed layer, the share of scored positions whose expert set differs from the
+    base's, one line per run of a mixture of experts."""
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for r in rows:
+        layers = (r.statistics.get("routing") or {}).get("layers") or []
+        if layers:
+            ax.plot([x["layer"] for x in layers], [100 * x["flip_share"] for x in layers], "o-", label=r.label)
+    ax.xaxis.get_major_locator().set_params(integer=True)
+    _finish(ax, "decoder layer", "positions whose experts differ from the base's (%)")
+    _title(ax, "MoE routing flips by layer", rows)
+    _save(fig, path)
+
+
 def _finish(ax, xlabel: str, ylabel: str) -> None:
     """Axis labels, a light grid and the legend, as every per-run plot has them."""
     ax.set_xlabel(xlabel)
@@ -216,6 +230,7 @@ def write_plots(rows: list[ResultRow], out_dir: str) -> list[str]:
         ("ppl_ratio_vs_bpw.png", ppl_ratio_vs_bpw, len(_sized(rows)) > 0),
         ("kld_histograms.png", kld_histograms, any("kld_histogram" in r.statistics for r in rows)),
         ("kld_by_depth.png", kld_by_depth, any((r.statistics.get("depth") or {}).get("rows") for r in rows)),
+        ("routing_flips.png", routing_flips, any(r.statistics.get("routing") for r in rows)),
     ]
     for name, draw, possible in plans:
         if possible:

@@ -8,13 +8,15 @@ def _show(s: str) -> str:
 
 
 def print_tokens(rows: list[dict], by: str) -> None:
+    routed = by == "routing"  # the first departing layer and how many layers flipped
     print(
-        f"{'#':>3} {'chunk':>5} {'pos':>7} {'KLD':>9} {'Δp':>8} {'p_base':>7} {'p_q':>7}  "
-        f"{'target':>12} {'base top1':>12} {'q top1':>12}  context"
+        f"{'#':>3} {'chunk':>5} {'pos':>7} " + ("layer flips " if routed else "") + f"{'KLD':>9} {'Δp':>8} "
+        f"{'p_base':>7} {'p_q':>7}  {'target':>12} {'base top1':>12} {'q top1':>12}  context"
     )
     for k, r in enumerate(rows, 1):
+        where = f"{r['first_departing_layer']:>5} {r['layers_flipped']:>5} " if routed else ""
         print(
-            f"{k:>3} {r['chunk'] + 1:>5} {r['position']:>7} {r['kld']:>9.5f} {r['dp']:>+8.4f} {r['p_base']:>7.4f} "
+            f"{k:>3} {r['chunk'] + 1:>5} {r['position']:>7} {where}{r['kld']:>9.5f} {r['dp']:>+8.4f} {r['p_base']:>7.4f} "
             f"{r['p_q']:>7.4f}  {_show(r['target']):>12} {_show(r['top1_base']):>12} {_show(r['top1_q']):>12}  "
             f"…{_show(r['context'])}[{_show(r['target'])}]"
         )

@@ -27,7 +27,7 @@ import json
 import os
 from pathlib import Path
 
-from helpers.vocab_models import SHAPES, SPECIALS, cache_root, model_dir, shape
+from helpers.vocab_models import SHAPES, SPECIALS, cache_root, model_dir
 
 ARCH = {
     "llama": "llama",
@@ -79,14 +79,18 @@ def gguf_of(name: str, kind: str = "F16", softcap: float | None = None) -> Path:
     path = cache_root() / (f"{name}-{kind}.gguf" if softcap is None else f"{name}-{kind}-cap{softcap:g}.gguf")
     if path.exists():
         return path
+    return write_gguf(model_dir(name), path, kind, softcap)
+
+
+def write_gguf(src: Path, path: Path, kind: str = "F16", softcap: float | None = None) -> Path:
+    """The transformers model directory ``src`` (one of these architectures) as a GGUF at ``path``."""
     import gguf
     import numpy as np
     from safetensors.numpy import load_file
 
-    model_type, vocab, _ = shape(name)
-    arch = ARCH[model_type]
-    cfg = json.loads((model_dir(name) / "config.json").read_text())
-    w = load_file(str(model_dir(name) / "model.safetensors"))
+    cfg = json.loads((src / "config.json").read_text())
+    arch, vocab = ARCH[cfg["model_type"]], cfg["vocab_size"]
+    w = load_file(str(src / "model.safetensors"))
     heads, kv, dim = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["hidden_size"]
     head_dim = cfg.get("head_dim") or dim // heads
     tmp = path.with_suffix(f".partial-{os.getpid()}")
