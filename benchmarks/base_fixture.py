@@ -91,7 +91,7 @@ def served_with_plugin(a: argparse.Namespace):
     from helpers.vllm_serve import operator_env, served
 
     from kldtool.engines.vllm.served import MAX_IN_FLIGHT, VllmServerEngine
-    from kldtool.protocols import llamacpp_windows
+    from kldtool.text.protocols import llamacpp_windows
 
     with base_reader(a) as (model, reader, tmp):
         h = reader.header

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import argparse
 
-from kldtool.engines.llamacpp import LlamaCppEngine
+from kldtool.engines.llamacpp.engine import LlamaCppEngine
 from kldtool.logitsfile import open_base_file
 from kldtool.pipeline.compat import base_windows
 

@@ -60,8 +60,8 @@ def shape_files(name: str, tmp: Path) -> tuple[str, list, str]:
 
 
 def measure(name: str, a, tmp: Path) -> None:
-    from kldtool.engines.llamacpp import LlamaCppEngine
-    from kldtool.engines.transformers import TransformersEngine
+    from kldtool.engines.llamacpp.engine import LlamaCppEngine
+    from kldtool.engines.transformers.engine import TransformersEngine
 
     model, corpus, gguf = shape_files(name, tmp)
     common = ["-m", model, "--engine", "transformers", *corpus, "-c", a.ctx, "--chunks", a.chunks]

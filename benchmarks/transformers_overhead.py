@@ -63,7 +63,7 @@ def random_llama(shape: dict, tokenizer_dir: str, device: str, dtype: str, batch
     import torch
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-    from kldtool.engines.transformers import TransformersEngine
+    from kldtool.engines.transformers.engine import TransformersEngine
 
     torch.set_default_dtype(getattr(torch, dtype))
     with torch.device(device):
@@ -188,15 +188,16 @@ def main() -> None:
 
     import torch
 
-    from kldtool.corpus import open_corpus
+    from kldtool.text.corpus import open_corpus
     from kldtool.engines.defaults import default_transformers_model
-    from kldtool.engines.transformers import TransformersEngine
+    from kldtool.engines.transformers.engine import TransformersEngine
     from kldtool.logitsfile import open_base_file
-    from kldtool.memory import set_malloc_policy
+    from kldtool.runtime.memory import set_malloc_policy
     from kldtool.pipeline import run_compare
     from kldtool.pipeline.sinks import Sinks
+    from kldtool.pipeline.base_job import BaseJob
     from kldtool.pipeline.write_base import run_base
-    from kldtool.protocols import Protocol, llamacpp_windows
+    from kldtool.text.protocols import Protocol, llamacpp_windows
 
     set_malloc_policy()  # as the CLI allocates
     model = a.model
@@ -227,16 +228,8 @@ def main() -> None:
             stores.append(("kldtool", "base-hidden.kldt", "hidden"))
         for fmt, fname, store in stores:
             t0 = time.perf_counter()
-            run_base(
-                engine,
-                corpus,
-                Protocol("llamacpp", a.ctx),
-                a.chunks,
-                os.path.join(tmp, fname),
-                fmt,
-                sinks=quiet,
-                store=store,
-            )
+            job = BaseJob(Protocol("llamacpp", a.ctx), os.path.join(tmp, fname), a.chunks, fmt, store=store)
+            run_base(engine, corpus, job, quiet)
             base_times[fname] = time.perf_counter() - t0
             sizes[fname] = os.path.getsize(os.path.join(tmp, fname))
             print(f"base ({fmt}, {store}): {base_times[fname]:.2f} s, {sizes[fname] / 2**20:.1f} MiB", flush=True)

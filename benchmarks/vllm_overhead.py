@@ -23,7 +23,7 @@ def main() -> None:
     from vllm.inputs import TokensPrompt
 
     from kldtool.engines.vllm.offline import VllmEngine
-    from kldtool.protocols import llamacpp_windows
+    from kldtool.text.protocols import llamacpp_windows
 
     with base_reader(a) as (model, reader, _):
         h = reader.header

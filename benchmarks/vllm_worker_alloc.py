@@ -2,7 +2,7 @@
 at a 262,144-token vocabulary.
 
 vLLM runs its model in worker processes of its own, whose allocator the CLI's policy
-(kldtool/memory.py) does not reach: they keep glibc's defaults unless KLDTOOL_MALLOC names a
+(kldtool/runtime/memory.py) does not reach: they keep glibc's defaults unless KLDTOOL_MALLOC names a
 policy, which kldtool's offline engine then sets in them too. Each step's scored
 logits, Gemma's soft-cap copies of them and the block's base rows are vocabulary-sized buffers:
 under glibc's defaults such a buffer is its own mapping, faulted in afresh every step. This runs

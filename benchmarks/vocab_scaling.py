@@ -9,7 +9,7 @@ tests/helpers/vocab_models.py. For each vocabulary, in one process:
   log-probs to the host), timed in alternating rounds: the time ratio, minor page faults per
   scored row and system time of each (getrusage around each run, after a warm-up round; the
   medians of the rounds, as single rounds swing widely), under
-  the CLI's allocation policy (kldtool/memory.py), and compare again under the mmap policy it
+  the CLI's allocation policy (kldtool/runtime/memory.py), and compare again under the mmap policy it
   replaced;
 - the host reducer's nanoseconds per vocabulary entry (numba, one core, rows of random logits);
 - the host decoding of container rows, in GB of uint16 rows per second on one core.
@@ -41,7 +41,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT / "tests"))
 
 from results import append_row  # noqa: E402
-from kldtool.memory import set_malloc_policy  # noqa: E402
+from kldtool.runtime.memory import set_malloc_policy  # noqa: E402
 from transformers_overhead import bare_scoring  # noqa: E402
 
 LAST = ROOT / "benchmarks" / "vocab_scaling.json"
@@ -117,13 +117,14 @@ def decode_gbps(reader) -> float:
 
 def one_vocabulary(name: str, a, tmp: str) -> dict:
 
-    from kldtool.corpus import open_corpus
-    from kldtool.engines.transformers import TransformersEngine
+    from kldtool.text.corpus import open_corpus
+    from kldtool.engines.transformers.engine import TransformersEngine
     from kldtool.logitsfile import open_base_file
     from kldtool.pipeline import run_compare
     from kldtool.pipeline.sinks import Sinks
+    from kldtool.pipeline.base_job import BaseJob
     from kldtool.pipeline.write_base import run_base
-    from kldtool.protocols import Protocol, llamacpp_windows
+    from kldtool.text.protocols import Protocol, llamacpp_windows
 
     model, text, fmt = model_and_corpus(name)
     engine = TransformersEngine(model)
@@ -137,16 +138,8 @@ def one_vocabulary(name: str, a, tmp: str) -> dict:
         ("hidden", "hidden.kldt", {"store": "hidden"}),
     ):
         path = os.path.join(tmp, f"{name}-{fname}")
-        run_base(
-            engine,
-            corpus,
-            Protocol("llamacpp", a.ctx),
-            a.chunks,
-            path,
-            "llamacpp" if label == "raw" else "kldtool",
-            sinks=quiet,
-            **opts,
-        )
+        layout = "llamacpp" if label == "raw" else "kldtool"
+        run_base(engine, corpus, BaseJob(Protocol("llamacpp", a.ctx), path, a.chunks, layout, **opts), quiet)
         reader = open_base_file(path)
         scored = reader.header.n_chunk * reader.header.rows_per_chunk
         head = (reader.metadata.get("head") or {}).get("length", 0)
@@ -156,7 +149,7 @@ def one_vocabulary(name: str, a, tmp: str) -> dict:
     h = reader.header
     windows = llamacpp_windows(reader.tokens, h.n_ctx, h.n_chunk, engine.bos_id)
     rows = h.n_chunk * h.rows_per_chunk
-    # Under the CLI's allocation policy (kldtool/memory.py), and compare again under the
+    # Under the CLI's allocation policy (kldtool/runtime/memory.py), and compare again under the
     # policy it replaced (every buffer of 1 MiB and more mapped afresh), in this one process.
     runs = {
         "bare": measured(lambda: bare_scoring(engine, windows, "cpu"), a.rounds),

@@ -221,7 +221,7 @@ def test_chunks_longer_than_the_model_context(tmp_path, q4_1_gguf):
     )
     assert not out.exists()
     # --force lets compare past the trained context as it does base and ppl, and says so
-    from kldtool.engines.llamacpp import LlamaCppEngine
+    from kldtool.engines.llamacpp.engine import LlamaCppEngine
     from kldtool.logitsfile import open_base_file
     from kldtool.pipeline.compat import check_compatible
 

@@ -40,7 +40,7 @@ def test_every_document_format_scores_the_same_documents(gguf, tmp_path):
     assert results["jsonl"]["ppl"] == results["lines"]["ppl"] == results["dir"]["ppl"]
     assert results["dir"]["corpus"]["format"] == "dir"
     # Token strings of the model's own vocabulary give the same ids as its tokenizer.
-    from kldtool.engines.llamacpp import LlamaCppEngine
+    from kldtool.engines.llamacpp.engine import LlamaCppEngine
 
     eng = LlamaCppEngine(str(gguf))
     try:
@@ -94,7 +94,7 @@ def test_llama_cpp_tokens_are_llama_cpp_pythons_at_any_bytes_per_token(gguf):
     a token) against llama-cpp-python's own tokenizer on the same GGUF's vocabulary."""
     from llama_cpp import Llama
 
-    from kldtool.engines.llamacpp import LlamaCppEngine
+    from kldtool.engines.llamacpp.engine import LlamaCppEngine
 
     ref = Llama(model_path=str(gguf), vocab_only=True, verbose=False)
     engine = LlamaCppEngine(str(gguf))

@@ -1,4 +1,4 @@
-"""compare on llama.cpp in several contexts side by side (engines/llamacpp_lanes.py): the same printed
+"""compare on llama.cpp in several contexts side by side (engines/llamacpp/lanes.py): the same printed
 lines as llama-perplexity and as one context, whatever batch or piece of a batch falls on which
 context; a lane's error ends the run in one line like any other."""
 
@@ -9,9 +9,9 @@ import pytest
 
 from conftest import llamacpp_reference, WIKI, assert_lines_match, chunk_table_lines, final_block_lines, run_cli
 from kldtool import errors
-from kldtool.engines.llamacpp import LlamaCppEngine
-from kldtool.engines.llamacpp_pieces import same_kernels
-from kldtool.protocols import Window, llamacpp_windows
+from kldtool.engines.llamacpp.engine import LlamaCppEngine
+from kldtool.engines.llamacpp.pieces import same_kernels
+from kldtool.text.protocols import Window, llamacpp_windows
 from test_cli_errors import container_tail, fail, one_line_error, small_container, small_raw  # noqa: F401
 
 

@@ -1,4 +1,4 @@
-"""The allocation policy (kldtool/memory.py) in a process of its own, as the CLI sets it: under
+"""The allocation policy (kldtool/runtime/memory.py) in a process of its own, as the CLI sets it: under
 heap a buffer freed and allocated again faults no page, under mmap it faults every page on
 every use; an unknown KLDTOOL_MALLOC value leaves the allocator alone, and the CLI refuses it."""
 
@@ -17,7 +17,7 @@ pytestmark = [pytest.mark.quick, pytest.mark.skipif(not sys.platform.startswith(
 PROBE = """
 import json, resource, sys
 import numpy as np
-from kldtool.memory import set_malloc_policy
+from kldtool.runtime.memory import set_malloc_policy
 policy = set_malloc_policy(None)
 faults = []
 for _ in range(8):

@@ -1,4 +1,4 @@
-"""A GGUF loaded on a thread while a command starts (engines/llamacpp_load.py): the engine built
+"""A GGUF loaded on a thread while a command starts (engines/llamacpp/load.py): the engine built
 for that file takes it and computes what a model it loads itself computes; a load nobody takes is
 let go; a file llama.cpp cannot load still gets the engine's own one-line error."""
 
@@ -9,10 +9,10 @@ import hashlib
 import pytest
 
 from conftest import WIKI
-from kldtool.engines import llamacpp_load
-from kldtool.engines.llamacpp import LlamaCppEngine
+from kldtool.engines.llamacpp import load as llamacpp_load
+from kldtool.engines.llamacpp.engine import LlamaCppEngine
 from kldtool.errors import EngineError
-from kldtool.protocols import llamacpp_windows
+from kldtool.text.protocols import llamacpp_windows
 
 pytestmark = pytest.mark.quick
 

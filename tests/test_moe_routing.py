@@ -60,7 +60,7 @@ def reference_choice(module, hidden: torch.Tensor) -> tuple[np.ndarray, np.ndarr
 def test_stored_ids_equal_a_float64_reference_of_the_routers(moe):
     from transformers import AutoModelForCausalLM
 
-    from kldtool.engines.transformers_routing import find_routers
+    from kldtool.engines.transformers.routing import find_routers
     from kldtool.logitsfile import open_base_file
     from kldtool.routing.section import RoutingReader
 
@@ -295,13 +295,13 @@ def test_a_run_in_turns_keeps_its_routing_in_the_checkpoint(moe, tmp_path):
     """A compare stopped after 2 windows and resumed from its state file (as a sweep's turns
     are) ends with the routing statistics of one uninterrupted run: the checkpoint keeps each
     window's routing sums."""
-    from kldtool.engines.transformers import TransformersEngine
+    from kldtool.engines.transformers.engine import TransformersEngine
     from kldtool.logitsfile import open_base_file
     from kldtool.pipeline.checkpoints import Checkpoints
     from kldtool.pipeline.compare import CompareRun
+    from kldtool.pipeline.compare_job import CompareJob
     from kldtool.pipeline.early_stop import Stopping
     from kldtool.pipeline.sinks import Sinks
-    from kldtool.window_order import FILE_ORDER
 
     name, model_dir, base, _, root = moe
     quant = root / f"experts-{PERTURBED[name]}"
@@ -314,7 +314,7 @@ def test_a_run_in_turns_keeps_its_routing_in_the_checkpoint(moe, tmp_path):
         for cap in (2, 4, CHUNKS):  # three turns, each a fresh engine resuming the state file
             engine = TransformersEngine(str(quant))
             run = CompareRun(engine, reader, quiet, Checkpoints(str(tmp_path / "q.state"), chunks=1, resume=True))
-            run.start(False, None, None, FILE_ORDER, Stopping(cap=cap))
+            run.start(CompareJob(stopping=Stopping(cap=cap)))
             run.loop()
             turns = run.result(None, None)["statistics"]["routing"]
             engine.close()

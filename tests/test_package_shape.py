@@ -1,6 +1,7 @@
 """The package's layering, read from its source: no import cycle (imports inside functions
 count: they are cycles deferred, not avoided), the codec beneath the reducer, results beside
-the run layer rather than under it, and CLI modules small enough to read."""
+the run layer rather than under it, engines beneath the pipeline, a package root that holds
+little, and modules, CLI modules and functions small enough to read."""
 
 from __future__ import annotations
 
@@ -85,7 +86,7 @@ def test_no_module_is_long():
     assert not long, f"modules over 350 lines: {long}"
 
 
-# Engine hooks only llama.cpp's schedule uses (engines/llamacpp_lanes.py): the runs see a schedule.
+# Engine hooks only llama.cpp's schedule uses (engines/llamacpp/lanes.py): the runs see a schedule.
 LANE_HOOKS = {"lanes", "lane_pieces", "set_threads", "LaneSchedule", "llamacpp_lanes"}
 
 
@@ -243,3 +244,38 @@ def test_every_vllm_attribute_the_seam_uses_is_in_the_seam_list():
         }
     unlisted = used - {item[2] for item in SEAM} - NOT_VLLM
     assert not unlisted, f"vLLM attributes the seam uses but SEAM does not list: {sorted(unlisted)}"
+
+
+def test_the_package_root_holds_little():
+    """The entry point and the error classes; every concept lives in a package named for it."""
+    root = sorted(p.name for p in PKG.glob("*.py"))
+    assert len(root) <= 4, f"modules at the package root: {root}"
+
+
+def test_engines_never_import_the_pipeline():
+    modules = _modules()
+    wrong = {
+        name: sorted(m for m in _imports(name, path, modules) if m.startswith("kldtool.pipeline"))
+        for name, path in modules.items()
+        if name.startswith("kldtool.engines")
+    }
+    assert not {k: v for k, v in wrong.items() if v}
+
+
+# The one exception: the Triton reducer is one compiled kernel whose split into jitted helpers
+# could only be checked by compiling it on a GPU (the CPU suite runs it in Triton's interpreter).
+LONG_FUNCTIONS_ALLOWED = {"kldtool/reduce/triton_kernel.py:_reduce_kernel"}
+
+
+def test_no_function_is_long():
+    """At most 60 lines from a function's first statement to its end (a typer command's
+    signature of flags is not counted)."""
+    long = {}
+    for path in PKG.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                where = f"{path.relative_to(PKG.parent)}:{node.name}"
+                length = node.end_lineno - node.body[0].lineno + 1
+                if length > 60 and where not in LONG_FUNCTIONS_ALLOWED:
+                    long[where] = length
+    assert not long, f"functions over 60 lines: {long}"

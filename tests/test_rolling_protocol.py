@@ -22,8 +22,8 @@ import pytest
 
 from conftest import ROOT, WIKI, compare_json, run_cli, sha256
 
-from kldtool import wikitext
-from kldtool.protocols import Protocol, rolling_windows
+from kldtool.text import wikitext
+from kldtool.text.protocols import Protocol, rolling_windows
 from kldtool.errors import UsageError
 
 # lm-eval's wikitext task pages WikiText-2's own articles.
@@ -33,7 +33,7 @@ TITLE = re.compile(r"^ = [^=].* = \r?$")  # " = Robert Boulter = ", not " = = Ca
 
 
 def articles() -> list[str]:
-    """The test's own paging of the raw text (independent of kldtool.wikitext): a new article
+    """The test's own paging of the raw text (independent of kldtool.text.wikitext): a new article
     at each top-level title line."""
     out: list[list[str]] = [[]]
     for line in WIKI.read_text(encoding="utf-8").split("\n"):

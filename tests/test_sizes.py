@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from kldtool.sizes import model_size
+from kldtool.provenance.sizes import model_size
 
 pytestmark = pytest.mark.quick
 
@@ -72,7 +72,7 @@ def test_gguf_tensor_table_matches_the_gguf_packages_reader(q4_1_gguf, tmp_path)
     """The header walk against gguf's own (slow, full) reader: same tensors, elements, bytes."""
     import gguf
 
-    from kldtool.sizes import _gguf_tensors
+    from kldtool.provenance.sizes import _gguf_tensors
 
     ref = [(t.name, int(t.n_elements), int(t.n_bytes)) for t in gguf.GGUFReader(str(q4_1_gguf), "r").tensors]
     assert _gguf_tensors(str(q4_1_gguf)) == ref
@@ -87,7 +87,7 @@ def test_gguf_tensor_table_matches_the_gguf_packages_reader(q4_1_gguf, tmp_path)
 def test_ggml_block_table_matches_the_gguf_package():
     from gguf.constants import GGML_QUANT_SIZES
 
-    from kldtool.sizes import _GGML_BLOCKS, _ggml_block
+    from kldtool.provenance.sizes import _GGML_BLOCKS, _ggml_block
 
     for t, blocks in _GGML_BLOCKS.items():
         assert blocks == GGML_QUANT_SIZES[t], t

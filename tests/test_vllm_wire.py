@@ -19,7 +19,7 @@ from kldtool.engines.vllm.hooked_engine import window_specs
 from kldtool.engines.vllm.policy import Policy
 from kldtool.engines.vllm.worker import WorkerState
 from kldtool.logitsfile import open_base_file
-from kldtool.protocols import llamacpp_windows
+from kldtool.text.protocols import llamacpp_windows
 
 pytestmark = pytest.mark.quick
 

@@ -62,7 +62,7 @@ def test_random_order_shards_merge_into_the_file_order_run(runs, tmp_path):
     _, common, file_order, _ = runs
     states = [tmp_path / "a.state", tmp_path / "b.state"]
     # Four windows of 128 tokens fill one ubatch, as the whole run's eight fill two: the same kernels
-    # (a batch of five would take other ones: engines/llamacpp.py), so the same numbers.
+    # (a batch of five would take other ones: engines/llamacpp/engine.py), so the same numbers.
     for r, s in zip(("4:8", "0:4"), states):
         run_cli(*common, "--order", "random:2", "--chunk-range", r, "--state", s)
     merged = run_cli("merge", *states)

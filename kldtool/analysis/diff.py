@@ -11,7 +11,7 @@ import os
 import numpy as np
 
 from kldtool.errors import UsageError
-from kldtool.manifest import check_manifests
+from kldtool.provenance.manifest import check_manifests
 from kldtool.stats.accumulator import KldAccumulator
 from kldtool.stats.bootstrap import Bootstrap
 from kldtool.stats.paired import MEASURES, compare_runs, sentence

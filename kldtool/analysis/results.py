@@ -14,15 +14,15 @@ from dataclasses import dataclass
 import numpy as np
 
 from kldtool.errors import UsageError
-from kldtool.identity import model_identity
-from kldtool.manifest import check_manifests
+from kldtool.provenance.identity import model_identity
+from kldtool.provenance.manifest import check_manifests
 from kldtool.analysis.per_token import accumulate, read_per_token
-from kldtool.sizes import model_size_dict
+from kldtool.provenance.sizes import model_size_dict
 from kldtool.stats.accumulator import SUMS, VECTOR_LEN
 from kldtool.stats.bootstrap import Bootstrap
 from kldtool.stats.run_stats import statistics
 from kldtool.stats.summary import MIN_TOKENS_FOR_STATS
-from kldtool.small_files import read_json
+from kldtool.runtime.small_files import read_json
 
 
 @dataclass

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from kldtool.errors import StateError
-from kldtool.identity import model_identity
+from kldtool.provenance.identity import model_identity
 from kldtool.logitsfile.atomic import AtomicFile
-from kldtool.window_order import Order, order_of
+from kldtool.text.window_order import Order, order_of
 from kldtool.stats import KldAccumulator
 
 KIND = "kldtool-compare-state"

@@ -30,7 +30,7 @@ class Decoder:
         if self.source.endswith(".gguf"):
             import llama_cpp
 
-            from kldtool.engines.llamacpp_load import silence_llama_logs
+            from kldtool.engines.llamacpp.load import silence_llama_logs
 
             silence_llama_logs(llama_cpp)
             self._llama = llama_cpp.Llama(self.source, vocab_only=True, verbose=False)
@@ -125,9 +125,9 @@ def worst_windows(cols: dict, tokens: np.ndarray, decode: Decoder, n: int, conte
 def base_tokens(run: dict, base: str | None, result: str) -> tuple[np.ndarray, dict, dict[int, int]]:
     """The token stream, metadata and window starts (window -> stream offset) of the base file a
     per-token run was compared against (``base``, if it moved), checked to be that very file."""
-    from kldtool.identity import base_identity
+    from kldtool.provenance.identity import base_identity
     from kldtool.logitsfile import open_base_file
-    from kldtool.protocols import stored_windows
+    from kldtool.text.protocols import stored_windows
 
     path = base or run.get("base_path")
     if not path or not os.path.exists(path):

@@ -11,7 +11,7 @@ from kldtool.attribute.layer_errors import measure
 from kldtool.attribute.expert_units import expert_units
 from kldtool.attribute.units import GRANULARITIES, find_units, load_quant
 from kldtool.errors import MismatchError, UsageError
-from kldtool.progress import Progress
+from kldtool.runtime.progress import Progress
 
 
 def _say(text: str) -> None:
@@ -37,9 +37,9 @@ def rank_key(row: dict):
 
 
 def run_attribute(base_model, quant, base_file, chunks, granularity, dtype, device, modes, budget, spec) -> dict:
-    from kldtool.engines.transformers import TransformersEngine
+    from kldtool.engines.transformers.engine import TransformersEngine
     from kldtool.logitsfile import open_base_file
-    from kldtool.protocols import stored_windows
+    from kldtool.text.protocols import stored_windows
 
     if granularity not in GRANULARITIES:
         raise UsageError(f"--granularity {granularity!r}: expected one of {', '.join(GRANULARITIES)}")

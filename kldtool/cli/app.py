@@ -75,14 +75,14 @@ def _run(argv: list[str] | None) -> int:
     try:
         return _command(argv)
     finally:
-        loading = sys.modules.get("kldtool.engines.llamacpp_load")
+        loading = sys.modules.get("kldtool.engines.llamacpp.load")
         if loading is not None:  # a model loaded early that no engine took
             loading.drop()
 
 
 def _command(argv: list[str] | None) -> int:
-    from kldtool.memory import POLICIES, set_malloc_policy
-    from kldtool.progress import quiet_third_party
+    from kldtool.runtime.memory import POLICIES, set_malloc_policy
+    from kldtool.runtime.progress import quiet_third_party
 
     chosen = os.environ.get("KLDTOOL_MALLOC")
     if chosen and chosen not in POLICIES:  # a typo would silently leave glibc's defaults

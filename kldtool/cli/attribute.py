@@ -9,7 +9,7 @@ import typer
 from kldtool.cli.app import app
 from kldtool.cli.flag_groups import BOOTSTRAP, PROGRESS
 from kldtool.cli.options import bootstrap_of, flags
-from kldtool.progress import choose as choose_progress
+from kldtool.runtime.progress import choose as choose_progress
 from kldtool.errors import UsageError
 
 
@@ -57,7 +57,7 @@ def attribute(
     choose_progress(shown.progress)
     from kldtool.attribute.run import parse_modes, run_attribute
     from kldtool.report.attribute import print_table
-    from kldtool.small_files import write_json
+    from kldtool.runtime.small_files import write_json
 
     if base_file is None:
         raise UsageError(
@@ -75,7 +75,7 @@ def attribute(
     print_table(result["units"], top=top)
     if keep:
         from kldtool.attribute.keep import keep_lists
-        from kldtool.small_files import write_text
+        from kldtool.runtime.small_files import write_text
 
         result["keep"] = lists = keep_lists(result, keep, keep_type)
         if tensor_types:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import os
 import types
+from dataclasses import replace
 
 from kldtool.cli.options import corpus_of, longest, open_engine
 from kldtool.cli.ray_flags import task_flags, task_shape
@@ -17,36 +18,29 @@ def wants_cluster(cluster) -> bool:
     return task_shape(cluster, ["--shards"] * bool(cluster.shards)) is not None
 
 
-def base_on_cluster(cluster, run, corpus, scoring, spec, model, out, settings: dict) -> dict:
-    """``settings``: the format, codec, keep, clamp, frame rows, store and resume flags."""
-    from kldtool.cluster.base_shards import BaseJob, score_shards
+def base_on_cluster(cluster, run, corpus, model, job) -> dict:
+    """``job``: pipeline/base_job.py's BaseJob of the command's flags."""
+    from kldtool.cluster.base_shards import ShardedBase, score_shards
     from kldtool.cluster.node_checks import as_workers_see, check_nodes, local_paths
     from kldtool.cluster.ray_session import check_fits, connected
-    from kldtool.pipeline.write_base import default_codec
 
-    if not out or not cluster.shards:
+    if not job.out_path or not cluster.shards:
         raise UsageError("base --ray needs --kl-divergence-base FILE and --shards N")
-    if settings["store"] != "logprobs" or settings["resume"]:
+    if job.store != "logprobs" or job.resume:
         raise UsageError("base --ray: --store hidden and --resume run on one machine only")
+    if job.routing:
+        raise UsageError("--routing: base --ray does not record routing yet; run it on one machine")
     shape = task_shape(cluster, [])
     here, model = as_workers_see(corpus.file), as_workers_see(model)
     corpus = types.SimpleNamespace(**(vars(corpus) | {"file": here}))
-    fmt = settings["fmt"]
-    job = BaseJob(
-        functools.partial(open_engine, task_flags(run, shape), model, longest(spec)),
+    sharded = ShardedBase(
+        functools.partial(open_engine, task_flags(run, shape), model, longest(job.protocol)),
         functools.partial(corpus_of, corpus, run.engine, model),
-        spec,
-        scoring.chunks,
-        fmt,
-        settings["codec"] or default_codec(fmt),
-        settings["keep"],
-        settings["clamp"],
-        settings["frame_rows"],
-        scoring.force,
+        replace(job.resolved(), routing=False),
     )
-    directory = os.path.dirname(os.path.abspath(out))
+    directory = os.path.dirname(os.path.abspath(job.out_path))
     with connected(cluster.ray) as ray:
         check_fits(ray, shape)
         check_nodes(ray, local_paths(None, [p for p in (here, model) if p]), directory)
-        scored = score_shards(ray, job, shape, cluster.shards, out)
-    return scored.join(fmt, out)  # disconnected: stdout is the results' again
+        scored = score_shards(ray, sharded, shape, cluster.shards)
+    return scored.join(sharded.job)  # disconnected: stdout is the results' again

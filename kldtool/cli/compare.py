@@ -11,7 +11,7 @@ import typer
 from kldtool.cli.app import app
 from kldtool.cli.flag_groups import BOOTSTRAP, ENGINE, PROGRESS, ModelOpt
 from kldtool.cli.options import bootstrap_of, flags, open_engine, start_loading
-from kldtool.progress import choose as choose_progress
+from kldtool.runtime.progress import choose as choose_progress
 from kldtool.errors import UsageError
 
 
@@ -107,6 +107,7 @@ def compare(
     start_loading(run, model)
     from kldtool.logitsfile import open_base_file
     from kldtool.pipeline.compare import run_compare
+    from kldtool.pipeline.compare_job import CompareJob
     from kldtool.cli.compare_flags import check_protocol_flags, checkpoints_of, parse_chunk_range, stopping_of
     from kldtool.pipeline.noise_floor import load_floor
     from kldtool.stats.depth import parse_depth_bins
@@ -133,20 +134,10 @@ def compare(
             print(f"note: -f {file} ignored: the tokens come from {base_file}", file=sys.stderr)
         eng = open_engine(run, model, reader.header.n_ctx)
         try:
-            run_compare(
-                eng,
-                reader,
-                force=force,
-                json_path=json_out,
-                chunk_range=span,
-                checkpoints=checkpoints,
-                per_token_path=per_token,
-                bootstrap=resampling,
-                floor=floor,
-                order=visit,
-                stopping=stopping,
-                depth_bins=depth_bins,
+            job = CompareJob(
+                force, json_out, span, checkpoints, per_token, resampling, floor, visit, stopping, depth_bins
             )
+            run_compare(eng, reader, job)
         finally:
             eng.close()
     finally:

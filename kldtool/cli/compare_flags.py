@@ -11,7 +11,7 @@ def check_protocol_flags(
 ) -> None:
     """compare takes the protocol from the base file; flags that say otherwise are refused."""
     from kldtool.pipeline.compat import file_protocol
-    from kldtool.protocols import parse_lengths
+    from kldtool.text.protocols import parse_lengths
 
     stored = file_protocol(reader)
     given = {
@@ -76,7 +76,7 @@ def checkpoints_of(path: str | None, every: str | None, resume: bool):
 def stopping_of(order: str | None, target_ci: float | None, min_chunks: int):
     """``--order``, ``--target-ci`` and ``--min-chunks`` as the run's window order and stopping rule."""
     from kldtool.pipeline.early_stop import Stopping
-    from kldtool.window_order import parse_order
+    from kldtool.text.window_order import parse_order
 
     visit = parse_order(order)
     if target_ci is not None and not visit.random:

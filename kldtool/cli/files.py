@@ -26,9 +26,9 @@ def quantize(
     threads: Optional[int] = ENGINE["threads"][1],
 ):
     """llama-quantize through llama-cpp-python, for sweeps."""
-    from kldtool import model_ref
-    from kldtool.gguf_tools import quantize as run_quantize
-    from kldtool.sizes import model_size
+    from kldtool.provenance import model_ref
+    from kldtool.engines.llamacpp.gguf_tools import quantize as run_quantize
+    from kldtool.provenance.sizes import model_size
 
     src = model_ref.local_path(src)
     if not os.path.isfile(src):

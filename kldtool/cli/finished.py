@@ -75,7 +75,7 @@ def report(
     from kldtool.analysis.ordering import ordering
     from kldtool.pipeline.noise_floor import read_floor
     from kldtool.analysis.results import load_results
-    from kldtool.small_files import write_text
+    from kldtool.runtime.small_files import write_text
 
     rows = load_results(results, mix=mix)
     floor = read_floor(noise_floor, rows[0].base, rows[0].sources[0])["kld_mean"] if noise_floor else None
@@ -146,7 +146,7 @@ def diff(
     bootstrap interval and chunk wins for mean KLD, ln PPL ratio, same top p and RMS Δp."""
     from kldtool.analysis.diff import run_diff
     from kldtool.report.diff import print_diff
-    from kldtool.small_files import write_json
+    from kldtool.runtime.small_files import write_json
 
     result = run_diff(a, b, bootstrap_of(boot), mix=mix)
     print_diff(result)
@@ -183,7 +183,7 @@ def worst(
     their text, the target, both models' top-1 tokens and probabilities."""
     from kldtool.analysis.worst import rank_worst
     from kldtool.report.worst import print_tokens, print_windows
-    from kldtool.small_files import write_json
+    from kldtool.runtime.small_files import write_json
 
     from kldtool.analysis.breakdown import BY as SPLITS
 

@@ -44,7 +44,7 @@ def flags(**groups: dict):
 
 def start_loading(opts: SimpleNamespace, model: str | None) -> None:
     """Begin loading the model open_engine will build its engine for, where that can run beside
-    the command's own start-up (a GGUF: engines/llamacpp_load.py); call it first thing."""
+    the command's own start-up (a GGUF: engines/llamacpp/load.py); call it first thing."""
     from kldtool.engines import EngineOptions, start_loading as start
 
     start(
@@ -63,7 +63,7 @@ def start_loading(opts: SimpleNamespace, model: str | None) -> None:
 def open_engine(opts: SimpleNamespace, model: str | None, n_ctx: int):
     """The engine a command's ENGINE flags describe, for windows of ``n_ctx`` tokens."""
     from kldtool.engines import EngineOptions, make_engine
-    from kldtool.memory import for_window
+    from kldtool.runtime.memory import for_window
 
     if opts.threads is not None and opts.threads < 1:
         raise UsageError(f"--threads {opts.threads}: must be at least 1")
@@ -106,7 +106,7 @@ def open_engine(opts: SimpleNamespace, model: str | None, n_ctx: int):
 
 
 def protocol_of(opts: SimpleNamespace):
-    from kldtool.protocols import Protocol
+    from kldtool.text.protocols import Protocol
 
     return Protocol.from_flags(
         opts.protocol, opts.ctx_size, opts.stride, opts.lengths, opts.prefix_token, opts.full_length_only
@@ -123,11 +123,11 @@ def corpus_of(opts: SimpleNamespace, engine: str | None = None, model: str | Non
     """The corpus the CORPUS flags name; for a helibrunna run's model a text file is read as
     whitespace tokens, a document per line (its tokenizer's own reading, with line numbers in
     errors), unless --corpus-format says otherwise."""
-    from kldtool.corpus import guess_format, open_corpus
+    from kldtool.text.corpus import guess_format, open_corpus
 
     fmt = opts.corpus_format
     if fmt == "auto" and opts.file is not None and guess_format(str(opts.file)) == "text":
-        from kldtool import helibrunna
+        from kldtool.engines.xlstm import helibrunna
 
         if engine == "xlstm" or (engine is None and model is not None and helibrunna.looks_like(model)):
             fmt = "tokens"

@@ -10,7 +10,7 @@ import typer
 from kldtool.cli.app import app
 from kldtool.cli.flag_groups import CORPUS, ENGINE, FRAME_ROWS, PROGRESS, SCORING, ModelOpt
 from kldtool.cli.ray_flags import RAY, SHARDS
-from kldtool.progress import choose as choose_progress
+from kldtool.runtime.progress import choose as choose_progress
 from kldtool.cli.options import corpus_of, flags, longest, open_engine, protocol_of, start_loading
 from kldtool.errors import OutputError, UsageError
 
@@ -94,61 +94,33 @@ def base(
     choose_progress(shown.progress)
     if cluster.ray is None:  # on a cluster the workers load it
         start_loading(run, model)
-    from kldtool.codec import CODECS, check_clamp
-    from kldtool.codec.topk_records import keep_of
-    from kldtool.logitsfile import FORMATS, check_layout
+    from kldtool.cli.base_layout import checked_layout
     from kldtool.pipeline import run_base
+    from kldtool.pipeline.base_job import BaseJob
     from kldtool.pipeline.hidden_base import check_store
-    from kldtool.small_files import write_json
+    from kldtool.runtime.small_files import write_json
 
-    if fmt not in FORMATS:
-        raise UsageError(f"--format {fmt!r}: expected one of {', '.join(FORMATS)}")
-    if codec is not None and codec not in CODECS:
-        raise UsageError(f"--codec {codec!r}: expected one of {', '.join(CODECS)}")
     spec = protocol_of(scoring)
-    top = keep_of(keep)
-    try:
-        clamp = check_clamp(clamp)
-    except ValueError as e:
-        raise UsageError(f"--clamp: {e}") from None
-    check_layout(fmt, spec.name, top, clamp, frame_rows)  # before the model loads
+    top, clamp = checked_layout(fmt, codec, keep, clamp, frame_rows, spec.name)  # before the model loads
     check_store(store, fmt, top, replay_tolerance, head)
     if run.contexts is not None:
         # The rows of a batch stream to the file as they come; lanes would hold whole batches.
         raise UsageError(f"--contexts {run.contexts}: for compare and ppl; base runs one context")
     from kldtool.cli.base_ray import base_on_cluster, wants_cluster
 
+    job = BaseJob(
+        spec, out, scoring.chunks, fmt, codec, top, clamp, frame_rows, scoring.force, resume, store, replay_tolerance,
+        head, routing,
+    )  # fmt: skip
     if wants_cluster(cluster):
-        if routing:
-            raise UsageError("--routing: base --ray does not record routing yet; run it on one machine")
-        picked = {"fmt": fmt, "codec": codec, "keep": top, "clamp": clamp, "frame_rows": frame_rows}
-        result = base_on_cluster(
-            cluster, run, corpus, scoring, spec, model, out, picked | {"store": store, "resume": resume}
-        )
+        result = base_on_cluster(cluster, run, corpus, model, job)
         return write_json(json_out, result) if json_out else None
     text = corpus_of(corpus, run.engine, model)
     eng = open_engine(run, model, longest(spec))
     try:
         if resume and not out:
             raise UsageError("--resume needs --kl-divergence-base FILE (the base file to continue)")
-        result = run_base(
-            eng,
-            text,
-            spec,
-            scoring.chunks,
-            out,
-            fmt,
-            codec=codec,
-            resume=resume,
-            force=scoring.force,
-            keep=top,
-            clamp=clamp,
-            frame_rows=frame_rows,
-            store=store,
-            replay_tolerance=replay_tolerance,
-            head=head,
-            routing=routing,
-        )
+        result = run_base(eng, text, job)
     finally:
         eng.close()
     if json_out:
@@ -190,7 +162,7 @@ def ppl(
     choose_progress(shown.progress)
     start_loading(run, (models or [None])[0])
     from kldtool.pipeline.ppl import run_ppl
-    from kldtool.small_files import write_json, write_text
+    from kldtool.runtime.small_files import write_json, write_text
 
     spec = protocol_of(scoring)
     if checkpoints is None and out_dir is not None:

@@ -12,7 +12,7 @@ from kldtool.cli.app import app
 from kldtool.cli.flag_groups import BOOTSTRAP, ENGINE, PROGRESS
 from kldtool.cli.ray_flags import RAY, SHIP
 from kldtool.cli.options import bootstrap_of, flags, open_engine
-from kldtool.progress import choose as choose_progress
+from kldtool.runtime.progress import choose as choose_progress
 from kldtool.errors import KldError, UsageError
 
 
@@ -101,7 +101,7 @@ def _print(log: dict, sw, spec, markdown: str | None) -> None:
     from kldtool.analysis.results import load_results
     from kldtool.report import table
     from kldtool.report.sweep import sweep_lines
-    from kldtool.small_files import write_text
+    from kldtool.runtime.small_files import write_text
 
     failed = log.get("failed", {})
     results = [q.result for q in sw.quants if q.label not in failed and os.path.exists(q.result)]

@@ -24,30 +24,22 @@ import numpy as np
 
 from kldtool.cluster.ray_task import node_name
 from kldtool.errors import EngineError, KldError
+from kldtool.pipeline.base_job import BaseJob
 from kldtool.pipeline.sinks import Sinks
 from kldtool.pipeline.write_base import BaseSetup, describe_run, setup_base, write_run
 
 
 @dataclass(frozen=True)
-class BaseJob:
-    """What every task needs to build the run's plan: picklable partials of the CLI's builders."""
+class ShardedBase:
+    """What every task needs to build the run's plan: picklable partials of the CLI's builders,
+    and the run's job (pipeline/base_job.py)."""
 
     engine_for: Callable[[], object]
     corpus_for: Callable[[], object]
-    protocol: object
-    chunks: int | None
-    fmt: str
-    codec: str
-    keep: int | None
-    clamp: float
-    frame_rows: int | None
-    force: bool
+    job: BaseJob
 
     def setup(self, engine, corpus) -> BaseSetup:
-        return setup_base(
-            engine, corpus, self.protocol, self.chunks, self.fmt, self.codec, self.keep, self.clamp,
-            self.frame_rows, self.force,
-        )  # fmt: skip
+        return setup_base(engine, corpus, self.job)
 
 
 def _digest(setup: BaseSetup) -> str:
@@ -56,7 +48,7 @@ def _digest(setup: BaseSetup) -> str:
     return h.hexdigest()
 
 
-def plan_task(job: BaseJob) -> tuple[BaseSetup, str, str, str]:
+def plan_task(job: ShardedBase) -> tuple[BaseSetup, str, str, str]:
     """On a worker: the run's setup, its digest, the engine's name and the corpus's."""
     engine = job.engine_for()
     try:
@@ -67,7 +59,7 @@ def plan_task(job: BaseJob) -> tuple[BaseSetup, str, str, str]:
         engine.close()
 
 
-def shard_task(job: BaseJob, digest: str, first: int, stop: int, part: str) -> dict:
+def shard_task(job: ShardedBase, digest: str, first: int, stop: int, part: str) -> dict:
     """On a worker: windows ``first .. stop-1`` scored, their blocks written to ``part``."""
     from kldtool.pipeline.batching import groups
 
@@ -136,13 +128,11 @@ class Scored:
     facts: list[dict]
     t0: float
 
-    def join(self, fmt: str, out_path: str, sinks: Sinks | None = None) -> dict:
+    def join(self, job: BaseJob, sinks: Sinks | None = None) -> dict:
         """The base file from the parts (run after disconnecting: it prints the results), the
         parts removed whatever happens."""
         try:
-            result = write_run(
-                self.setup, out_path, fmt, PartBlocks(self.parts, self.setup.n_seq), sinks or Sinks(), t0=self.t0
-            )
+            result = write_run(self.setup, job, PartBlocks(self.parts, self.setup.n_seq), sinks or Sinks(), t0=self.t0)
         finally:
             remove_parts(self.parts)
         return result | {"shards": self.facts}
@@ -155,14 +145,14 @@ def remove_parts(parts: list[str]) -> None:
                 os.unlink(leftover)
 
 
-def score_shards(ray, job: BaseJob, shape, shards: int, out_path: str, sinks: Sinks | None = None) -> Scored:
+def score_shards(ray, job: ShardedBase, shape, shards: int, sinks: Sinks | None = None) -> Scored:
     sinks = sinks or Sinks()
     t0 = time.time()
     options = shape.options()
     setup, digest, engine_name, corpus_name = ray.get(ray.remote(plan_task).options(**options).remote(job))
-    sinks.info(describe_run(setup, job.protocol, corpus_name, engine_name))
+    sinks.info(describe_run(setup, job.job.protocol, corpus_name, engine_name))
     ranges = cuts(len(setup.plan.windows), setup.n_seq, shards)
-    out_path = os.path.abspath(out_path)
+    out_path = os.path.abspath(job.job.out_path)
     stem = os.path.join(os.path.dirname(out_path), "." + os.path.basename(out_path))
     parts = [f"{stem}.shard-{k + 1}-of-{len(ranges)}" for k in range(len(ranges))]
     sinks.info(f"base: {len(ranges)} shards on the Ray cluster: " + ", ".join(f"{a + 1}..{b}" for a, b in ranges))

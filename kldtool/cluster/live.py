@@ -16,7 +16,7 @@ from kldtool.analysis.state_file import load_state
 from kldtool.cluster.ray_task import attempts
 from kldtool.errors import KldError
 from kldtool.pipeline.sweep_play import Quant
-from kldtool.progress import line_seconds, mode
+from kldtool.runtime.progress import line_seconds, mode
 from kldtool.stats import summarize
 
 

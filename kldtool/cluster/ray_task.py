@@ -46,7 +46,7 @@ def run_turn(play: Play, base, engine_for: Callable[..., object], q: Quant, look
     a ``ShippedBase`` to fetch; ``engine_for(model, n_ctx)`` builds the engine (a picklable
     partial of the sweep's flags)."""
     from kldtool.logitsfile import open_base_file
-    from kldtool.progress import choose
+    from kldtool.runtime.progress import choose
 
     choose("none")  # the driver shows progress, from the state files
     node = node_name()

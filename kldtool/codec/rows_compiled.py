@@ -17,8 +17,8 @@ import numpy as np
 from numba import njit, prange
 
 from kldtool.codec.rows import HEADER_SLOTS, _window, row_width
-from kldtool.numba_exp import exp_f64
-from kldtool.core_share import one_core, spread
+from kldtool.compiled.numba_exp import exp_f64
+from kldtool.compiled.core_share import one_core, spread
 
 
 @njit(cache=True, fastmath={"reassoc"}, error_model="numpy")

@@ -9,16 +9,16 @@ import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from kldtool import model_ref
+from kldtool.provenance import model_ref
 from kldtool.errors import EngineError, UsageError
 
 ENGINES = ("transformers", "llamacpp", "vllm", "python", "xlstm")  # what --engine takes
 REGISTRY = {
-    "transformers": "kldtool.engines.transformers:TransformersEngine",
-    "llamacpp": "kldtool.engines.llamacpp:LlamaCppEngine",
+    "transformers": "kldtool.engines.transformers.engine:TransformersEngine",
+    "llamacpp": "kldtool.engines.llamacpp.engine:LlamaCppEngine",
     "vllm": "kldtool.engines.vllm.offline:VllmEngine",
-    "python": "kldtool.engines.python:PythonEngine",
-    "xlstm": "kldtool.engines.xlstm:XlstmEngine",  # helibrunna runs
+    "python": "kldtool.engines.python.engine:PythonEngine",
+    "xlstm": "kldtool.engines.xlstm.engine:XlstmEngine",  # helibrunna runs
     "vllm-server": "kldtool.engines.vllm.served:VllmServerEngine",  # --server URL
     "endpoint": "kldtool.engines.endpoint.engine:EndpointEngine",  # --endpoint URL
 }
@@ -51,7 +51,7 @@ def guess_engine(model: str | None, gguf_file: str | None = None) -> str:
         return "llamacpp"
     if ":" in model and not Path(model).exists():  # package.module:factory
         return "python"
-    from kldtool import helibrunna
+    from kldtool.engines.xlstm import helibrunna
 
     if helibrunna.looks_like(model):
         return "xlstm"
@@ -71,10 +71,11 @@ def engine_name(opts: EngineOptions) -> str:
 
 
 def start_loading(opts: EngineOptions) -> None:
-    """Begin loading the model of a llamacpp engine on a thread (engines/llamacpp_load.py), so
+    """Begin loading the model of a llamacpp engine on a thread (engines/llamacpp/load.py), so
     that it overlaps the command's start-up; make_engine's engine takes it. Nothing for others."""
     if engine_name(opts) == "llamacpp":
-        from kldtool.engines import defaults, llamacpp_load
+        from kldtool.engines import defaults
+        from kldtool.engines.llamacpp import load as llamacpp_load
 
         try:
             ref = _model_ref(opts)

@@ -13,7 +13,7 @@ import numpy as np
 from kldtool.codec import Coding, target_nll
 from kldtool.codec.encode import encode_base_slices
 from kldtool.errors import UsageError
-from kldtool.protocols import Window
+from kldtool.text.protocols import Window
 from kldtool.reduce import TokenRecords, reduce_base, settled
 
 

@@ -74,7 +74,7 @@ def served_tokenizer(given: str | None, entry: dict) -> ServedTokenizer:
     directory or hub id ``given`` (-m), else the path or id the server reports, from this
     machine's hub cache where it is a hub id. The name comes from the server, so nothing of its
     weights is downloaded on its word (transformers fetches a tokenizer's own files as usual)."""
-    from kldtool import model_ref
+    from kldtool.provenance import model_ref
     from kldtool.errors import EngineError
 
     named = given or entry.get("root") or entry["id"]

@@ -1,6 +1,6 @@
 """How an engine runs a run's batches of windows. By default each batch is one call, in order,
 on the calling thread; an engine that can do better (llama.cpp's contexts side by side:
-llamacpp_lanes.py) returns its own schedule from ``Engine.schedule``. The runs see only this:
+llamacpp/lanes.py) returns its own schedule from ``Engine.schedule``. The runs see only this:
 the calls in order with their results (:meth:`Schedule.scored` for compare, :meth:`Schedule.nlls`
 for ppl) and what the first line says; the schedule opens the base-row feeds and starts the
 reducer's warm-up itself, so a run hands it no callbacks."""

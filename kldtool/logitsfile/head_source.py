@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from kldtool import model_ref
+from kldtool.provenance import model_ref
 from kldtool.errors import EngineError
 
 

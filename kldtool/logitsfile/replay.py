@@ -17,7 +17,7 @@ from kldtool.errors import CorruptData, HeadMismatch, MetadataError
 from kldtool.logitsfile.header import BaseHeader
 from kldtool.logitsfile.hidden import DTYPES, OutputHead, expected_head_length, from_raw, ggml_head, is_head_dtype
 from kldtool.logitsfile.transforms import HIDDEN_CODE, Transform
-from kldtool.core_share import spread
+from kldtool.compiled.core_share import spread
 
 MAX_DIM = 1 << 16
 

@@ -14,10 +14,10 @@ import os
 from pathlib import Path
 from typing import Callable
 
-from kldtool import helibrunna
+from kldtool.engines.xlstm import helibrunna
 from kldtool.errors import OutputError, UsageError
 from kldtool.pipeline.sinks import Sinks
-from kldtool.small_files import read_json, write_json
+from kldtool.runtime.small_files import read_json, write_json
 
 
 def sweep_key(corpus_path: str | None, protocol: dict, chunks: int | None) -> dict:

@@ -8,11 +8,11 @@ import os
 from dataclasses import dataclass
 
 from kldtool.errors import StateError
-from kldtool.identity import model_identity
+from kldtool.provenance.identity import model_identity
 from kldtool.pipeline.sinks import Sinks
 from kldtool.analysis.state_file import RunState, check_fits, load_state
 from kldtool.stats import KldAccumulator
-from kldtool.window_order import order_of
+from kldtool.text.window_order import order_of
 
 
 @dataclass

@@ -13,47 +13,32 @@ import os
 import time
 
 from kldtool.analysis.per_token import PerTokenWriter
-from kldtool.identity import base_identity
+from kldtool.provenance.identity import base_identity
 from kldtool.logitsfile import frame_facts
-from kldtool.manifest import run_manifest, run_metadata
+from kldtool.provenance.manifest import run_manifest, run_metadata
 from kldtool.pipeline.batching import batch_ends, groups, last_end
 from kldtool.pipeline.checkpoints import Checkpoints, start_state
-from kldtool.pipeline.early_stop import Stopping, stop_line
+from kldtool.pipeline.early_stop import stop_line
+from kldtool.pipeline.compare_job import CompareJob
 from kldtool.pipeline.compat import base_windows, check_compatible, file_protocol
 from kldtool.pipeline.final_report import final_report, replay
 from kldtool.pipeline.routing_compare import compare_routing
 from kldtool.pipeline.sinks import Sinks
-from kldtool.progress import Progress
+from kldtool.runtime.progress import Progress
 from kldtool.analysis.state_file import save_state
 from kldtool.report.console import TABLE_HEADER, chunk_line
-from kldtool.sizes import model_size_dict
-from kldtool.small_files import write_json
+from kldtool.provenance.sizes import model_size_dict
+from kldtool.runtime.small_files import write_json
 from kldtool.stats import summarize
 from kldtool.stats.bootstrap import Bootstrap
 from kldtool.stats.depth import depth_block, parse_depth_bins, window_depths
-from kldtool.window_order import FILE_ORDER, Order
 
 
-def run_compare(
-    engine,
-    reader,
-    force: bool = False,
-    json_path: str | None = None,
-    sinks: Sinks | None = None,
-    chunk_range: tuple[int, int] | None = None,
-    checkpoints: Checkpoints | None = None,
-    per_token_path: str | None = None,
-    bootstrap: Bootstrap = Bootstrap(),
-    floor: dict | None = None,
-    order: Order = FILE_ORDER,
-    stopping: Stopping = Stopping(),
-    depth_bins: str | None = None,
-) -> dict:
-    """``depth_bins``: ``--depth-bins`` (the depth table is kept in any case, printed when given)."""
-    run = CompareRun(engine, reader, sinks or Sinks(), checkpoints or Checkpoints(), bootstrap)
-    run.start(force, chunk_range, per_token_path, order, stopping, depth_bins)
+def run_compare(engine, reader, job: CompareJob = CompareJob(), sinks: Sinks | None = None) -> dict:
+    run = CompareRun(engine, reader, sinks or Sinks(), job.checkpoints, job.bootstrap)
+    run.start(job)
     run.loop()
-    return run.result(json_path, floor)
+    return run.result(job.json_path, job.floor)
 
 
 def depth_bounds(windows, spec: str | None) -> list[int]:
@@ -70,16 +55,13 @@ class CompareRun:
         self.bootstrap = bootstrap
         self.t0 = time.time()
 
-    def start(
-        self,
-        force: bool,
-        chunk_range: tuple[int, int] | None,
-        per_token_path: str | None,
-        order: Order = FILE_ORDER,
-        stopping: Stopping = Stopping(),
-        depth_bins: str | None = None,
-    ) -> None:
+    def start(self, job: CompareJob) -> None:
+        """The model checked against the file, the run's identity, a checkpoint resumed, the
+        per-token writer and the routing comparison opened (``job``'s checkpoints and
+        bootstrap are the ones the run was made with)."""
         engine, reader, sinks = self.engine, self.reader, self.sinks
+        force, chunk_range, per_token_path = job.force, job.chunk_range, job.per_token_path
+        order, stopping, depth_bins = job.order, job.stopping, job.depth_bins
         self.warnings = check_compatible(engine, reader, force)
         windows = base_windows(reader, engine.bos_id)
         for w in self.warnings:
@@ -216,6 +198,26 @@ class CompareRun:
         finally:
             scored.close()  # waits for the engine's calls in progress
 
+    def _sources(self) -> dict:
+        """The base file and the model the result names."""
+        engine, reader = self.engine, self.reader
+        return {
+            "base": self.meta["base"],
+            "base_file": {
+                "path": reader.path,
+                "format": reader.format_name,
+                "n_vocab": reader.header.n_vocab,
+                **frame_facts(reader),
+                "metadata": reader.metadata,
+            },
+            "model": engine.describe(),
+            "model_size": model_size_dict(self.meta["model"].get("model")),
+            "tokenizer_identity": {
+                "model": engine.tokenizer_identity(),
+                "base": reader.metadata.get("tokenizer_identity"),
+            },
+        }
+
     def result(self, json_path: str | None, floor: dict | None) -> dict:
         engine, reader, meta, (a, b) = self.engine, self.reader, self.meta, self.span
         h = reader.header
@@ -228,20 +230,7 @@ class CompareRun:
             "windows_scored": len(self.acc.chunks),
             "stopped": self.stopped,
             "scored_tokens": self.acc.count,
-            "base": meta["base"],
-            "base_file": {
-                "path": reader.path,
-                "format": reader.format_name,
-                "n_vocab": h.n_vocab,
-                **frame_facts(reader),
-                "metadata": reader.metadata,
-            },
-            "model": engine.describe(),
-            "model_size": model_size_dict(meta["model"].get("model")),
-            "tokenizer_identity": {
-                "model": engine.tokenizer_identity(),
-                "base": reader.metadata.get("tokenizer_identity"),
-            },
+            **self._sources(),
             "manifest": meta["manifest"],
             "base_manifest": reader.metadata.get("manifest"),
             "state": self.ck.path,

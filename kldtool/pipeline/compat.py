@@ -4,7 +4,7 @@ and protocol the file was written with: compare takes both from the file."""
 from __future__ import annotations
 
 from kldtool.errors import ContextTooLong, TokenizerMismatch, VocabMismatch
-from kldtool.protocols import Window, stored_windows
+from kldtool.text.protocols import Window, stored_windows
 
 
 def check_compatible(engine, reader, force: bool) -> list[str]:

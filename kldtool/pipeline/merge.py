@@ -10,17 +10,17 @@ run over all the chunks in the file's order.
 from __future__ import annotations
 
 from kldtool.errors import StateError
-from kldtool.identity import model_identity
-from kldtool.manifest import ONE_RUN, check_manifests
+from kldtool.provenance.identity import model_identity
+from kldtool.provenance.manifest import ONE_RUN, check_manifests
 from kldtool.pipeline.sinks import Sinks
-from kldtool.manifest import run_metadata
+from kldtool.provenance.manifest import run_metadata
 from kldtool.engines.endpoint.engine import bounded_facts
 from kldtool.pipeline.final_report import final_report, replay
 from kldtool.analysis.state_file import load_state
 from kldtool.report.console import TABLE_HEADER
 from kldtool.stats import KldAccumulator
 from kldtool.stats.bootstrap import Bootstrap
-from kldtool.small_files import write_json
+from kldtool.runtime.small_files import write_json
 
 
 def run_merge(

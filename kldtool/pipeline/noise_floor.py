@@ -8,10 +8,11 @@ here.
 from __future__ import annotations
 
 from kldtool.errors import UsageError
-from kldtool.identity import base_identity
+from kldtool.provenance.identity import base_identity
 from kldtool.pipeline.sinks import Sinks
 from kldtool.pipeline.compare import run_compare
-from kldtool.small_files import read_json, write_json
+from kldtool.pipeline.compare_job import CompareJob
+from kldtool.runtime.small_files import read_json, write_json
 
 MODEL_KEYS = ("engine", "dtype", "device")
 KIND = "noise-floor"  # the command name a floor file records
@@ -45,7 +46,7 @@ def run_noise_floor(
             f"({', '.join(f'{k} {v}' for k, v in this.items())}): the floor would be 0; change "
             f"--dtype, --batch-size, --device or --engine"
         )
-    result = run_compare(engine, reader, sinks=sinks, chunk_range=chunk_range, **compare_args)
+    result = run_compare(engine, reader, CompareJob(chunk_range=chunk_range, **compare_args), sinks)
     result["command"] = KIND
     result["noise_floor"] = {"kld_mean": result["statistics"]["kld_mean"], "base_path": base, "this_path": this}
     if json_path:

@@ -7,9 +7,9 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from kldtool.corpus import Corpus
+from kldtool.text.corpus import Corpus
 from kldtool.errors import ContextTooLong, UsageError
-from kldtool.protocols import (
+from kldtool.text.protocols import (
     Protocol,
     Window,
     document_windows,

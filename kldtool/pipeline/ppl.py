@@ -15,14 +15,14 @@ from contextlib import closing
 
 import numpy as np
 
-from kldtool.corpus import Corpus
+from kldtool.text.corpus import Corpus
 from kldtool.engines.base import Engine
 from kldtool.pipeline.sinks import Sinks
-from kldtool.progress import Progress
+from kldtool.runtime.progress import Progress
 from kldtool.pipeline.batching import groups
-from kldtool.manifest import run_manifest, run_metadata
+from kldtool.provenance.manifest import run_manifest, run_metadata
 from kldtool.pipeline.plan import counts_at, make_plan
-from kldtool.protocols import Protocol
+from kldtool.text.protocols import Protocol
 from kldtool.report.console import final_estimate, ppl_progress
 from kldtool.stats import PplAccumulator
 
@@ -59,6 +59,27 @@ def text_measures(nll_sum: float, size: dict) -> dict:
         "byte_perplexity": math.exp(nll_sum / size["bytes"]),
         "bits_per_byte": nll_sum / size["bytes"] / math.log(2),
     }
+
+
+def _length_rows(per_length: dict, plan, sinks: Sinks) -> list[dict]:
+    """The documents protocol's PPL at each length, each printed as it is made."""
+    rows = []
+    for n, acc in per_length.items():
+        counts = plan.documents["per_length"][str(n)]
+        est = acc.estimate() if acc.count else (float("nan"), float("nan"))
+        rows.append(
+            {
+                "length": n,
+                "ppl": est[0],
+                "ppl_uncertainty": est[1],
+                "tokens": acc.count,
+                "documents_used": counts["used"],
+                "documents_shorter": counts["shorter"],
+            }
+            | evaluation_fields(acc, counts["used"], counts["skipped"], n)
+        )
+        sinks.info(length_line(n, rows[-1], plan.protocol.full_only))
+    return rows
 
 
 def run_ppl(
@@ -110,23 +131,7 @@ def run_ppl(
     if engine.pad_id is not None:
         result["pad_id"], result["masked_tokens"] = engine.pad_id, masked
     if per_length:
-        rows = []
-        for n, acc in per_length.items():
-            counts = plan.documents["per_length"][str(n)]
-            est = acc.estimate() if acc.count else (float("nan"), float("nan"))
-            rows.append(
-                {
-                    "length": n,
-                    "ppl": est[0],
-                    "ppl_uncertainty": est[1],
-                    "tokens": acc.count,
-                    "documents_used": counts["used"],
-                    "documents_shorter": counts["shorter"],
-                }
-                | evaluation_fields(acc, counts["used"], counts["skipped"], n)
-            )
-            sinks.info(length_line(n, rows[-1], plan.protocol.full_only))
-        result["per_length"] = rows
+        result["per_length"] = _length_rows(per_length, plan, sinks)
     if plan.text_size:
         result["text"] = text_measures(total.nll, plan.text_size)
         t = result["text"]

@@ -24,13 +24,13 @@ from dataclasses import dataclass, field
 
 from kldtool.analysis.state_file import load_state
 from kldtool.errors import StateError, UsageError
-from kldtool.identity import base_identity
+from kldtool.provenance.identity import base_identity
 from kldtool.pipeline.sinks import Sinks
 from kldtool.pipeline.sweep_play import Play, Quant
-from kldtool.small_files import read_json, write_json
+from kldtool.runtime.small_files import read_json, write_json
 from kldtool.stats.bootstrap import Bootstrap
 from kldtool.stats.sequential import DEFAULT_FIRST, Rule, target_met
-from kldtool.window_order import Order
+from kldtool.text.window_order import Order
 
 KIND = "kldtool-sweep"
 

@@ -17,10 +17,11 @@ from typing import Callable
 from kldtool.errors import KldError
 from kldtool.pipeline.checkpoints import Checkpoints
 from kldtool.pipeline.compare import CompareRun
+from kldtool.pipeline.compare_job import CompareJob
 from kldtool.pipeline.early_stop import Stopping
 from kldtool.pipeline.sinks import Sinks
 from kldtool.stats.bootstrap import Bootstrap
-from kldtool.window_order import Order
+from kldtool.text.window_order import Order
 
 
 @dataclass(frozen=True)
@@ -97,7 +98,8 @@ def play_quant(play: Play, reader, engine_for: Callable[[str], object], q: Quant
         try:
             quiet = Sinks(out=lambda s: None, info=lambda s: s.startswith("warning") and notes.append(s))
             run = CompareRun(engine, reader, quiet, Checkpoints(q.state, chunks=1, resume=True), play.bootstrap)
-            run.start(play.force, play.span, None, play.order, Stopping(first=play.first, cap=look))
+            stopping = Stopping(first=play.first, cap=look)
+            run.start(CompareJob(play.force, chunk_range=play.span, order=play.order, stopping=stopping))
             run.loop(label=f"sweep: {q.label}")
             result = run.result(q.result, None)
         finally:

@@ -14,29 +14,24 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kldtool.codec import DEFAULT_CLAMP, Coding
-from kldtool.corpus import Corpus
+from kldtool.codec import Coding
+from kldtool.text.corpus import Corpus
 from kldtool.engines.base import Engine
 from kldtool.errors import ReplayMismatch, UsageError
-from kldtool.identity import model_identity
+from kldtool.provenance.identity import model_identity
 from kldtool.logitsfile import BaseHeader, create_writer
 from kldtool.pipeline.sinks import Sinks
-from kldtool.progress import Progress
+from kldtool.runtime.progress import Progress
+from kldtool.pipeline.base_job import BaseJob
 from kldtool.pipeline.batching import groups, whole_batches
-from kldtool.manifest import run_metadata
-from kldtool.pipeline.hidden_base import DEFAULT_TOLERANCE, HiddenStore, check_store
+from kldtool.provenance.manifest import run_metadata
+from kldtool.pipeline.hidden_base import HiddenStore, check_store
 from kldtool.pipeline.plan import Plan, make_plan
 from kldtool.pipeline.routing_base import base_routing, routed_blocks
-from kldtool.manifest import run_manifest
-from kldtool.protocols import Protocol, window_table
+from kldtool.provenance.manifest import run_manifest
+from kldtool.text.protocols import Protocol, window_table
 from kldtool.report.console import final_estimate, ppl_progress
 from kldtool.stats import PplAccumulator
-
-
-def default_codec(fmt: str) -> str:
-    """llama.cpp's own rounding for its raw layout (byte-identical files); the exact-for-bf16
-    power-of-two grid for kldtool's container (see codec/rows.py)."""
-    return "llamacpp" if fmt == "llamacpp" else "grid"
 
 
 def plan_header(plan: Plan, n_vocab: int, coding: Coding) -> BaseHeader:
@@ -48,9 +43,18 @@ def plan_header(plan: Plan, n_vocab: int, coding: Coding) -> BaseHeader:
     )
 
 
-def _open_writer(out_path, fmt, header, tokens, metadata, settings, windows, n_seq, resume, sinks, ppl):
+def _open_writer(setup: "BaseSetup", job: BaseJob, sinks, ppl):
+    out_path, resume, settings = job.out_path, job.resume, setup.settings
+    windows, n_seq = setup.plan.windows, setup.n_seq
     writer = create_writer(
-        out_path, fmt, header, tokens, metadata, settings, resume=resume, frame_rows=settings["frame_rows"]
+        out_path,
+        job.fmt,
+        setup.header,
+        setup.plan.stream,
+        setup.metadata,
+        settings,
+        resume=resume,
+        frame_rows=settings["frame_rows"],
     )
     if not resume:
         if writer.found_stale:
@@ -111,11 +115,12 @@ class BaseSetup:
     sections: tuple = ()  # stored after the rows (routing/section.py)
 
 
-def setup_base(engine, corpus, protocol, chunks, fmt, codec, keep, clamp, frame_rows, force, hidden=None, head=None):
+def setup_base(engine, corpus, job: BaseJob, hidden=None) -> BaseSetup:
     """The run's plan and everything the file records of it (the same on every node that
     builds it from the same engine, text and flags: cluster/base_shards.py relies on that)."""
-    coding = Coding(codec, clamp, keep)
-    plan = make_plan(engine, corpus, protocol, chunks, force)
+    job = job.resolved()
+    coding, keep, codec, fmt = job.coding, job.keep, job.codec, job.fmt
+    plan = make_plan(engine, corpus, job.protocol, job.chunks, job.force)
     if keep and keep > engine.n_vocab:
         raise UsageError(f"--keep top-{keep}: the vocabulary has only {engine.n_vocab} entries")
     header = plan_header(plan, engine.n_vocab, coding)
@@ -140,9 +145,9 @@ def setup_base(engine, corpus, protocol, chunks, fmt, codec, keep, clamp, frame_
         "format": fmt,
         "codec": codec,
         "keep": keep,
-        "clamp": clamp,
-        "frame_rows": frame_rows,
-        **({"store": "hidden", "head": head} if hidden else {}),
+        "clamp": job.clamp,
+        "frame_rows": job.frame_rows,
+        **({"store": "hidden", "head": job.head} if hidden else {}),
         "protocol": described,
         "n_seq": n_seq,
         "model": model_identity(model),
@@ -163,60 +168,36 @@ def describe_run(setup: BaseSetup, protocol: Protocol, corpus_name: str, engine_
     )
 
 
-def run_base(
-    engine: Engine,
-    corpus: Corpus,
-    protocol: Protocol,
-    chunks: int | None,
-    out_path: str | None,
-    fmt: str = "kldtool",
-    sinks: Sinks | None = None,
-    codec: str | None = None,
-    resume: bool = False,
-    force: bool = False,
-    keep: int | None = None,
-    clamp: float = DEFAULT_CLAMP,
-    frame_rows: int | None = None,
-    store: str = "logprobs",
-    replay_tolerance: float = DEFAULT_TOLERANCE,
-    head: str = "inline",
-    routing: bool | None = None,
-) -> dict:
-    """``routing``: --routing / --no-routing, or None (pipeline/routing_base.py decides)."""
+def run_base(engine: Engine, corpus: Corpus, job: BaseJob, sinks: Sinks | None = None) -> dict:
     sinks = sinks or Sinks()
-    codec = codec or default_codec(fmt)
-    check_store(store, fmt, keep, replay_tolerance, head)
-    hidden = HiddenStore(engine, replay_tolerance, head) if store == "hidden" and out_path else None
+    job = job.resolved()
+    check_store(job.store, job.fmt, job.keep, job.replay_tolerance, job.head)
+    hidden = HiddenStore(engine, job.replay_tolerance, job.head) if job.store == "hidden" and job.out_path else None
     t0 = time.time()
-    setup = setup_base(engine, corpus, protocol, chunks, fmt, codec, keep, clamp, frame_rows, force, hidden, head)
-    sinks.info(describe_run(setup, protocol, corpus.name, engine.name))
+    setup = setup_base(engine, corpus, job, hidden)
+    sinks.info(describe_run(setup, job.protocol, corpus.name, engine.name))
     encode = (
         (lambda group: hidden.blocks(engine, group)) if hidden else (lambda group: engine.encode(group, setup.coding))
     )
-    routed = base_routing(engine, routing, fmt, out_path, resume, setup.header)
+    routed = base_routing(engine, job.routing, job.fmt, job.out_path, job.resume, setup.header)
     if routed:
         section, tap = routed
         setup.sections, plain = (section,), encode
         encode = lambda group: routed_blocks(plain(group), group, section, tap)  # noqa: E731
         sinks.info(f"base: recording MoE routing ({section.shape.bytes_per_token} bytes per token)")
-    return write_run(setup, out_path, fmt, encode, sinks, resume, hidden, t0)
+    return write_run(setup, job, encode, sinks, hidden, t0)
 
 
-def write_run(setup: BaseSetup, out_path, fmt, encode, sinks: Sinks, resume=False, hidden=None, t0=None) -> dict:
+def write_run(setup: BaseSetup, job: BaseJob, encode, sinks: Sinks, hidden=None, t0=None) -> dict:
     """Print the PPL of every window and write its rows; ``encode(group)`` yields a batch's
     ``(window, rows, nll)`` blocks: from the engine here, from shards' part files when the
     windows were scored on a cluster (cluster/base_shards.py)."""
     t0 = time.time() if t0 is None else t0
+    out_path, resume = job.out_path, job.resume
     plan, n_seq = setup.plan, setup.n_seq
     windows, n_chunk = plan.windows, len(plan.windows)
     ppl = PplAccumulator()
-    writer, done = (
-        _open_writer(
-            out_path, fmt, setup.header, plan.stream, setup.metadata, setup.settings, windows, n_seq, resume, sinks, ppl
-        )
-        if out_path
-        else (None, 0)
-    )
+    writer, done = _open_writer(setup, job, sinks, ppl) if out_path else (None, 0)
     if writer:
         writer.sections = list(setup.sections)
     try:

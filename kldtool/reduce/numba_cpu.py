@@ -31,8 +31,8 @@ import numpy.ma  # noqa: F401
 from numba import njit, prange
 
 from kldtool.codec.rows import HEADER_SLOTS
-from kldtool.numba_exp import exp_f64 as _exp_f64
-from kldtool.core_share import one_core, spread
+from kldtool.compiled.numba_exp import exp_f64 as _exp_f64
+from kldtool.compiled.core_share import one_core, spread
 
 TOP_N = 10  # rowmath.TOP_K is (5, TOP_N): _reduce's overlaps
 SPAN = 64  # entries per block of the top-list scan

@@ -133,26 +133,31 @@ def extra_block(stats: dict) -> list[str]:
             f" (bound {top['bound']:.6f} = {top['allowance']} x tail estimate, empirical)",
             "",
         ]
+    return lines + _bootstrap_lines(stats)
+
+
+def _bootstrap_lines(stats: dict) -> list[str]:
+    """The block bootstrap's error bars beside the i.i.d. ones, when the run has them."""
     boot = stats.get("bootstrap")
-    if boot:
+    if not boot:
+        return []
+    lines = [
+        f"Block bootstrap over {boot['blocks']} chunks ({boot['resamples']} resamples, seed {boot['seed']}): "
+        f"± standard error [95 % interval], i.i.d. ± beside"
+    ]
+    for label, key, pair, scale, fmt in (
+        ("Mean    KLD              ", "kld_mean", stats["kld_mean"], 1.0, "%10.6f"),
+        ("Mean ln(PPL(Q)/PPL(base))", "ln_ppl_ratio", stats["ln_ppl_ratio"], 1.0, "%10.6f"),
+        ("Same top p               ", "same_top_p", stats["same_top_p"], 100.0, "%10.4f"),
+    ):
+        b = boot[key]
+        lo, hi = b["interval_95"]
         lines.append(
-            f"Block bootstrap over {boot['blocks']} chunks ({boot['resamples']} resamples, seed {boot['seed']}): "
-            f"± standard error [95 % interval], i.i.d. ± beside"
+            f"{label}: {cf(fmt, scale * pair['value'])} ± {cf(fmt, scale * b['standard_error'])} "
+            f"[{cf(fmt, scale * lo).strip()}, {cf(fmt, scale * hi).strip()}]"
+            f"   (i.i.d. ± {cf(fmt, scale * pair['uncertainty']).strip()})"
         )
-        for label, key, pair, scale, fmt in (
-            ("Mean    KLD              ", "kld_mean", stats["kld_mean"], 1.0, "%10.6f"),
-            ("Mean ln(PPL(Q)/PPL(base))", "ln_ppl_ratio", stats["ln_ppl_ratio"], 1.0, "%10.6f"),
-            ("Same top p               ", "same_top_p", stats["same_top_p"], 100.0, "%10.4f"),
-        ):
-            b = boot[key]
-            lo, hi = b["interval_95"]
-            lines.append(
-                f"{label}: {cf(fmt, scale * pair['value'])} ± {cf(fmt, scale * b['standard_error'])} "
-                f"[{cf(fmt, scale * lo).strip()}, {cf(fmt, scale * hi).strip()}]"
-                f"   (i.i.d. ± {cf(fmt, scale * pair['uncertainty']).strip()})"
-            )
-        lines.append("")
-    return lines
+    return lines + [""]
 
 
 def _tv_lines(tv: dict | None) -> list[str]:

@@ -39,7 +39,7 @@ def _table(rows: list[ResultRow]) -> str:
 
 
 def _manifests(rows: list[ResultRow]) -> str:
-    """How each run's numbers were computed (kldtool/manifest.py)."""
+    """How each run's numbers were computed (kldtool/provenance/manifest.py)."""
     fields = ("engine", "versions", "dtype", "device_kind", "tensor_parallel", "runner", "eager", "cpu_isa")
     th = "".join(f"<th>{f}</th>" for f in ("quant", *fields))
 

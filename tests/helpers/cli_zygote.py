@@ -28,7 +28,7 @@ def serve() -> dict | None:
     from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: F401
 
     import kldtool.cli.app  # noqa: F401
-    import kldtool.engines.transformers  # noqa: F401
+    import kldtool.engines.transformers.engine  # noqa: F401
 
     replies.write("ready\n")
     replies.flush()

@@ -43,7 +43,7 @@ def llamacpp_reference(name: str) -> Path:
 
 def _fallback_corpus() -> Path:
     """Python's pydoc topics as a text file, written once per machine (whole or not at all)."""
-    from kldtool.corpus import default_corpus
+    from kldtool.text.corpus import default_corpus
     from kldtool.engines.defaults import cache_dir
 
     _, data = default_corpus()

@@ -18,7 +18,7 @@ def probe(engine, base: str, long_n: int = 0, text: str | None = None, blocks: b
     from vllm.inputs import TokensPrompt
 
     from kldtool.logitsfile import open_base_file
-    from kldtool.protocols import llamacpp_windows
+    from kldtool.text.protocols import llamacpp_windows
 
     reader = open_base_file(base)
     h = reader.header
@@ -55,7 +55,7 @@ def probe(engine, base: str, long_n: int = 0, text: str | None = None, blocks: b
         "block_16_max_diff": block_diff,
     }
     if long_n:
-        from kldtool.protocols import Window
+        from kldtool.text.protocols import Window
 
         ids = engine.tokenize(open(text, "rb").read())[:long_n]
         w = Window(0, ids, 0, ids[1:].astype(np.int64))

@@ -23,7 +23,7 @@ from kldtool.engines.endpoint.client import Client, HttpError
 from kldtool.engines.endpoint.forms import APIS, EchoForm, SglangForm, VllmForm
 from kldtool.engines.endpoint.pieces import Pieces
 from kldtool.errors import EngineError, UsageError
-from kldtool.protocols import Window
+from kldtool.text.protocols import Window
 
 DEFAULT_MAX_K = 256  # where a server allows any K: more costs bandwidth, and S's mass hardly grows
 _MAX_ALLOWED = re.compile(r"max(?:imum)? allowed:? (\d+)", re.IGNORECASE)

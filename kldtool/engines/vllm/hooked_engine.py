@@ -13,7 +13,7 @@ from kldtool.engines import hf_tokenizer
 from kldtool.engines.base import Engine
 from kldtool.engines.vllm import wire
 from kldtool.errors import EngineError
-from kldtool.protocols import Window
+from kldtool.text.protocols import Window
 from kldtool.reduce import TokenRecords
 
 

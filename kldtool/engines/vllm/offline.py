@@ -21,7 +21,7 @@ from kldtool.engines.vllm.rpc_dir import RpcDir
 from kldtool.engines.vllm.wire import logits_block_rows
 from kldtool.engines.vllm.delivery import unpack
 from kldtool.errors import EngineError, UsageError
-from kldtool.protocols import Window
+from kldtool.text.protocols import Window
 
 WORKER_EXTENSION = "kldtool.engines.vllm.worker.KldtoolWorker"
 # Host memory vLLM reserves for itself on a CPU-only machine (its KV cache and activations).
@@ -164,7 +164,7 @@ class VllmEngine(HookedEngine):
             "dtype": self.dtype,
             "device": "cuda" if _has_cuda() else "cpu",
             "hooks": self.hooks,
-            "allocator": self.allocator,  # each worker's allocation policy (kldtool/memory.py)
+            "allocator": self.allocator,  # each worker's allocation policy (kldtool/runtime/memory.py)
             "vllm_args": {k: v for k, v in self.llm_kwargs.items() if k != "model"},
             "versions": self._versions,
         }

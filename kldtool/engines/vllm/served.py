@@ -33,7 +33,7 @@ from kldtool.engines.vllm.served_floor import ServedFloor, server_note
 from kldtool.engines.vllm.hooked_engine import HookedEngine, window_specs
 from kldtool.errors import EngineError, UsageError
 from kldtool.logitsfile.hidden import DTYPES
-from kldtool.protocols import Window
+from kldtool.text.protocols import Window
 
 # A result written on another node may take a moment to show on a shared filesystem.
 RESULT_GRACE_S = 10.0

@@ -329,7 +329,7 @@ class KldtoolWorker:
         peak rose by far more than a vLLM-CPU worker's KV cache, sized against host memory
         before, leaves room for (docs/benchmarks.md, the figures behind the code). Only
         kldtool's own workers are asked; a served model's belong to its operator."""
-        from kldtool.memory import set_malloc_policy
+        from kldtool.runtime.memory import set_malloc_policy
 
         return set_malloc_policy(os.environ.get("KLDTOOL_MALLOC") or "glibc")
 

@@ -206,7 +206,7 @@ def open_corpus(path: str | None, fmt: str = "auto", text_field: str = "text") -
 
 
 def _wikitext(path: str) -> Corpus:
-    from kldtool import wikitext
+    from kldtool.text import wikitext
 
     data = _read(path)
     found = wikitext.pages(check_utf8(data, path))

@@ -7,7 +7,7 @@ to llama-perplexity's on the same build.
 
 ``contexts`` > 1 (compare's default with two threads or more) splits the threads among that
 many contexts on the one loaded model, each decoding its own batches of chunks on its own
-thread (llamacpp_lanes.py; the pieces of a batch a lane may take: llamacpp_pieces.py). A logit
+thread (lanes.py; the pieces of a batch a lane may take: pieces.py). A logit
 is computed by the same kernels whichever thread count holds it, so the numbers stay
 llama-perplexity's; the lanes gain what ggml's threads lose waiting for each other at every
 operation of a decode (docs/benchmarks.md measures it).
@@ -20,12 +20,12 @@ import os
 
 import numpy as np
 
-from kldtool.engines import llamacpp_load
+from kldtool.engines.llamacpp import load as llamacpp_load
 from kldtool.engines.base import Engine
-from kldtool.engines.llamacpp_load import cpu_features, silence_llama_logs
-from kldtool.engines.llamacpp_attention import Attention
+from kldtool.engines.llamacpp.load import cpu_features, silence_llama_logs
+from kldtool.engines.llamacpp.attention import Attention
 from kldtool.errors import EngineError, UsageError
-from kldtool.protocols import Window
+from kldtool.text.protocols import Window
 
 
 class LlamaCppEngine(Engine):
@@ -92,17 +92,17 @@ class LlamaCppEngine(Engine):
         self.ctx_shape = None
         self._owns_model = True
         self._lane = False  # a lane's context is sized for the pieces it gets (lane_pieces)
-        self._tap = None  # llamacpp_routing.py's, while routing is recorded
+        self._tap = None  # routing.py's, while routing is recorded
 
     def routing_shape(self):
-        from kldtool.engines.llamacpp_routing import router_shape
+        from kldtool.engines.llamacpp.routing import router_shape
 
         return router_shape(self.lib, self.model)
 
     def record_routing(self):
         # One window per decode (each routed row's position is then known); each lane's context
         # its own tap (_twin).
-        from kldtool.engines.llamacpp_routing import LlamaRouterTap
+        from kldtool.engines.llamacpp.routing import LlamaRouterTap
 
         if self._tap is None:
             self._tap = LlamaRouterTap(self.lib, self.routing_shape())
@@ -110,7 +110,7 @@ class LlamaCppEngine(Engine):
         return self._tap
 
     def schedule(self, batches: list[list[Window]]):
-        from kldtool.engines.llamacpp_lanes import LaneSchedule
+        from kldtool.engines.llamacpp.lanes import LaneSchedule
 
         return LaneSchedule(self, batches)
 
@@ -124,7 +124,7 @@ class LlamaCppEngine(Engine):
         return [self._twin(self.threads // n + (i < self.threads % n)) for i in range(n)]
 
     def lane_pieces(self, batch: list[Window]) -> list[list[Window]]:
-        from kldtool.engines.llamacpp_pieces import lane_pieces
+        from kldtool.engines.llamacpp.pieces import lane_pieces
 
         return lane_pieces(batch, self.n_ubatch, self.batch_tokens)
 

@@ -1,5 +1,5 @@
 """Whether a compiled loop may spread one call over every core, or the calling thread is one
-lane of several that each keep a core busy (engines/llamacpp_lanes.py: llama.cpp contexts decoding
+lane of several that each keep a core busy (engines/llamacpp/lanes.py: llama.cpp contexts decoding
 different chunks side by side).
 
 A lane's reductions run on its own thread: numba's parallel loops, called from two threads at

@@ -18,8 +18,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from kldtool import helibrunna
-from kldtool.engines.python import PythonEngine
+from kldtool.engines.xlstm import helibrunna
+from kldtool.engines.python.engine import PythonEngine
 from kldtool.errors import CorpusError, EngineError, UsageError
 
 MODEL_TYPE = "xLSTMLMModel"

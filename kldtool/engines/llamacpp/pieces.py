@@ -1,5 +1,5 @@
 """How a batch of llama-perplexity's windows may be cut into pieces a lane decodes on their own
-(llamacpp_lanes.py) with logits bit-identical to the whole batch's.
+(lanes.py) with logits bit-identical to the whole batch's.
 
 What a batch's composition can change is the kernels a token goes through. llama-perplexity's
 context keeps a KV stream per sequence, so llama.cpp cuts a batch into ubatches of the same
@@ -15,7 +15,7 @@ checks c=256), and no lane waits through a last partial round.
 
 from __future__ import annotations
 
-from kldtool.protocols import Window
+from kldtool.text.protocols import Window
 
 FA_TILE_Q = 64  # ggml-cpu's flash attention: a stream's queries go through its tiled kernel from this many
 

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterator
 
 from kldtool.engines.schedule import Schedule, open_feed
-from kldtool.core_share import all_cores, one_core
+from kldtool.compiled.core_share import all_cores, one_core
 
 AHEAD = 2
 

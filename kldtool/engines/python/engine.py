@@ -38,7 +38,7 @@ import numpy as np
 
 from kldtool.engines.base import Engine, carried_blocks
 from kldtool.errors import EngineError, UsageError
-from kldtool.protocols import Window
+from kldtool.text.protocols import Window
 
 
 def load_factory(spec: str):

@@ -13,7 +13,7 @@ def quantize(src: str, dst: str, type_name: str, threads: int | None = None) -> 
     """``llama-quantize --allow-requantize SRC DST TYPE`` through llama-cpp-python (atomic)."""
     import llama_cpp as lib
 
-    from kldtool.engines.llamacpp_load import silence_llama_logs
+    from kldtool.engines.llamacpp.load import silence_llama_logs
 
     silence_llama_logs(lib)
     ftype = getattr(lib, f"LLAMA_FTYPE_MOSTLY_{type_name.upper()}", None)

@@ -10,7 +10,7 @@ import numpy as np
 from kldtool.engines import hf_tokenizer
 from kldtool.engines.base import Engine, carried_blocks
 from kldtool.errors import EngineError, UsageError
-from kldtool.protocols import Window
+from kldtool.text.protocols import Window
 
 DTYPES = ("float32", "bfloat16", "float16", "float64")  # float64: reference runs
 
@@ -42,7 +42,7 @@ class TransformersEngine(Engine):
         import transformers
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        from kldtool.engines.transformers_gguf import gguf_loading
+        from kldtool.engines.transformers.gguf import gguf_loading
 
         transformers.utils.logging.disable_progress_bar()
         if dtype not in DTYPES:
@@ -95,12 +95,12 @@ class TransformersEngine(Engine):
         self._tap = None
 
     def routing_shape(self):
-        from kldtool.engines.transformers_routing import router_shape
+        from kldtool.engines.transformers.routing import router_shape
 
         return router_shape(self.model)
 
     def record_routing(self):
-        from kldtool.engines.transformers_routing import RouterTap
+        from kldtool.engines.transformers.routing import RouterTap
 
         self._tap = self._tap or RouterTap(self.model, self.routing_shape())
         return self._tap
