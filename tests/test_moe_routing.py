@@ -142,6 +142,11 @@ def test_info_and_the_flags_that_turn_routing_off(moe):
     assert "routing" not in json.loads(run_cli("info", plain, "--json").stdout)["metadata"]
     p = run_cli("base", *args, "--routing", "--format", "llamacpp", "--save-all-logits", root / "r.bin", check_rc=2)
     assert "no room for routing" in p.stderr and not (root / "r.bin").exists()
+    # A dense model (the built-in SmolLM2) has no routers to record: one line, no file.
+    dense = root / "dense.kldt"
+    p = run_cli("base", "--engine", "transformers", "--routing", "-f", text, "-c", CTX, "--chunks", 1,
+                "--save-all-logits", dense, check_rc=2)  # fmt: skip
+    assert "reads no mixture-of-experts routers" in p.stderr and "Traceback" not in p.stderr and not dense.exists()
     # A base file without routing: compare says nothing of routing.
     assert "routing" not in compare_json(plain, root, "-m", model_dir, "--engine", "transformers")["statistics"]
 

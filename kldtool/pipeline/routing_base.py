@@ -19,9 +19,11 @@ def base_routing(engine, wanted: bool | None, fmt: str, out_path, resume: bool, 
         raise UsageError("--routing: llama.cpp's raw layout has no room for routing; use --format kldtool")
     if resume:
         raise UsageError("--routing with --resume: a resumed base run does not keep routing yet; add --no-routing")
-    if shape is None:
-        engine.record_routing()  # an engine that cannot read routers says so
-        raise UsageError(f"--routing: {engine.describe().get('model')} has no mixture-of-experts routers")
+    if shape is None:  # a dense model, or an engine that reads no routers
+        raise UsageError(
+            f"--routing: the {engine.name} engine reads no mixture-of-experts routers in "
+            f"{engine.describe().get('model')} (transformers and llamacpp read a mixture's routers)"
+        )
     return RoutingSection(shape, header.rows_of), engine.record_routing()
 
 

@@ -78,22 +78,17 @@ class LlamaRouterTap:
     """The context's eval callback and what it caught. ``window`` is set by the engine before
     each decode; :meth:`decoded` files the decode's scored rows under it."""
 
-    def __init__(self, lib, shape: RouterShape):
-        self.shape, self.ggml = shape, _ggml(lib)
-        self.layer_of = {layer: j for j, layer in enumerate(shape.layers)}
+    def __init__(self, lib, shape: RouterShape, kept: dict | None = None):
+        self.lib, self.shape, self.ggml = lib, shape, _ggml(lib)
         self.caught: dict[tuple[str, int], list[np.ndarray]] = {}
-        self.kept: dict[int, list[Routed]] = {}
+        self.kept: dict[int, list[Routed]] = {} if kept is None else kept
         self.window, self.error = None, None
         self.callback = lib.ggml_backend_sched_eval_callback(self._seen)  # kept alive with the tap
 
     def twin(self) -> "LlamaRouterTap":
         """A tap for another context on the same model (a lane): its own callback and decode
         state, the rows filed into this tap's."""
-        other = LlamaRouterTap.__new__(LlamaRouterTap)
-        other.shape, other.ggml, other.layer_of, other.kept = self.shape, self.ggml, self.layer_of, self.kept
-        other.caught, other.window, other.error = {}, None, None
-        other.callback = type(self.callback)(other._seen)
-        return other
+        return LlamaRouterTap(self.lib, self.shape, self.kept)
 
     def _seen(self, t, ask, user_data) -> bool:
         try:  # nothing may raise into llama.cpp's scheduler: the error waits for decoded()
