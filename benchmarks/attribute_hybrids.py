@@ -44,7 +44,7 @@ def kldtool(*args) -> None:
 
 def quants(work: Path) -> dict[str, Path]:
     from kldtool.engines.defaults import default_gguf
-    from kldtool.engines.llamacpp.gguf_tools import quantize
+    from kldtool.engines.llamacpp.quantize import quantize
 
     out = {}
     for t in ("Q2_K", "Q8_0"):

@@ -39,6 +39,7 @@ def _top_k(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarr
 def measure(quant: Path, base: Path, ks: list[int]) -> dict:
     from kldtool.engines import EngineOptions, make_engine
     from kldtool.logitsfile import open_base_file
+    from kldtool.pipeline import engine_modes
     from kldtool.pipeline.compat import base_windows
     from kldtool.reduce import reduce_base
     from kldtool.reduce.quant_topk import reduce_quant_topk
@@ -48,7 +49,7 @@ def measure(quant: Path, base: Path, ks: list[int]) -> dict:
     engine = make_engine(EngineOptions(engine="llamacpp", model=str(quant)), h.n_ctx)
     windows = base_windows(reader, engine.bos_id)
     full, bound = [], {k: [] for k in ks}
-    source = engine.rows_source(reader, [w.index for w in windows])
+    source = engine_modes.rows_source(engine, reader, [w.index for w in windows])
     for w in windows:
         (lg,) = engine.logits([w])
         rows = np.concatenate(list(source.parts_numpy(w.index, 0, w.n_scored)))

@@ -1,6 +1,6 @@
 """Loading a GGUF through transformers, as the transformers engine and `kldtool attribute` do:
 transformers' loader as it is, against the same loader inside
-kldtool.engines.transformers.gguf.gguf_loading() (metadata parsed once per file, gguf-py's
+kldtool.engines.hf_gguf.gguf_loading() (metadata parsed once per file, gguf-py's
 tensor-name map built once per architecture).
 
 Each round loads the tokenizer and the model both ways, in a fresh process each, alternating
@@ -26,7 +26,7 @@ from results import append_row
 ONE_LOAD = """
 import contextlib, hashlib, json, sys, time, torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
-from kldtool.engines.transformers.gguf import gguf_loading
+from kldtool.engines.hf_gguf import gguf_loading
 path, fast = sys.argv[1], sys.argv[2] == "1"
 folder, name = path.rsplit("/", 1)
 t = time.perf_counter()

@@ -63,7 +63,7 @@ def size_row(ctx: int, chunks: int) -> None:
 
 def speed_row(ctx: int, chunks: int, types: list[str], rounds: int) -> None:
     from kldtool.engines.defaults import default_gguf
-    from kldtool.engines.llamacpp.gguf_tools import quantize
+    from kldtool.engines.llamacpp.quantize import quantize
 
     rows, hidden = CACHE / f"rows-c{ctx}-{chunks}.kldt", CACHE / f"hidden-c{ctx}-{chunks}.kldt"
     for path, extra in ((rows, ()), (hidden, ("--store", "hidden"))):

@@ -129,7 +129,7 @@ def main() -> None:
     a = ap.parse_args()
 
     from kldtool.engines.defaults import default_gguf
-    from kldtool.engines.llamacpp.gguf_tools import quantize
+    from kldtool.engines.llamacpp.quantize import quantize
 
     peer = build_peer()
     work = PEER_DIR / "bench"

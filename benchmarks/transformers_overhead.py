@@ -193,7 +193,7 @@ def main() -> None:
     from kldtool.engines.transformers.engine import TransformersEngine
     from kldtool.logitsfile import open_base_file
     from kldtool.runtime.memory import set_malloc_policy
-    from kldtool.pipeline import run_compare
+    from kldtool.pipeline import engine_modes, run_compare
     from kldtool.pipeline.sinks import Sinks
     from kldtool.pipeline.base_job import BaseJob
     from kldtool.pipeline.write_base import run_base
@@ -249,7 +249,7 @@ def main() -> None:
             run_compare(engine, hidden, sinks=quiet)
 
         def feed() -> None:  # the base rows alone, as compare's feed makes them on the device
-            source = engine.rows_source(reader, list(range(h.n_chunk)))
+            source = engine_modes.rows_source(engine, reader, list(range(h.n_chunk)))
             try:
                 for i in range(h.n_chunk):
                     source.rows_torch(i, a.device)

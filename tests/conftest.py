@@ -178,7 +178,7 @@ def q4_1_gguf() -> Path:
 
 @pytest.fixture(scope="session")
 def q4_1_bos_gguf(q4_1_gguf, artefacts) -> Path:
-    from kldtool.engines.llamacpp.gguf_tools import copy_with_add_bos
+    from helpers.gguf_edit import copy_with_add_bos
 
     dst = artefacts / "q4_1-bos.gguf"
     copy_with_add_bos(str(q4_1_gguf), str(dst))
@@ -189,7 +189,7 @@ def q4_1_bos_gguf(q4_1_gguf, artefacts) -> Path:
 @pytest.fixture(scope="session")
 def requant(q4_1_gguf, artefacts):
     """requant("Q2_K") -> path of the Q4_1 model requantized as llama-quantize would."""
-    from kldtool.engines.llamacpp.gguf_tools import quantize
+    from kldtool.engines.llamacpp.quantize import quantize
 
     def build(type_name: str) -> Path:
         dst = artefacts / f"requant-{type_name}.gguf"

@@ -51,7 +51,7 @@ def test_json_has_the_run_metadata(hf_base, q4_1_gguf, tmp_path):
 
 
 def test_transformers_on_the_gguf_is_the_model_it_dequantizes_to(hf_base, q4_1_gguf, tmp_path):
-    """transformers' GGUF loader (inside kldtool.engines.transformers.gguf's gguf_loading) on the
+    """transformers' GGUF loader (inside kldtool.engines.hf_gguf's gguf_loading) on the
     built-in Q4_1 file gives the weights of the fp32 checkpoint that the base file came from:
     the same statistics, to the bit, as that checkpoint's own run."""
     run = ("--engine", "transformers", "--dtype", "float32", "--chunks", 2)

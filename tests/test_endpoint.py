@@ -102,7 +102,11 @@ def test_exact_statistics_equal_the_offline_compare(runs):
     """The same model's log-probs by two routes: the offline hook's float32 log-softmax of a
     batch of 4 windows, the server's prompt log-probs of one window a request. W8A8's int8
     kernels give a window's logits slightly differently by batch, so the routes agree to what
-    that moves (measured: mean NLL 7e-6 nats apart, PPL 7e-6 relative), not to the last bit."""
+    that moves (measured: mean NLL 7e-6 nats apart, PPL 7e-6 relative), not to the last bit.
+    At four requests in flight the server batches them as they arrive, so which windows share a
+    batch depends on timing: a near-tie's top-1 can flip (4 of 252 positions in one CI-like run
+    on a loaded machine, none in others). So the routes' top-1 choices are compared position by
+    position, and few may differ; the float32 test below holds same top exactly."""
     off, ep = _stats(runs["dir"], "off"), _stats(runs["dir"], "ep")
     print("offline:", off["kld_mean"], off["ppl_q"], "endpoint:", ep["kld_mean"], ep["ppl_q"], ep["endpoint"])
     assert ep["count"] == off["count"] == 4 * 63
@@ -111,7 +115,12 @@ def test_exact_statistics_equal_the_offline_compare(runs):
     for key, tol in (("ln_ppl_ratio", 2e-5), ("dp_mean", 1e-5), ("rms_dp", 1e-5)):
         print(key, ep[key]["value"], off[key]["value"])
         assert ep[key]["value"] == pytest.approx(off[key]["value"], abs=tol), key
-    assert ep["same_top_p"]["value"] == off["same_top_p"]["value"]
+    with h5py.File(runs["dir"] / "off.h5") as fo, h5py.File(runs["dir"] / "ep.h5") as fe:
+        for f in (fo, fe):  # each route's same-top is its own top-1 against the base's
+            assert np.array_equal(f["same_top"][:], f["top1_q"][:] == f["top1_base"][:])
+        same_choice = fo["top1_q"][:] == fe["top1_q"][:]
+        assert (~same_choice).mean() <= 0.025, f"{int((~same_choice).sum())} top-1 choices differ"
+    assert ep["same_top_p"]["value"] == pytest.approx(off["same_top_p"]["value"], abs=0.025)
     for q in off["dp_quantiles"]:
         assert ep["dp_quantiles"][q] == pytest.approx(off["dp_quantiles"][q], abs=1e-4), q
     e = ep["endpoint"]

@@ -33,7 +33,7 @@ def _misspell(body: dict) -> dict:
 
 @pytest.fixture(scope="module")
 def runs(q4_1_bos_gguf, q4_1_gguf, fixture_base_bos, fixture_base, artefacts, tmp_path_factory):
-    from kldtool.engines.llamacpp.gguf_tools import quantize
+    from kldtool.engines.llamacpp.quantize import quantize
 
     d = tmp_path_factory.mktemp("llama-server")
     # A quant of the model with a BOS token, of a type whose kernels give every position the same

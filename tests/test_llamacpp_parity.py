@@ -56,7 +56,7 @@ def test_compare_self_matches_including_nan(q4_1_gguf, fixture_base):
 
 
 def test_compare_with_bos_model(q4_1_bos_gguf, fixture_base_bos, artefacts):
-    from kldtool.engines.llamacpp.gguf_tools import quantize
+    from kldtool.engines.llamacpp.quantize import quantize
 
     q2k_bos = artefacts / "requant-Q2_K-bos.gguf"
     quantize(str(q4_1_bos_gguf), str(q2k_bos), "Q2_K")

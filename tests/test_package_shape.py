@@ -279,3 +279,29 @@ def test_no_function_is_long():
                 if length > 60 and where not in LONG_FUNCTIONS_ALLOWED:
                     long[where] = length
     assert not long, f"functions over 60 lines: {long}"
+
+
+def test_only_an_engines_folder_names_its_modules():
+    """Outside ``engines/<name>/`` no module imports or names ``kldtool.engines.<name>``: the
+    rest of kldtool reaches an engine through the registry (its PACKAGES names each folder once,
+    and an entry's ``offers`` what others may use), so an engine is added in its folder alone."""
+    from kldtool.engines.registry import PACKAGES
+
+    offenders = []
+    for name, tree in _trees().items():
+        own = next(
+            (p for p in PACKAGES if name == f"kldtool.engines.{p}" or name.startswith(f"kldtool.engines.{p}.")), None
+        )
+        for node in ast.walk(tree):
+            named = []
+            if isinstance(node, ast.Import):
+                named = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0:
+                named = [node.module or ""] + [f"{node.module}.{a.name}" for a in node.names]
+            elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+                named = [node.value.partition(":")[0]]
+            for n in named:
+                for p in PACKAGES:
+                    if p != own and (n == f"kldtool.engines.{p}" or n.startswith(f"kldtool.engines.{p}.")):
+                        offenders.append(f"{name}:{node.lineno}: {n}")
+    assert not offenders, f"engine modules named outside their folder: {sorted(set(offenders))}"

@@ -22,26 +22,15 @@ BY = ("kld", "dp", "nll", "routing", "window")
 
 @dataclass
 class Decoder:
-    """Token ids to text, through the model's own tokenizer (GGUF or transformers directory)."""
+    """Token ids to text, through the model's own tokenizer (a GGUF's or a transformers
+    directory's), loaded without its weights by the engine that reads such a model."""
 
     source: str
 
     def __post_init__(self):
-        if self.source.endswith(".gguf"):
-            import llama_cpp
+        from kldtool.engines import registry
 
-            from kldtool.engines.llamacpp.load import silence_llama_logs
-
-            silence_llama_logs(llama_cpp)
-            self._llama = llama_cpp.Llama(self.source, vocab_only=True, verbose=False)
-            self.piece = lambda ids: self._llama.detokenize([int(i) for i in ids], special=True).decode(
-                "utf-8", "replace"
-            )
-        else:
-            from transformers import AutoTokenizer
-
-            tok = AutoTokenizer.from_pretrained(self.source)
-            self.piece = lambda ids: tok.decode([int(i) for i in ids])
+        self.piece = registry.offered("decoder", registry.recognise(self.source))(self.source)
 
     def text(self, ids) -> str:
         return self.piece(ids) if len(ids) else ""

@@ -18,6 +18,7 @@ from contextlib import contextmanager
 import numpy as np
 
 from kldtool.attribute.units import Unit
+from kldtool.pipeline import engine_modes
 from kldtool.pipeline.batching import groups
 from kldtool.stats.accumulator import chunk_vector
 from kldtool.stats.bootstrap import Bootstrap
@@ -47,11 +48,11 @@ def swapped(unit: Unit, values: dict):
 
 def window_vectors(engine, reader, windows) -> np.ndarray:
     """Per window, compare's chunk vector (KLD, NLL, same-top ... sums) of the engine's model now."""
-    source = engine.rows_source(reader, [w.index for w in windows])
+    source = engine_modes.rows_source(engine, reader, [w.index for w in windows])
     out = []
     try:
         for group in groups(windows, engine.windows_per_call(max(len(w.tokens) for w in windows))):
-            out += [chunk_vector(r) for r in engine.score(group, source)]
+            out += [chunk_vector(r) for r in engine_modes.score(engine, group, source)]
     finally:
         close = getattr(source, "close", None)
         if close:

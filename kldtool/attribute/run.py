@@ -37,7 +37,7 @@ def rank_key(row: dict):
 
 
 def run_attribute(base_model, quant, base_file, chunks, granularity, dtype, device, modes, budget, spec) -> dict:
-    from kldtool.engines.transformers.engine import TransformersEngine
+    from kldtool.engines.registry import entry
     from kldtool.logitsfile import open_base_file
     from kldtool.text.protocols import stored_windows
 
@@ -45,12 +45,12 @@ def run_attribute(base_model, quant, base_file, chunks, granularity, dtype, devi
         raise UsageError(f"--granularity {granularity!r}: expected one of {', '.join(GRANULARITIES)}")
     reader = open_base_file(base_file)
     try:
-        base = TransformersEngine(base_model, dtype=dtype, device=device)
-        if base.n_vocab != reader.header.n_vocab:
+        base = entry("transformers").load()(base_model, dtype=dtype, device=device)  # it edits the model's weights
+        if base.facts.n_vocab != reader.header.n_vocab:
             raise MismatchError(
-                f"{base_file}: written for a vocabulary of {reader.header.n_vocab}, {base_model} has {base.n_vocab}"
+                f"{base_file}: written for a vocabulary of {reader.header.n_vocab}, {base_model} has {base.facts.n_vocab}"
             )
-        windows = stored_windows(reader.tokens, reader.header, base.bos_id)[:chunks]
+        windows = stored_windows(reader.tokens, reader.header, base.facts.bos_id)[:chunks]
         if granularity == "expert":
             units = expert_units(base.model, load_quant(quant, dtype))
         else:

@@ -110,7 +110,7 @@ def load_quant(path: str, dtype: str):
     import torch
     from transformers import AutoModelForCausalLM
 
-    from kldtool.engines.transformers.gguf import gguf_loading
+    from kldtool.engines.hf_gguf import gguf_loading
     from kldtool.errors import EngineError
 
     kwargs = {"dtype": getattr(torch, dtype)}

@@ -75,9 +75,9 @@ def _run(argv: list[str] | None) -> int:
     try:
         return _command(argv)
     finally:
-        loading = sys.modules.get("kldtool.engines.llamacpp.load")
-        if loading is not None:  # a model loaded early that no engine took
-            loading.drop()
+        from kldtool.engines.registry import drop_preloads
+
+        drop_preloads()  # a model loaded early that no engine took
 
 
 def _command(argv: list[str] | None) -> int:
@@ -93,6 +93,11 @@ def _command(argv: list[str] | None) -> int:
     # A scheduler's SIGTERM gets the same orderly stop as Ctrl-C: checkpoints saved, partials kept.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     cx = _click_exceptions()
+    args = sys.argv[1:] if argv is None else argv
+    if "--help" in args:
+        from kldtool.cli.engine_flags import show_for
+
+        show_for(args)
     try:
         rv = app(args=argv, standalone_mode=False, prog_name="kldtool")
     except typer.Exit as e:

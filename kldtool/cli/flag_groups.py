@@ -8,7 +8,7 @@ from typing import Optional
 
 import typer
 
-from kldtool.cli.endpoint_flags import ENDPOINT
+from kldtool.cli.engine_flags import engine_flags, engine_help
 
 MODEL_HELP = (
     "Model: a .gguf file (llamacpp), a checkpoint directory, a hub id (org/name, from the Hugging Face cache; "
@@ -20,12 +20,7 @@ ModelOpt = typer.Option(None, "-m", "--model", help=MODEL_HELP)
 ENGINE = {
     "engine": (
         Optional[str],
-        typer.Option(
-            None,
-            "--engine",
-            help="transformers, llamacpp, vllm, python or xlstm (default: from the model path; .gguf -> "
-            "llamacpp, a helibrunna run -> xlstm).",
-        ),
+        typer.Option(None, "--engine", help=engine_help()),
     ),
     "revision": (
         Optional[str],
@@ -53,105 +48,8 @@ ENGINE = {
             help="Tokens per engine call; chunks are batched as llama-perplexity's n_seq = batch / ctx.",
         ),
     ),
-    "contexts": (
-        Optional[int],
-        typer.Option(
-            None,
-            "--contexts",
-            help="llamacpp, compare and ppl: contexts decoding different "
-            "batches at once, the threads split among them "
-            "(default 2 with 2+ threads; 1 is llama-"
-            "perplexity's layout). The numbers do not change.",
-        ),
-    ),
-    "flash_attn": (
-        Optional[str],
-        typer.Option(
-            None,
-            "--flash-attn",
-            help="llamacpp: auto (default, as llama-perplexity: on for this CPU), on or off (its -fa). "
-            "Flash attention keeps parts of attention in f16: ~1e-4 nats of NLL.",
-        ),
-    ),
-    "tensor_parallel_size": (
-        Optional[int],
-        typer.Option(None, "--tensor-parallel-size", help="vLLM: tensor-parallel ranks."),
-    ),
-    "pipeline_parallel_size": (
-        Optional[int],
-        typer.Option(None, "--pipeline-parallel-size", help="vLLM: pipeline stages (the last computes logits)."),
-    ),
-    "gpu_memory_utilization": (
-        Optional[float],
-        typer.Option(None, "--gpu-memory-utilization", help="vLLM: memory share it may reserve (CPU default 0.3)."),
-    ),
-    "max_model_len": (
-        Optional[int],
-        typer.Option(None, "--max-model-len", help="vLLM: context length (default: the window + 1)."),
-    ),
-    "quantization": (
-        Optional[str],
-        typer.Option(None, "--quantization", help="vLLM: quantization method (default: from the checkpoint)."),
-    ),
-    "kv_cache_dtype": (
-        Optional[str],
-        typer.Option(
-            None,
-            "--kv-cache-dtype",
-            help="vLLM: KV-cache dtype (its names). llamacpp: K and V cache type, f16 (default, as "
-            "llama-perplexity), f32, bf16, q8_0, q4_0, q4_1, iq4_nl, q5_0 or q5_1 (its -ctk/-ctv).",
-        ),
-    ),
-    "logits_block": (
-        Optional[int],
-        typer.Option(
-            None,
-            "--logits-block",
-            min=1,
-            help="vLLM: scored rows whose logits the hook computes at once "
-            "(default: 256 MiB of them, e.g. 682 rows of a 49k vocab).",
-        ),
-    ),
-    "enforce_eager": (bool, typer.Option(False, "--enforce-eager", help="vLLM: no CUDA graphs / compilation.")),
-    "trust_remote_code": (bool, typer.Option(False, "--trust-remote-code", help="vLLM: allow the model's own code.")),
-    "vllm_arg": (
-        Optional[list[str]],
-        typer.Option(None, "--vllm-arg", help="vLLM: any other LLM(...) argument, KEY=VALUE (repeatable)."),
-    ),
-    "server": (
-        Optional[str],
-        typer.Option(
-            None,
-            "--server",
-            help="vLLM: score on a running `vllm serve` (URL) started "
-            "with KLDTOOL_VLLM_HOOK=1; -m then names its "
-            "tokenizer's directory if the server's is not here.",
-        ),
-    ),
-    "exchange_dir": (
-        Optional[str],
-        typer.Option(
-            None,
-            "--exchange-dir",
-            help="--server: a directory the server's "
-            "workers write results to and this "
-            "machine reads (default: a temporary one, "
-            "for a server on this machine).",
-        ),
-    ),
-    **ENDPOINT,
+    **engine_flags(),
 }
-VLLM_KEYS = (
-    "tensor_parallel_size",
-    "pipeline_parallel_size",
-    "gpu_memory_utilization",
-    "max_model_len",
-    "quantization",
-    "kv_cache_dtype",
-    "logits_block",
-    "enforce_eager",
-    "trust_remote_code",
-)
 
 CORPUS = {
     "file": (

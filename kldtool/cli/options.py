@@ -4,15 +4,11 @@ into an engine, a protocol, a corpus or a bootstrap with the same checks for eve
 
 from __future__ import annotations
 
-import sys
-
 import functools
-import json
 import inspect
+import sys
 from types import SimpleNamespace
 
-
-from kldtool.cli.flag_groups import VLLM_KEYS
 from kldtool.errors import UsageError
 
 
@@ -45,58 +41,21 @@ def flags(**groups: dict):
 def start_loading(opts: SimpleNamespace, model: str | None) -> None:
     """Begin loading the model open_engine will build its engine for, where that can run beside
     the command's own start-up (a GGUF: engines/llamacpp/load.py); call it first thing."""
-    from kldtool.engines import EngineOptions, start_loading as start
+    from kldtool.engines import start_loading as start
 
-    start(
-        EngineOptions(
-            opts.engine,
-            model,
-            server=opts.server,
-            exchange_dir=opts.exchange_dir,
-            endpoint=opts.endpoint,
-            revision=opts.revision,
-            gguf_file=opts.gguf_file,
-        )
-    )
+    start(vars(opts), model)
 
 
 def open_engine(opts: SimpleNamespace, model: str | None, n_ctx: int):
     """The engine a command's ENGINE flags describe, for windows of ``n_ctx`` tokens."""
-    from kldtool.engines import EngineOptions, make_engine
+    from kldtool.engines import make_engine, options_from_flags
     from kldtool.runtime.memory import for_window
 
     if opts.threads is not None and opts.threads < 1:
         raise UsageError(f"--threads {opts.threads}: must be at least 1")
     if opts.batch < 1:
         raise UsageError(f"--batch-size {opts.batch}: must be at least 1")
-    if opts.contexts is not None and opts.contexts < 1:
-        raise UsageError(f"--contexts {opts.contexts}: must be at least 1")
-    # Only flags the user set reach vLLM (and are refused by the other engines); an unset switch is False.
-    vllm = {k: v for k in VLLM_KEYS if (v := getattr(opts, k)) is not None and v is not False}
-    vllm.update(parse_vllm_args(opts.vllm_arg or []))
-    engine = make_engine(
-        EngineOptions(
-            opts.engine,
-            model,
-            opts.dtype,
-            opts.device,
-            opts.threads,
-            opts.batch,
-            vllm,
-            opts.server,
-            opts.exchange_dir,
-            opts.contexts,
-            opts.revision,
-            opts.gguf_file,
-            opts.flash_attn,
-            endpoint=opts.endpoint,
-            endpoint_model=opts.endpoint_model,
-            endpoint_api=opts.endpoint_api,
-            top_k=opts.top_k,
-            concurrency=opts.concurrency,
-        ),
-        n_ctx,
-    )
+    engine = make_engine(options_from_flags(vars(opts), model), n_ctx)
     if for_window(n_ctx):  # once the engine is made: a refused flag is the only line printed
         print(
             f"note: windows of {n_ctx} tokens: freed buffers go back to the system (KLDTOOL_MALLOC=mmap)",
@@ -120,17 +79,17 @@ def longest(spec) -> int:
 
 
 def corpus_of(opts: SimpleNamespace, engine: str | None = None, model: str | None = None):
-    """The corpus the CORPUS flags name; for a helibrunna run's model a text file is read as
-    whitespace tokens, a document per line (its tokenizer's own reading, with line numbers in
-    errors), unless --corpus-format says otherwise."""
+    """The corpus the CORPUS flags name; a text file is read as the engine's models read one (a
+    helibrunna run's: whitespace tokens, a document per line, with line numbers in errors),
+    unless --corpus-format says otherwise."""
+    from kldtool.engines import registry
     from kldtool.text.corpus import guess_format, open_corpus
 
     fmt = opts.corpus_format
     if fmt == "auto" and opts.file is not None and guess_format(str(opts.file)) == "text":
-        from kldtool.engines.xlstm import helibrunna
-
-        if engine == "xlstm" or (engine is None and model is not None and helibrunna.looks_like(model)):
-            fmt = "tokens"
+        name = engine or registry.recognise(model)
+        if name in registry.listed():  # an unknown --engine is refused once the engine is built
+            fmt = registry.entry(name).text_format or fmt
     return open_corpus(opts.file, fmt, opts.text_field)
 
 
@@ -140,17 +99,3 @@ def bootstrap_of(opts: SimpleNamespace):
     if opts.resamples < 0:
         raise UsageError(f"--bootstrap {opts.resamples}: must be 0 (none) or more")
     return Bootstrap(opts.resamples, opts.seed)
-
-
-def parse_vllm_args(pairs: list[str]) -> dict:
-    """``--vllm-arg KEY=VALUE`` pairs; values parse as JSON when they can (numbers, true, {...})."""
-    out = {}
-    for p in pairs:
-        key, sep, value = p.partition("=")
-        if not sep or not key:
-            raise UsageError(f"--vllm-arg {p!r}: expected KEY=VALUE")
-        try:
-            out[key.replace("-", "_")] = json.loads(value)
-        except json.JSONDecodeError:
-            out[key.replace("-", "_")] = value
-    return out

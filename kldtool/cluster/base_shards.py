@@ -24,6 +24,7 @@ import numpy as np
 
 from kldtool.cluster.ray_task import node_name
 from kldtool.errors import EngineError, KldError
+from kldtool.pipeline import engine_modes
 from kldtool.pipeline.base_job import BaseJob
 from kldtool.pipeline.sinks import Sinks
 from kldtool.pipeline.write_base import BaseSetup, describe_run, setup_base, write_run
@@ -54,7 +55,7 @@ def plan_task(job: ShardedBase) -> tuple[BaseSetup, str, str, str]:
     try:
         corpus = job.corpus_for()
         setup = job.setup(engine, corpus)
-        return setup, _digest(setup), engine.name, corpus.name
+        return setup, _digest(setup), engine.facts.name, corpus.name
     finally:
         engine.close()
 
@@ -74,7 +75,7 @@ def shard_task(job: ShardedBase, digest: str, first: int, stop: int, part: str) 
             )
         with open(part + ".tmp", "wb") as f:
             for gi, group in enumerate(groups(setup.plan.windows[first:stop], setup.n_seq)):
-                for i, rows, nll in engine.encode(group, setup.coding):
+                for i, rows, nll in engine_modes.encode(engine, group, setup.coding):
                     for a in (np.array([first // setup.n_seq + gi, i], np.int64), rows, nll):
                         np.lib.format.write_array(f, np.ascontiguousarray(a), allow_pickle=False)
             f.flush()

@@ -44,7 +44,7 @@ def default_transformers_model() -> str:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from kldtool.engines.transformers.gguf import gguf_loading
+    from kldtool.engines.hf_gguf import gguf_loading
 
     tmp = target.with_name(f".{target.name}.partial-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)

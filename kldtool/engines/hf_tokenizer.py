@@ -83,3 +83,11 @@ def served_tokenizer(given: str | None, entry: dict) -> ServedTokenizer:
     except EngineError:
         pass
     return ServedTokenizer(named)
+
+
+def vocab_decoder(path: str):
+    """ids -> text through a transformers directory's tokenizer."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(path)
+    return lambda ids: tok.decode([int(i) for i in ids])

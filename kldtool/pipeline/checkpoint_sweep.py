@@ -1,5 +1,6 @@
 """``kldtool ppl -m RUN --checkpoints SPEC -o DIR``: one perplexity run per checkpoint of a
-helibrunna training run, in step order, each beside the training loss logged at its step.
+training run (a helibrunna run: the xlstm engine offers its layout), in step order, each beside
+the training loss logged at its step.
 
 Every checkpoint's result is written to ``DIR/<checkpoint>.json`` as soon as it is done, with
 a key of the corpus's bytes and the scoring flags. A rerun keeps each result whose key
@@ -14,7 +15,7 @@ import os
 from pathlib import Path
 from typing import Callable
 
-from kldtool.engines.xlstm import helibrunna
+from kldtool.engines.registry import offered
 from kldtool.errors import OutputError, UsageError
 from kldtool.pipeline.sinks import Sinks
 from kldtool.runtime.small_files import read_json, write_json
@@ -32,7 +33,8 @@ def sweep_key(corpus_path: str | None, protocol: dict, chunks: int | None) -> di
     return {"corpus": corpus_path, "corpus_sha256": digest, "protocol": protocol, "chunks": chunks}
 
 
-def checkpoint_record(c: helibrunna.Checkpoint, history: helibrunna.History | None) -> dict:
+def checkpoint_record(c, history) -> dict:
+    """A checkpoint (name, step, last) beside the training loss logged nearest its step."""
     out = {"name": c.name, "step": c.step, "last": c.last, "training_loss": None, "loss_step": None}
     found = history.loss_at(c.step) if history else None
     if found:
@@ -45,15 +47,16 @@ def run_checkpoints(
     spec: str,
     out_dir: str,
     key: dict,
-    evaluate: Callable[[helibrunna.Checkpoint], dict],
+    evaluate: Callable[[object], dict],  # a checkpoint -> its result
     sinks: Sinks | None = None,
 ) -> list[dict]:
     sinks = sinks or Sinks()
     run = Path(run_dir)
-    if not helibrunna.is_run(run):
+    layout = offered("training_runs")
+    if not layout.is_run(run):
         raise UsageError(f"--checkpoints: -m {run_dir} is not a helibrunna run (tokenizer.json, checkpoint-N/)")
-    chosen = helibrunna.select(run, spec)
-    history = helibrunna.History.read(run)
+    chosen = layout.select(run, spec)
+    history = layout.history(run)
     try:
         os.makedirs(out_dir, exist_ok=True)
     except OSError as e:

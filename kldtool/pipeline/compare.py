@@ -13,7 +13,9 @@ import os
 import time
 
 from kldtool.analysis.per_token import PerTokenWriter
-from kldtool.provenance.identity import base_identity
+from kldtool.engines.contract import BOUNDED
+from kldtool.pipeline import engine_modes
+from kldtool.provenance.identity import base_identity, tokenizer_identity
 from kldtool.logitsfile import frame_facts
 from kldtool.provenance.manifest import run_manifest, run_metadata
 from kldtool.pipeline.batching import batch_ends, groups, last_end
@@ -63,24 +65,23 @@ class CompareRun:
         force, chunk_range, per_token_path = job.force, job.chunk_range, job.per_token_path
         order, stopping, depth_bins = job.order, job.stopping, job.depth_bins
         self.warnings = check_compatible(engine, reader, force)
-        windows = base_windows(reader, engine.bos_id)
+        windows = base_windows(reader, engine.facts.bos_id)
         for w in self.warnings:
             sinks.info("warning: " + w)
         h = reader.header
         a, b = self.span = chunk_range or (0, h.n_chunk)
         self.n_seq = engine.windows_per_call(h.n_ctx)
         self.order, self.stopping, self.stopped = order, stopping, None
-        described = engine.describe()
         self.meta = {
             "base": base_identity(reader),
             "base_path": reader.path,
-            "model": described,
+            "model": engine.describe(),
             "chunk_range": [a, b],
             "order": order.describe(),
             "n_seq": self.n_seq,
             "warnings": self.warnings,
             "protocol": file_protocol(reader),
-            "manifest": run_manifest(described, engine.tokenizer_identity()),
+            "manifest": run_manifest(engine),
             # From every window of the file, so shards of one run have the same buckets.
             "depth_bounds": depth_bounds(windows, depth_bins),
             "depth_shown": depth_bins is not None,
@@ -99,7 +100,7 @@ class CompareRun:
         where = f"chunks {a + done + 1}..{b}" if not order.random else f"{b - a - done} windows of chunks {a + 1}..{b}"
         sinks.info(
             f"compare: {where} of {h.n_chunk}, order {order}, n_ctx={h.n_ctx}, n_seq={self.n_seq}, "
-            f"engine {engine.name}{getattr(engine, 'header_note', '')}{self.schedule.note if self.schedule else ''}, "
+            f"engine {engine.facts.name}{getattr(engine, 'header_note', '')}{self.schedule.note if self.schedule else ''}, "
             f"base {reader.path} "
             f"({reader.format_name})"
         )
@@ -124,7 +125,7 @@ class CompareRun:
         end = next((e for e in self.ends if e > done), None)
         if end is None or self.stopped:
             return None
-        return self.engine.schedule(list(groups(self.in_range[done:end], self.n_seq)))
+        return engine_modes.schedule(self.engine, list(groups(self.in_range[done:end], self.n_seq)))
 
     def _checkpoint(self) -> None:
         # Records reach the disk before the state: they must never hold fewer tokens than it.
@@ -149,7 +150,7 @@ class CompareRun:
     def _score(self, schedule, first: bool, shown: Progress) -> None:
         """Score one segment's windows, adding their records as they come."""
         acc, ck, sinks = self.acc, self.ck, self.sinks
-        scored = schedule.scored(self.reader, warm=first)
+        scored = engine_modes.scored(schedule, self.reader, warm=first)
         last_save, saved_at = time.time(), len(acc.chunks)
         t_pass = time.time()
         try:
@@ -211,9 +212,9 @@ class CompareRun:
                 "metadata": reader.metadata,
             },
             "model": engine.describe(),
-            "model_size": model_size_dict(self.meta["model"].get("model")),
+            "model_size": model_size_dict(engine.facts.model),
             "tokenizer_identity": {
-                "model": engine.tokenizer_identity(),
+                "model": tokenizer_identity(engine),
                 "base": reader.metadata.get("tokenizer_identity"),
             },
         }
@@ -244,7 +245,7 @@ class CompareRun:
             if result["served_floor"]:
                 self.sinks.info(result["served_floor"]["summary"])
         acc = self.acc.in_window_order()
-        bounded = getattr(engine, "bounded", None)  # a server's top-K log-probs: the KLD is a bound
+        bounded = engine.bounded if BOUNDED in engine.facts.can else None  # a server's top-K: the KLD is a bound
         result["statistics"] = final_report(
             acc,
             self.sinks,

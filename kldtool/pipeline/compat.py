@@ -4,16 +4,17 @@ and protocol the file was written with: compare takes both from the file."""
 from __future__ import annotations
 
 from kldtool.errors import ContextTooLong, TokenizerMismatch, VocabMismatch
+from kldtool.provenance.identity import tokenizer_identity
 from kldtool.text.protocols import Window, stored_windows
 
 
 def check_compatible(engine, reader, force: bool) -> list[str]:
     """Refuse a model that does not belong to the base file; returns warnings that --force kept."""
     h, meta, where = reader.header, reader.metadata, reader.path
-    if engine.n_vocab != h.n_vocab:
-        raise VocabMismatch(f"{where}: base file has a vocabulary of {h.n_vocab}, the model {engine.n_vocab}")
+    if engine.facts.n_vocab != h.n_vocab:
+        raise VocabMismatch(f"{where}: base file has a vocabulary of {h.n_vocab}, the model {engine.facts.n_vocab}")
     warnings = []
-    n_train = engine.n_ctx_train
+    n_train = engine.facts.n_ctx_train
     if n_train and h.n_ctx > n_train:
         # as base and ppl: --force runs past the trained context (a memory or speed test)
         msg = f"{where}: chunks of {h.n_ctx} tokens exceed the model's context of {n_train}"
@@ -21,19 +22,19 @@ def check_compatible(engine, reader, force: bool) -> list[str]:
             raise ContextTooLong(msg + "; --force compares anyway")
         warnings.append("FORCED: " + msg)
     stored = meta.get("tokenizer_identity")
-    if stored is not None and stored != engine.tokenizer_identity():
+    if stored is not None and stored != tokenizer_identity(engine):
         msg = (
             f"{where}: tokenizer differs from the base model's (identity {stored[:19]}... vs "
-            f"{engine.tokenizer_identity()[:19]}...)"
+            f"{tokenizer_identity(engine)[:19]}...)"
         )
         if not force:
             raise TokenizerMismatch(msg + "; --force compares anyway")
         warnings.append("FORCED: " + msg)
-    stored_bos = meta.get("protocol", {}).get("bos_id", engine.bos_id)
-    if stored_bos != engine.bos_id:
+    stored_bos = meta.get("protocol", {}).get("bos_id", engine.facts.bos_id)
+    if stored_bos != engine.facts.bos_id:
         msg = (
             f"{where}: the base model {'replaced each chunk start by BOS ' + str(stored_bos) if stored_bos is not None else 'used no BOS'}"
-            f", this model {'wants BOS ' + str(engine.bos_id) if engine.bos_id is not None else 'wants none'}"
+            f", this model {'wants BOS ' + str(engine.facts.bos_id) if engine.facts.bos_id is not None else 'wants none'}"
         )
         if not force:
             raise TokenizerMismatch(msg + "; --force compares anyway")

@@ -10,6 +10,7 @@ from kldtool.codec import target_nll
 from kldtool.errors import ReplayMismatch, UsageError
 from kldtool.logitsfile.hidden import DTYPES, raw_array, torch_dtype
 from kldtool.logitsfile.replay import ReplayProbe
+from kldtool.pipeline.engine_modes import head_source, with_hidden_states
 
 STORES = ("logprobs", "hidden")
 HEADS = ("inline", "external")
@@ -42,10 +43,10 @@ class HiddenStore:
     """The base phase's side of a hidden-state file (the flags were checked by check_store)."""
 
     def __init__(self, engine, tolerance: float = DEFAULT_TOLERANCE, head: str = "inline"):
-        self.head = engine.output_head()
+        self.head = with_hidden_states(engine).output_head()
         self.source = None
         if head == "external":  # the file names the model; compare reads the head from it and checks its hash
-            self.source = engine.head_source()
+            self.source = head_source(engine)
         if self.head.dtype == "float64":  # a float64 reference run, stored at float32: its floor shows the cost
             b = self.head.bias
             self.head = replace(self.head, weight=self.head.weight.float(), bias=None if b is None else b.float())

@@ -14,7 +14,7 @@ from kldtool.provenance.identity import model_identity
 from kldtool.provenance.manifest import ONE_RUN, check_manifests
 from kldtool.pipeline.sinks import Sinks
 from kldtool.provenance.manifest import run_metadata
-from kldtool.engines.endpoint.engine import bounded_facts
+from kldtool.engines import registry
 from kldtool.pipeline.final_report import final_report, replay
 from kldtool.analysis.state_file import load_state
 from kldtool.report.console import TABLE_HEADER
@@ -83,7 +83,7 @@ def run_merge(
         "shards": [p for _, p in shards],
         "warnings": warnings,
     }
-    endpoint = bounded_facts(first.meta["model"])  # shards of a run from a server's top K stay bounds
+    endpoint = registry.bounds_of(first.meta["model"])  # shards of a run from a server's top K stay bounds
     keep, shown = first.meta["base"].get("keep"), bool(first.meta.get("depth_shown"))
     result["statistics"] = final_report(acc, sinks, warnings, bootstrap, keep, None, endpoint, show_depth=shown)
     result["chunk_sums"] = acc.chunk_table()

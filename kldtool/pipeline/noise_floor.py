@@ -33,7 +33,10 @@ def run_noise_floor(
 ) -> dict:
     sinks = sinks or Sinks()
     meta = reader.metadata
-    this = numeric_path(engine.describe(), engine.windows_per_call(reader.header.n_ctx))
+    f = engine.facts
+    this = numeric_path(
+        {"engine": f.name, "dtype": f.dtype, "device": f.device}, engine.windows_per_call(reader.header.n_ctx)
+    )
     base = numeric_path(meta["model"], meta.get("n_seq")) if "model" in meta else None
     if base is None:
         sinks.info(

@@ -84,15 +84,15 @@ def counts_at(p: Protocol, w, n: int) -> bool:
 def rolling_protocol(engine, p: Protocol) -> Protocol:
     """Fill in what rolling takes from the model: the window (its trained context, lm-eval's
     default max_length) and the prefix token (BOS, else EOS, as lm-eval's prefix_token_id)."""
-    n_ctx = p.n_ctx or engine.n_ctx_train or LMEVAL_DEFAULT_LENGTH
-    prefix = p.prefix if p.prefix is not None else engine.prefix_id
+    n_ctx = p.n_ctx or engine.facts.n_ctx_train or LMEVAL_DEFAULT_LENGTH
+    prefix = p.prefix if p.prefix is not None else engine.facts.prefix_id
     if prefix is None:
         raise UsageError(
-            f"--protocol rolling: {engine.describe().get('model')} has no BOS or EOS token to put "
+            f"--protocol rolling: {engine.facts.model} has no BOS or EOS token to put "
             "before each document; give --prefix-token ID"
         )
-    if prefix >= engine.n_vocab:
-        raise UsageError(f"--prefix-token {prefix}: outside the vocabulary of {engine.n_vocab}")
+    if prefix >= engine.facts.n_vocab:
+        raise UsageError(f"--prefix-token {prefix}: outside the vocabulary of {engine.facts.n_vocab}")
     return replace(p, n_ctx=n_ctx, prefix=prefix)
 
 
@@ -114,7 +114,7 @@ def _stream_plan(engine, corpus: Corpus, p: Protocol, chunks: int | None) -> Pla
     stream = corpus.stream(engine)
     if p.name == "llamacpp":
         n_chunk = llamacpp_chunk_count(len(stream), p.n_ctx, chunks)
-        windows = llamacpp_windows(stream, p.n_ctx, n_chunk, engine.bos_id)
+        windows = llamacpp_windows(stream, p.n_ctx, n_chunk, engine.facts.bos_id)
     else:
         made = (exl3_windows if p.name == "exl3" else stride_windows)(stream, p.n_ctx, p.stride)
         windows = limit(made, chunks)
@@ -124,7 +124,7 @@ def _stream_plan(engine, corpus: Corpus, p: Protocol, chunks: int | None) -> Pla
 
 
 def _check_context(engine, n_ctx: int, what: str, force: bool) -> None:
-    n_train = engine.n_ctx_train
+    n_train = engine.facts.n_ctx_train
     if n_train and n_ctx > n_train and not force:
         raise ContextTooLong(
             f"{what}: windows of {n_ctx} tokens exceed the model's context of {n_train} (--force runs them anyway)"

@@ -15,8 +15,9 @@ from contextlib import closing
 
 import numpy as np
 
+from kldtool.engines.contract import Engine
+from kldtool.pipeline import engine_modes
 from kldtool.text.corpus import Corpus
-from kldtool.engines.base import Engine
 from kldtool.pipeline.sinks import Sinks
 from kldtool.runtime.progress import Progress
 from kldtool.pipeline.batching import groups
@@ -93,18 +94,18 @@ def run_ppl(
     sinks = sinks or Sinks()
     t0 = time.time()
     plan = make_plan(engine, corpus, protocol, chunks, force)
-    schedule = engine.schedule(list(groups(plan.windows, engine.windows_per_call(plan.n_ctx))))
+    schedule = engine_modes.schedule(engine, list(groups(plan.windows, engine.windows_per_call(plan.n_ctx))))
     sinks.info(
         f"ppl: protocol {protocol.name}, {len(plan.windows)} windows of up to {plan.n_ctx} tokens "
-        f"({plan.n_source_tokens} tokens in {corpus.name}), engine {engine.name}{schedule.note}"
+        f"({plan.n_source_tokens} tokens in {corpus.name}), engine {engine.facts.name}{schedule.note}"
     )
     total = PplAccumulator()
     per_length = {n: PplAccumulator() for n in protocol.lengths}
     masked = 0
-    with closing(schedule.nlls()) as scored, Progress("ppl", len(plan.windows)) as shown:
+    with closing(engine_modes.nlls(schedule)) as scored, Progress("ppl", len(plan.windows)) as shown:
         for group, nlls in scored:
             for w, nll in zip(group, nlls):
-                keep = np.asarray(w.targets) != engine.pad_id if engine.pad_id is not None else None
+                keep = np.asarray(w.targets) != engine.facts.pad_id if engine.facts.pad_id is not None else None
                 masked += 0 if keep is None else int((~keep).sum())
                 total.add(nll if keep is None else nll[keep])
                 for n, acc in per_length.items():
@@ -115,12 +116,11 @@ def run_ppl(
     sinks.line()
     value, unc = total.estimate()
     sinks.info(final_estimate(value, unc))
-    described = engine.describe()
     result = run_metadata("ppl") | {
-        "protocol": plan.describe(engine.bos_id),
+        "protocol": plan.describe(engine.facts.bos_id),
         "corpus": {"path": corpus.name, "format": corpus.format},
-        "model": described,
-        "manifest": run_manifest(described, engine.tokenizer_identity()),
+        "model": engine.describe(),
+        "manifest": run_manifest(engine),
         "ppl": value,
         "ppl_uncertainty": unc,
         "ln_ppl": total.nll / total.count,
@@ -128,8 +128,8 @@ def run_ppl(
         "scored_tokens": total.count,
         "windows": len(plan.windows),
     }
-    if engine.pad_id is not None:
-        result["pad_id"], result["masked_tokens"] = engine.pad_id, masked
+    if engine.facts.pad_id is not None:
+        result["pad_id"], result["masked_tokens"] = engine.facts.pad_id, masked
     if per_length:
         result["per_length"] = _length_rows(per_length, plan, sinks)
     if plan.text_size:

@@ -3,7 +3,10 @@ on by default where the engine reads the model's routers and the file has room f
 
 from __future__ import annotations
 
+from kldtool.engines.contract import ROUTING
+from kldtool.engines.registry import named_with
 from kldtool.errors import UsageError
+from kldtool.pipeline.engine_modes import record_routing, routing_shape
 from kldtool.routing.section import RoutingSection
 
 
@@ -12,7 +15,7 @@ def base_routing(engine, wanted: bool | None, fmt: str, out_path, resume: bool, 
     (True), --no-routing (False) or neither (None: on for a MoE model written to a container)."""
     if wanted is False or not out_path:
         return None
-    shape = engine.routing_shape()
+    shape = routing_shape(engine)
     if wanted is None and (shape is None or fmt != "kldtool" or resume):
         return None
     if fmt != "kldtool":
@@ -21,10 +24,10 @@ def base_routing(engine, wanted: bool | None, fmt: str, out_path, resume: bool, 
         raise UsageError("--routing with --resume: a resumed base run does not keep routing yet; add --no-routing")
     if shape is None:  # a dense model, or an engine that reads no routers
         raise UsageError(
-            f"--routing: the {engine.name} engine reads no mixture-of-experts routers in "
-            f"{engine.describe().get('model')} (transformers and llamacpp read a mixture's routers)"
+            f"--routing: the {engine.facts.name} engine reads no mixture-of-experts routers in "
+            f"{engine.facts.model} ({named_with(ROUTING)} read a mixture's routers)"
         )
-    return RoutingSection(shape, header.rows_of), engine.record_routing()
+    return RoutingSection(shape, header.rows_of), record_routing(engine)
 
 
 def routed_blocks(blocks, group, section: RoutingSection, tap):

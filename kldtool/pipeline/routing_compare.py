@@ -3,7 +3,10 @@ own routers, each window's two routings are compared as its records come (routin
 
 from __future__ import annotations
 
+from kldtool.engines.contract import ROUTING
+from kldtool.engines.registry import named_with
 from kldtool.errors import StateError
+from kldtool.pipeline.engine_modes import record_routing, routing_shape
 from kldtool.report.routing import routing_lines
 from kldtool.routing.section import RoutingReader
 from kldtool.routing.stats import RoutingStats
@@ -48,11 +51,11 @@ def compare_routing(engine, reader, sinks, state=None, per_token=None) -> Compar
     stored = RoutingReader(reader)
     if stored.shape is None:
         return None
-    shape, s = engine.routing_shape(), stored.shape
+    shape, s = routing_shape(engine), stored.shape
     if shape is None:
         sinks.info(
-            f"compare: the base file stores MoE routing; the {engine.name} engine does not read routers "
-            f"(transformers and llamacpp do), so routing is not compared"
+            f"compare: the base file stores MoE routing; the {engine.facts.name} engine does not read routers "
+            f"({named_with(ROUTING)} do), so routing is not compared"
         )
         return None
     if (shape.layers, shape.k, shape.n_experts) != (s.layers, s.k, s.n_experts):
@@ -61,7 +64,7 @@ def compare_routing(engine, reader, sinks, state=None, per_token=None) -> Compar
             f"{s.n_experts} experts) are not the model's ({len(shape.layers)} layers, {shape.k} of {shape.n_experts})"
         )
         return None
-    routing = CompareRouting(stored, engine.record_routing(), per_token, state)
+    routing = CompareRouting(stored, record_routing(engine), per_token, state)
     if routing.stats.skipped:
         sinks.info(
             f"compare: the checkpoint's first {routing.stats.skipped} windows were scored without routing; "

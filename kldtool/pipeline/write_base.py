@@ -15,10 +15,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from kldtool.codec import Coding
-from kldtool.text.corpus import Corpus
-from kldtool.engines.base import Engine
+from kldtool.engines.contract import Engine
 from kldtool.errors import ReplayMismatch, UsageError
-from kldtool.provenance.identity import model_identity
+from kldtool.pipeline import engine_modes
+from kldtool.provenance.identity import model_identity, tokenizer_identity
+from kldtool.text.corpus import Corpus
 from kldtool.logitsfile import BaseHeader, create_writer
 from kldtool.pipeline.sinks import Sinks
 from kldtool.runtime.progress import Progress
@@ -121,11 +122,11 @@ def setup_base(engine, corpus, job: BaseJob, hidden=None) -> BaseSetup:
     job = job.resolved()
     coding, keep, codec, fmt = job.coding, job.keep, job.codec, job.fmt
     plan = make_plan(engine, corpus, job.protocol, job.chunks, job.force)
-    if keep and keep > engine.n_vocab:
-        raise UsageError(f"--keep top-{keep}: the vocabulary has only {engine.n_vocab} entries")
-    header = plan_header(plan, engine.n_vocab, coding)
+    if keep and keep > engine.facts.n_vocab:
+        raise UsageError(f"--keep top-{keep}: the vocabulary has only {engine.facts.n_vocab} entries")
+    header = plan_header(plan, engine.facts.n_vocab, coding)
     n_seq = engine.windows_per_call(plan.n_ctx)
-    described = plan.describe(engine.bos_id)
+    described = plan.describe(engine.facts.bos_id)
     model = engine.describe()
     metadata = (
         run_metadata("base")
@@ -133,9 +134,9 @@ def setup_base(engine, corpus, job: BaseJob, hidden=None) -> BaseSetup:
             "protocol": described,
             "corpus": corpus.name,
             "model": model,
-            "tokenizer_identity": engine.tokenizer_identity(),
-            "manifest": run_manifest(model, engine.tokenizer_identity()),
-            "n_vocab": engine.n_vocab,
+            "tokenizer_identity": tokenizer_identity(engine),
+            "manifest": run_manifest(engine),
+            "n_vocab": engine.facts.n_vocab,
             "codec": codec,
             "n_seq": n_seq,
         }
@@ -151,7 +152,7 @@ def setup_base(engine, corpus, job: BaseJob, hidden=None) -> BaseSetup:
         "protocol": described,
         "n_seq": n_seq,
         "model": model_identity(model),
-        "tokenizer_identity": engine.tokenizer_identity(),
+        "tokenizer_identity": tokenizer_identity(engine),
     }
     return BaseSetup(plan, header, metadata, settings, n_seq, coding)
 
@@ -175,9 +176,11 @@ def run_base(engine: Engine, corpus: Corpus, job: BaseJob, sinks: Sinks | None =
     hidden = HiddenStore(engine, job.replay_tolerance, job.head) if job.store == "hidden" and job.out_path else None
     t0 = time.time()
     setup = setup_base(engine, corpus, job, hidden)
-    sinks.info(describe_run(setup, job.protocol, corpus.name, engine.name))
+    sinks.info(describe_run(setup, job.protocol, corpus.name, engine.facts.name))
     encode = (
-        (lambda group: hidden.blocks(engine, group)) if hidden else (lambda group: engine.encode(group, setup.coding))
+        (lambda group: hidden.blocks(engine, group))
+        if hidden
+        else (lambda group: engine_modes.encode(engine, group, setup.coding))
     )
     routed = base_routing(engine, job.routing, job.fmt, job.out_path, job.resume, setup.header)
     if routed:

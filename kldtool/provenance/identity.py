@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import weakref
 
 import numpy as np
 
@@ -47,3 +48,17 @@ def model_identity(described: dict, full_path: bool = True) -> dict:
     if described.get("flash_attn") == "off":
         out["flash_attn"] = "off"
     return out
+
+
+_TOKENIZERS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def tokenizer_identity(engine) -> str:
+    """sha256 over an engine's token texts, NUL-separated: equal vocabularies hash equal across
+    engines. Computed once per engine (a 262k vocabulary's texts take a while to list)."""
+    cached = _TOKENIZERS.get(engine)
+    if cached is None:
+        texts = list(engine.token_strings())  # one update: the same digest as one per text
+        digest = hashlib.sha256(b"\0".join(texts) + b"\0" if texts else b"").hexdigest()
+        cached = _TOKENIZERS[engine] = "sha256:" + digest
+    return cached

@@ -23,23 +23,23 @@ NUMERIC = ("dtype", "device_kind", "tensor_parallel", "runner", "eager", "cpu_is
 ONE_RUN = ("engine", "versions", *NUMERIC)
 
 
-def run_manifest(described: dict, tokenizer_identity: str | None) -> dict:
-    """The manifest of a run from its engine's ``describe()``."""
-    engine = described.get("engine")
-    args = described.get("vllm_args") or {}
-    runners = sorted({h.rsplit(":", 1)[-1] for h in described.get("hooks") or []})
+def run_manifest(engine) -> dict:
+    """The manifest of a run from its engine's facts (engines/contract.py's Facts)."""
+    from kldtool.provenance.identity import tokenizer_identity
+
+    f = engine.facts
     return {
-        "engine": engine,
-        "versions": described.get("versions"),
-        "dtype": described.get("dtype"),
-        "device_kind": str(described.get("device") or "cpu").split(":")[0],
-        "tensor_parallel": int(args.get("tensor_parallel_size") or 1),
-        "runner": ",".join(runners) if runners else None,
-        "eager": bool(args.get("enforce_eager")) if engine == "vllm" else None,
-        "cpu_isa": described.get("cpu_isa"),
-        "head_sha256": described.get("head_sha256"),
-        "tokenizer": tokenizer_identity,
-        "source": described.get("source"),
+        "engine": f.name,
+        "versions": dict(f.versions) if f.versions is not None else None,
+        "dtype": f.dtype,
+        "device_kind": str(f.device or "cpu").split(":")[0],
+        "tensor_parallel": f.tensor_parallel,
+        "runner": f.runner,
+        "eager": f.eager,
+        "cpu_isa": f.cpu_isa,
+        "head_sha256": None,  # no engine reports one: a hidden-state file keeps its head's sha256 itself
+        "tokenizer": tokenizer_identity(engine),
+        "source": engine.source,
     }
 
 
@@ -70,15 +70,14 @@ def check_manifests(
                 )
 
 
-# Engines whose KLD (and reverse KLD, JSD) is a lower bound: they see the compared model's top K
-# only (engines/endpoint).
-BOUNDED = ("endpoint",)
-
-
 def _check_kld_kinds(items: list[tuple[str, dict | None]], hint: str) -> None:
     """Refuse a run whose KLD is a lower bound beside one whose KLD is the full value: side by
     side they would read as a ranking that one of them cannot give."""
-    kinds = [(where, (m or {}).get("engine") in BOUNDED) for where, m in items if m]
+    from kldtool.engines.contract import BOUNDED
+    from kldtool.engines.registry import with_capability
+
+    bounded_engines = with_capability(BOUNDED)  # they see the compared model's top K only
+    kinds = [(where, (m or {}).get("engine") in bounded_engines) for where, m in items if m]
     bounded = [w for w, b in kinds if b]
     full = [w for w, b in kinds if not b]
     if bounded and full:

@@ -55,10 +55,10 @@ class Corpus:
             vocab = {t.decode("utf-8", "replace"): i for i, t in enumerate(engine.token_strings())}
             docs = [_map_tokens(d, vocab, self.name, line) for line, d in self.documents]
         for line, d in enumerate(docs, 1):
-            bad = np.nonzero((d < 0) | (d >= engine.n_vocab))[0]
+            bad = np.nonzero((d < 0) | (d >= engine.facts.n_vocab))[0]
             if bad.size:
                 raise CorpusError(
-                    f"{self.name}: document {line}: id {int(d[bad[0]])} is outside the vocabulary of {engine.n_vocab}"
+                    f"{self.name}: document {line}: id {int(d[bad[0]])} is outside the vocabulary of {engine.facts.n_vocab}"
                 )
         return [np.asarray(d, dtype=np.int32) for d in docs]
 

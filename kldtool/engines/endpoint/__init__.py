@@ -1,3 +1,25 @@
 """The endpoint engine: any OpenAI-compatible server that returns prompt log-probs, with
 nothing of kldtool's on it (engine.py), through a client that behaves on a shared server
-(client.py). Its KLD is a lower bound; docs/endpoint.md says what is exact and why."""
+(client.py); its flags (options.py). Its KLD is a lower bound; docs/endpoint.md says what is
+exact and why."""
+
+from kldtool.engines.contract import BOUNDED, SCORES
+from kldtool.engines.registry import EngineEntry
+
+ENTRIES = (
+    EngineEntry(
+        "endpoint",
+        "kldtool.engines.endpoint.engine:EndpointEngine",
+        "any OpenAI-compatible server",
+        can=frozenset({SCORES, BOUNDED}),
+        options="kldtool.engines.endpoint.options:EndpointOptions",
+        takes=("endpoint_model", "endpoint_api", "top_k", "concurrency"),
+        selected_by=("endpoint",),
+        server_side=("dtype", "device", "threads"),
+        server_side_of=("vllm",),
+        server_note=", not kldtool's with --endpoint",
+        offers=(("bounds", "kldtool.engines.endpoint.engine:bounded_facts"),),
+        listed=False,
+        served=True,
+    ),
+)

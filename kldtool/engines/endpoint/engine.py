@@ -18,9 +18,11 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from kldtool.engines import hf_tokenizer
-from kldtool.engines.base import Engine
+from kldtool.engines.contract import Facts
+from kldtool.engines.endpoint import ENTRIES
 from kldtool.engines.endpoint.client import Client, HttpError
-from kldtool.engines.endpoint.forms import APIS, EchoForm, SglangForm, VllmForm
+from kldtool.engines.endpoint.forms import EchoForm, SglangForm, VllmForm
+from kldtool.engines.endpoint.options import EndpointOptions
 from kldtool.engines.endpoint.pieces import Pieces
 from kldtool.errors import EngineError, UsageError
 from kldtool.text.protocols import Window
@@ -32,19 +34,16 @@ _MAX_ALLOWED = re.compile(r"max(?:imum)? allowed:? (\d+)", re.IGNORECASE)
 SHIFT_MARGIN, SHIFT_MIN = 0.25, 16
 
 
-class EndpointEngine(Engine):
+class EndpointEngine:
+    """A Scorer (engines/contract.py): its records come from the server's top-K log-probs."""
+
     name = "endpoint"
+    source = None  # the server's model is its own
 
     @classmethod
     def from_options(cls, opts, n_ctx: int) -> "EndpointEngine":
-        own = {"dtype": opts.dtype, "device": opts.device, "threads": opts.threads}
-        named = [f"--{k}" for k, v in own.items() if v] + [f"--{k.replace('_', '-')}" for k in opts.vllm]
-        if named:
-            raise UsageError(f"{', '.join(named)}: the server's own settings, not kldtool's with --endpoint")
-        api = opts.endpoint_api or "auto"
-        if api not in (*APIS, "auto"):
-            raise UsageError(f"--endpoint-api {api}: one of {', '.join(APIS)}, auto")
-        return cls(opts.endpoint, opts.model, n_ctx, opts.endpoint_model, opts.top_k, opts.concurrency or 4, api)
+        own = opts.own or EndpointOptions()
+        return cls(own.url, opts.model, n_ctx, own.model, own.top_k, own.concurrency, own.api)
 
     def __init__(
         self,
@@ -84,6 +83,16 @@ class EndpointEngine(Engine):
         self.form = self._pick_form(api)
         self.k = self._top_k(top_k)
         self.header_note = f" ({self.form.name}{', text prompts' if self.form.text else ''}, top {self.k})"
+        self.facts = Facts(
+            self.name,
+            self.n_vocab,
+            self.bos_id,
+            self.prefix_id,
+            self.n_ctx_train,
+            model=self.model_id,
+            device="server",
+            can=ENTRIES[0].can,
+        )
 
     def _pick_form(self, api: str):
         """The form asked for, or the first the server answers (probed once, never retried: a
@@ -187,8 +196,10 @@ class EndpointEngine(Engine):
     def windows_per_call(self, n_ctx: int) -> int:
         return max(self.concurrency, 1)
 
-    def logits(self, windows: list[Window]) -> list:
-        raise EngineError("--endpoint: a server returns log-probs, not logits (compare, ppl, base --keep top-K)")
+    def rows_source(self, reader, chunks: list[int]):
+        from kldtool.logitsfile.prefetch import PrefetchedChunks
+
+        return PrefetchedChunks(reader, chunks, device="cpu")  # the records are reduced here, on the host
 
     def encode(self, windows: list[Window], coding):
         """``base --endpoint``: top-K records of the server's answers (its K ids, in its order)."""
@@ -269,6 +280,9 @@ class EndpointEngine(Engine):
             "endpoint_api": self.form.name,
             "models_answer": self.models_answer,
         }
+
+    def close(self) -> None:
+        pass  # one request at a time holds a connection; none is left open
 
 
 def bounded_facts(described: dict) -> dict | None:

@@ -1,4 +1,32 @@
 """The llama.cpp engine through llama-cpp-python (engine.py): its model loaded on a thread during
-start-up (load.py), its KV-cache and flash-attention flags (attention.py), contexts side by side
-(lanes.py) on pieces of batches with unchanged logits (pieces.py), MoE routing through its eval
-callback (routing.py), and quantizing and editing GGUFs (gguf_tools.py)."""
+start-up (load.py), its flags (options.py), its KV-cache and flash-attention settings
+(attention.py), contexts side by side (lanes.py) on pieces of batches with unchanged logits
+(pieces.py), MoE routing through its eval callback (routing.py), and llama-quantize (quantize.py)."""
+
+from pathlib import Path
+
+from kldtool.engines.contract import HIDDEN, ROUTING, SCHEDULE
+from kldtool.engines.registry import EngineEntry
+
+
+def _is_gguf(model: str | None, gguf_file: str | None) -> bool:
+    return model is None or bool(gguf_file) or Path(model).suffix.lower() == ".gguf"  # None: the built-in GGUF
+
+
+ENTRIES = (
+    EngineEntry(
+        "llamacpp",
+        "kldtool.engines.llamacpp.engine:LlamaCppEngine",
+        "a .gguf file",
+        can=frozenset({HIDDEN, ROUTING, SCHEDULE}),
+        options="kldtool.engines.llamacpp.options:LlamaCppOptions",
+        takes=("contexts", "flash_attn", "kv_cache_dtype"),
+        recognizes=_is_gguf,
+        refusal_notes=(("contexts", " (the {engine} engine spreads one batch over its device itself)"),),
+        preload="kldtool.engines.llamacpp.load",
+        offers=(
+            ("quantize", "kldtool.engines.llamacpp.quantize:quantize"),
+            ("decoder", "kldtool.engines.llamacpp.load:vocab_decoder"),
+        ),
+    ),
+)

@@ -20,18 +20,19 @@ import os
 
 import numpy as np
 
+from kldtool.engines.contract import Facts, whole_windows
+from kldtool.engines.llamacpp import ENTRIES
 from kldtool.engines.llamacpp import load as llamacpp_load
-from kldtool.engines.base import Engine
-from kldtool.engines.llamacpp.load import cpu_features, silence_llama_logs
 from kldtool.engines.llamacpp.attention import Attention
+from kldtool.engines.llamacpp.load import cpu_features, silence_llama_logs
+from kldtool.engines.llamacpp.options import LlamaCppOptions
 from kldtool.errors import EngineError, UsageError
 from kldtool.text.protocols import Window
 
 
-class LlamaCppEngine(Engine):
+class LlamaCppEngine:
     name = "llamacpp"
-    takes_contexts = True
-    takes_attention_flags = True
+    source = None  # set by make_engine
 
     @classmethod
     def from_options(cls, opts, n_ctx: int) -> "LlamaCppEngine":
@@ -41,12 +42,13 @@ class LlamaCppEngine(Engine):
             raise UsageError(f"--dtype {opts.dtype}: the llamacpp engine runs the GGUF's own types; drop --dtype")
         if opts.device not in (None, "cpu"):
             raise UsageError(f"--device {opts.device}: this llamacpp engine build runs on the CPU")
+        own = opts.own or LlamaCppOptions()
         return cls(
             opts.model or defaults.default_gguf(),
             threads=opts.threads,
             batch_tokens=opts.batch_tokens,
-            contexts=opts.contexts,
-            attention=Attention.from_flags(opts.vllm.get("kv_cache_dtype"), opts.flash_attn),
+            contexts=own.contexts,
+            attention=own.attention,
         )
 
     def __init__(
@@ -80,10 +82,21 @@ class LlamaCppEngine(Engine):
             raise EngineError(f"{model}: llama.cpp could not load it (not a GGUF model, or an unsupported one)")
         self.vocab = lib.llama_model_get_vocab(self.model)
         self.n_vocab = int(lib.llama_vocab_n_tokens(self.vocab))
-        self.n_ctx_train = int(lib.llama_model_n_ctx_train(self.model)) or None
         self.bos_id = int(lib.llama_vocab_bos(self.vocab)) if lib.llama_vocab_get_add_bos(self.vocab) else None
-        self.prefix_id = next(
-            (t for t in (int(lib.llama_vocab_bos(self.vocab)), int(lib.llama_vocab_eos(self.vocab))) if t >= 0), None
+        self.facts = Facts(
+            self.name,
+            self.n_vocab,
+            self.bos_id,
+            next(
+                (t for t in (int(lib.llama_vocab_bos(self.vocab)), int(lib.llama_vocab_eos(self.vocab))) if t >= 0),
+                None,
+            ),
+            int(lib.llama_model_n_ctx_train(self.model)) or None,
+            model=model,
+            dtype="gguf",
+            versions={"llama-cpp-python": lib.__version__},
+            cpu_isa=cpu_features(lib),
+            can=ENTRIES[0].can,
         )
         if lib.llama_vocab_get_add_eos(self.vocab):
             raise EngineError(f"{model}: the model asks for EOS after every text; llama-perplexity's protocol has none")
@@ -233,7 +246,10 @@ class LlamaCppEngine(Engine):
         n_ctx = len(windows[0].tokens)
         self._ensure_context(n_ctx, len(windows))
         if n_ctx > self.n_batch:  # the blocks are views of llama.cpp's buffer: keep copies
-            return [np.concatenate(p) for p in self._per_block(windows, lambda w, off, lg: lg.copy())]
+            parts: list[list] = [[] for _ in windows]
+            for i, _, lg in self._long_blocks(windows):
+                parts[i].append(lg.copy())
+            return [np.concatenate(p) for p in parts]
         if self._tap:
             if len(windows) > 1:
                 return [self.logits([w])[0].copy() for w in windows]
@@ -251,7 +267,7 @@ class LlamaCppEngine(Engine):
         if n_ctx > self.n_batch:
             yield from self._long_blocks(windows)
         else:
-            yield from super().logit_blocks(windows)
+            yield from whole_windows(self.logits(windows))
 
     def _long_blocks(self, windows: list[Window]):
         """A window longer than a batch: one sequence, several decodes (llama-perplexity's
@@ -312,8 +328,6 @@ class LlamaCppEngine(Engine):
         return OutputHead(head["data"], None, head["multiplier"], head["softcap"], head["type"], head["shape"])
 
     def describe(self) -> dict:
-        import llama_cpp
-
         return {
             "engine": self.name,
             "model": self.model_path,
@@ -323,6 +337,6 @@ class LlamaCppEngine(Engine):
             "threads": self.threads,
             "contexts": self.contexts,
             **self.attention.describe(),
-            "versions": {"llama-cpp-python": llama_cpp.__version__},
-            "cpu_isa": cpu_features(llama_cpp),
+            "versions": dict(self.facts.versions),
+            "cpu_isa": self.facts.cpu_isa,
         }

@@ -60,12 +60,14 @@ class LaneSchedule(Schedule):
     def reducer_loops(self) -> tuple[bool, bool]:
         return self.parallel > 1, self.parallel == 1 or self.alone_at_the_end()
 
-    def run(self, work: Callable, reader=None, beside: Callable | None = None) -> Iterator[tuple[list, object]]:
+    def run(
+        self, work: Callable, feed: Callable | None = None, beside: Callable | None = None
+    ) -> Iterator[tuple[list, object]]:
         """As Schedule.run; ``beside()`` is called once every lane has its first call ready (a
         context made), not before: what it starts (numba's import and cache load) holds the
         interpreter for long stretches, and held the lanes' way into their first decodes."""
         if self.parallel == 1:
-            yield from super().run(work, reader, beside)
+            yield from super().run(work, feed, beside)
             return
         lanes, calls, n = self.lanes, self.calls, self.parallel
         run = _Run(
@@ -80,7 +82,7 @@ class LaneSchedule(Schedule):
         threads = [
             threading.Thread(
                 target=_lane,
-                args=(i, lane, calls[i::n], (self.engine, reader), work, outs[i], run),
+                args=(i, lane, calls[i::n], feed, work, outs[i], run),
                 name=f"kldtool-lane-{i}",
                 daemon=True,
             )
@@ -118,15 +120,17 @@ class _Run:
     ready: threading.Semaphore  # released once by each lane when its first call is ready (or it failed)
 
 
-def _lane(i: int, engine, batches: list[list], feed_of: tuple, work: Callable, out: queue.Queue, run: _Run) -> None:
+def _lane(
+    i: int, engine, batches: list[list], feed: Callable | None, work: Callable, out: queue.Queue, run: _Run
+) -> None:
     """Lane ``i``: its ``batches`` through ``engine`` (a context of its own) with a feed of its
-    own (``feed_of``: the run's engine and base-file reader), results handed on in order."""
+    own over their chunks (``feed``), results handed on in order."""
     source = None
     tail = batches[-1:] if i < run.tail else []
     ready = False
     try:
         with one_core():
-            source = open_feed(*feed_of, batches)
+            source = open_feed(feed, batches)
             if batches:
                 engine.prepare(batches[0])
             run.ready.release()

@@ -97,3 +97,12 @@ def cpu_features(lib) -> str:
     info = lib.llama_print_system_info().decode("utf-8", "replace")
     pairs = (p.partition("=") for p in info.split("|"))
     return " ".join(k.split(":")[-1].strip() for k, _, v in pairs if v.strip() == "1") or "unknown"
+
+
+def vocab_decoder(path: str):
+    """ids -> text through a GGUF's tokenizer alone (its weights are not loaded)."""
+    import llama_cpp
+
+    silence_llama_logs(llama_cpp)
+    llama = llama_cpp.Llama(path, vocab_only=True, verbose=False)
+    return lambda ids: llama.detokenize([int(i) for i in ids], special=True).decode("utf-8", "replace")

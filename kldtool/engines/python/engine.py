@@ -36,7 +36,8 @@ import sys
 
 import numpy as np
 
-from kldtool.engines.base import Engine, carried_blocks
+from kldtool.engines.contract import Facts, carried_blocks, whole_windows
+from kldtool.engines.python import ENTRIES
 from kldtool.errors import EngineError, UsageError
 from kldtool.text.protocols import Window
 
@@ -64,8 +65,9 @@ def load_factory(spec: str):
     return factory
 
 
-class PythonEngine(Engine):
+class PythonEngine:
     name = "python"
+    source = None  # a factory's spec names code: no model source is recorded
 
     @classmethod
     def from_options(cls, opts, n_ctx: int) -> "PythonEngine":
@@ -103,6 +105,24 @@ class PythonEngine(Engine):
         probe = self._forward(torch.zeros((1, 1), dtype=torch.int64))
         self.n_vocab = int(probe.shape[-1])
         self.device = str(probe.device)
+        self.facts = self._facts()
+
+    def _facts(self) -> Facts:
+        import torch
+
+        return Facts(
+            self.name,
+            self.n_vocab,
+            self.bos_id,
+            self.prefix_id,
+            self.n_ctx_train,
+            self.pad_id,
+            model=self.spec,
+            dtype="python",
+            device=self.device,
+            versions={"torch": torch.__version__},
+            can=ENTRIES[0].can,
+        )
 
     def _forward(self, ids):
         import torch
@@ -153,7 +173,7 @@ class PythonEngine(Engine):
         # One shape per group: whole windows in one call when they fit, else each through step.
         whole = min(self.batch_tokens, self.max_parallel or self.batch_tokens)
         if self.step is None or len(windows[0].tokens) <= whole:
-            yield from super().logit_blocks(windows)
+            yield from whole_windows(self.logits(windows))
             return
         import torch
 
@@ -222,3 +242,6 @@ class PythonEngine(Engine):
             "device": self.device,
             "versions": {"torch": torch.__version__},
         }
+
+    def close(self) -> None:
+        pass  # the factory's object is freed with the engine

@@ -1,2 +1,17 @@
-"""The transformers engine (engine.py), a GGUF through transformers' loader with its repeated
-work done once (gguf.py), and MoE routing through hooks on the routers (routing.py)."""
+"""The transformers engine (engine.py): any checkpoint transformers loads, a GGUF through its
+loader with the repeated parsing done once (gguf.py), MoE routing through forward hooks on the
+routers (routing.py)."""
+
+from kldtool.engines.contract import HIDDEN, ROUTING
+from kldtool.engines.registry import EngineEntry
+
+ENTRIES = (
+    EngineEntry(
+        "transformers",
+        "kldtool.engines.transformers.engine:TransformersEngine",
+        "a checkpoint directory or hub id",
+        can=frozenset({HIDDEN, ROUTING}),
+        default=True,
+        offers=(("decoder", "kldtool.engines.hf_tokenizer:vocab_decoder"),),
+    ),
+)

@@ -8,15 +8,17 @@ from pathlib import Path
 import numpy as np
 
 from kldtool.engines import hf_tokenizer
-from kldtool.engines.base import Engine, carried_blocks
+from kldtool.engines.contract import Facts, carried_blocks, whole_windows
+from kldtool.engines.transformers import ENTRIES
 from kldtool.errors import EngineError, UsageError
 from kldtool.text.protocols import Window
 
 DTYPES = ("float32", "bfloat16", "float16", "float64")  # float64: reference runs
 
 
-class TransformersEngine(Engine):
+class TransformersEngine:
     name = "transformers"
+    source = None  # set by make_engine
 
     @classmethod
     def from_options(cls, opts, n_ctx: int) -> "TransformersEngine":
@@ -42,7 +44,7 @@ class TransformersEngine(Engine):
         import transformers
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        from kldtool.engines.transformers.gguf import gguf_loading
+        from kldtool.engines.hf_gguf import gguf_loading
 
         transformers.utils.logging.disable_progress_bar()
         if dtype not in DTYPES:
@@ -88,11 +90,21 @@ class TransformersEngine(Engine):
         import transformers
 
         self.n_vocab = int(self.model.get_output_embeddings().weight.shape[0])
-        self.n_ctx_train = getattr(self.model.config, "max_position_embeddings", None)
         self.bos_id = hf_tokenizer.bos_to_substitute(self.tokenizer)
-        self.prefix_id = hf_tokenizer.prefix_token(self.tokenizer)
         self._versions = {"transformers": transformers.__version__, "torch": torch.__version__}
         self._tap = None
+        self.facts = Facts(
+            self.name,
+            self.n_vocab,
+            self.bos_id,
+            hf_tokenizer.prefix_token(self.tokenizer),
+            getattr(self.model.config, "max_position_embeddings", None),
+            model=self.model_path,
+            dtype=self.dtype,
+            device=self.device,
+            versions=self._versions,
+            can=ENTRIES[0].can,
+        )
 
     def routing_shape(self):
         from kldtool.engines.transformers.routing import router_shape
@@ -132,7 +144,7 @@ class TransformersEngine(Engine):
     def logit_blocks(self, windows: list[Window]):
         w = windows[0]
         if len(windows) > 1 or len(w.tokens) <= self.batch_tokens:
-            yield from super().logit_blocks(windows)
+            yield from whole_windows(self.logits(windows))
             return
         # A window longer than a batch: blocks of batch_tokens through a KV cache, so memory
         # is O(block x vocab) for the logits (the cache itself is O(window x layers)).
@@ -184,3 +196,6 @@ class TransformersEngine(Engine):
             "device": self.device,
             "versions": self._versions,
         }
+
+    def close(self) -> None:
+        pass  # the model is freed with the engine

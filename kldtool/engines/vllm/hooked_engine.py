@@ -5,14 +5,12 @@ logits, and the modes read their results the same way whichever channel brought 
 from __future__ import annotations
 
 import os
-from abc import abstractmethod
+from abc import ABC, abstractmethod
 
 import numpy as np
 
 from kldtool.engines import hf_tokenizer
-from kldtool.engines.base import Engine
 from kldtool.engines.vllm import wire
-from kldtool.errors import EngineError
 from kldtool.text.protocols import Window
 from kldtool.reduce import TokenRecords
 
@@ -36,11 +34,18 @@ class BasePath:
         pass
 
 
-class HookedEngine(Engine):
-    """An engine whose windows are scored inside vLLM's workers: subclasses send the
-    requests and bring back each window's arrays (``_run``)."""
+def runner_of(hooks) -> str | None:
+    """The model-runner generations (v1, v2) the hook went into, from its workers' answers
+    (one per rank offline; a served model's probe reports one, as a string)."""
+    runners = sorted({h.rsplit(":", 1)[-1] for h in ([hooks] if isinstance(hooks, str) else hooks or [])})
+    return ",".join(runners) if runners else None
 
-    reduces_here = False
+
+class HookedEngine(ABC):
+    """A Scorer (engines/contract.py) whose windows are scored inside vLLM's workers:
+    subclasses send the requests and bring back each window's arrays (``_run``)."""
+
+    source = None  # set by make_engine
     tokenizer = None
     logits_block: int
 
@@ -59,9 +64,6 @@ class HookedEngine(Engine):
 
     def windows_per_call(self, n_ctx: int) -> int:
         return self._windows_per_call
-
-    def logits(self, windows: list[Window]) -> list:
-        raise EngineError(f"the {self.name} engine keeps logits on its device; it scores and encodes there")
 
     def score(self, windows: list[Window], source) -> list[TokenRecords]:
         path = source.path  # the workers read the rows themselves
@@ -87,9 +89,9 @@ class HookedEngine(Engine):
             self._head = self._output_head()
         return self._head
 
+    @abstractmethod
     def _output_head(self):
         """The output head as this engine's vLLM applies it (an OutputHead)."""
-        raise EngineError(self._no_hidden())
 
     def hidden_blocks(self, windows: list[Window], probe_rows=None):
         import torch

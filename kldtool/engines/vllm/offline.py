@@ -14,8 +14,10 @@ import os
 import numpy as np
 
 from kldtool.engines import hf_tokenizer
-from kldtool.engines.vllm import cpu_sizing, seam
-from kldtool.engines.vllm.hooked_engine import HookedEngine, window_specs
+from kldtool.engines.contract import Facts
+from kldtool.engines.vllm import ENTRIES, cpu_sizing, seam
+from kldtool.engines.vllm.hooked_engine import HookedEngine, runner_of, window_specs
+from kldtool.engines.vllm.options import VllmOptions
 from kldtool.engines.vllm.policy import HOOK
 from kldtool.engines.vllm.rpc_dir import RpcDir
 from kldtool.engines.vllm.wire import logits_block_rows
@@ -30,7 +32,6 @@ CPU_MEMORY_UTILIZATION = 0.3
 
 class VllmEngine(HookedEngine):
     name = "vllm"
-    takes_vllm_args = True
 
     @classmethod
     def from_options(cls, opts, n_ctx: int) -> "VllmEngine":
@@ -38,14 +39,14 @@ class VllmEngine(HookedEngine):
 
         if opts.device not in (None, "cuda", "cpu"):
             raise UsageError(f"--device {opts.device}: vLLM picks its devices itself (see --tensor-parallel-size)")
-        args = dict(opts.vllm)
+        own = opts.own or VllmOptions()
         return cls(
             opts.model or defaults.default_transformers_model(),
             dtype=opts.dtype,
-            max_model_len=args.pop("max_model_len", None) or (n_ctx + 1 if n_ctx else None),
+            max_model_len=own.max_model_len or (n_ctx + 1 if n_ctx else None),
             windows_per_call=max(4, 65536 // (n_ctx or 2048)),
-            logits_block=args.pop("logits_block", None),
-            vllm_args=args,
+            logits_block=own.logits_block,
+            vllm_args=dict(own.llm_args),
         )
 
     def __init__(
@@ -109,15 +110,32 @@ class VllmEngine(HookedEngine):
             self.allocator = seam.rpc(self.llm, "kldtool_allocator")
         except Exception as e:
             raise EngineError(f"vLLM {version}: the kldtool hook could not be installed: {e}") from None
-        facts = seam.llm_facts(self.llm)
-        self.tokenizer = facts["tokenizer"]
-        self.n_vocab = facts["n_vocab"]
-        self.n_ctx_train = facts["n_ctx_train"]
+        found = seam.llm_facts(self.llm)
+        self.tokenizer = found["tokenizer"]
+        self.n_vocab = found["n_vocab"]
         self.bos_id = hf_tokenizer.bos_to_substitute(self.tokenizer)
-        self.prefix_id = hf_tokenizer.prefix_token(self.tokenizer)
         self._versions = {"vllm": version, "hook": seam.TESTED_VERSIONS[-1]}
-        self.hidden_dtype = facts["dtype"]
-        self.logits_block = logits_block or logits_block_rows(self.n_vocab, facts["itemsize"])
+        self.hidden_dtype = found["dtype"]
+        self.logits_block = logits_block or logits_block_rows(self.n_vocab, found["itemsize"])
+        self.facts = self._facts(found["n_ctx_train"])
+
+    def _facts(self, n_ctx_train: int | None) -> Facts:
+        args = self.llm_kwargs
+        return Facts(
+            self.name,
+            self.n_vocab,
+            self.bos_id,
+            hf_tokenizer.prefix_token(self.tokenizer),
+            n_ctx_train,
+            model=self.model_path,
+            dtype=self.dtype,
+            device="cuda" if _has_cuda() else "cpu",
+            versions=self._versions,
+            tensor_parallel=int(args.get("tensor_parallel_size") or 1),
+            runner=runner_of(self.hooks),
+            eager=bool(args.get("enforce_eager")),
+            can=ENTRIES[0].can,
+        )
 
     def _run(self, windows: list[Window], mode_for) -> list[dict]:
         keys, specs = window_specs(windows, self.logits_block, mode_for)
@@ -162,7 +180,7 @@ class VllmEngine(HookedEngine):
             "model": self.model_path,
             "source": self.source,
             "dtype": self.dtype,
-            "device": "cuda" if _has_cuda() else "cpu",
+            "device": self.facts.device,
             "hooks": self.hooks,
             "allocator": self.allocator,  # each worker's allocation policy (kldtool/runtime/memory.py)
             "vllm_args": {k: v for k, v in self.llm_kwargs.items() if k != "model"},

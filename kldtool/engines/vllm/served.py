@@ -28,9 +28,11 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from kldtool.engines import hf_tokenizer
-from kldtool.engines.vllm import wire
+from kldtool.engines.contract import Facts
+from kldtool.engines.vllm import ENTRIES, wire
+from kldtool.engines.vllm.hooked_engine import HookedEngine, runner_of, window_specs
+from kldtool.engines.vllm.options import ServedOptions
 from kldtool.engines.vllm.served_floor import ServedFloor, server_note
-from kldtool.engines.vllm.hooked_engine import HookedEngine, window_specs
 from kldtool.errors import EngineError, UsageError
 from kldtool.logitsfile.hidden import DTYPES
 from kldtool.text.protocols import Window
@@ -43,28 +45,19 @@ MAX_IN_FLIGHT = 128
 
 class VllmServerEngine(HookedEngine):
     name = "vllm-server"
-    takes_vllm_args = True  # --logits-block only: the others are the server's own settings
 
     @classmethod
     def from_options(cls, opts, n_ctx: int) -> "VllmServerEngine":
-        if not opts.server:
+        own = opts.own or ServedOptions()
+        if not own.server:
             raise UsageError("--exchange-dir: only with --server URL")
-        if opts.engine not in (None, "vllm"):
-            raise UsageError(f"--server: a vLLM server; --engine {opts.engine} does not apply")
-        server_side = [k for k in opts.vllm if k != "logits_block"]
-        if server_side or opts.dtype or opts.device:
-            named = [*server_side, *(k for k in ("dtype", "device") if getattr(opts, k))]
-            raise UsageError(
-                f"{', '.join('--' + k.replace('_', '-') for k in named)}: the server's own settings "
-                f"(give them to `vllm serve`), not kldtool's with --server"
-            )
         return cls(
-            opts.server,
+            own.server,
             tokenizer=opts.model,
-            exchange_dir=opts.exchange_dir,
+            exchange_dir=own.exchange_dir,
             n_ctx=n_ctx,
             windows_per_call=max(4, 65536 // (n_ctx or 2048)),
-            logits_block=opts.vllm.get("logits_block"),
+            logits_block=own.logits_block,
         )
 
     def __init__(
@@ -119,6 +112,20 @@ class VllmServerEngine(HookedEngine):
         self.hidden_dtype = self.info.get("dtype", "bfloat16")
         itemsize = DTYPES.get(self.hidden_dtype, ("", 2))[1]
         self.logits_block = logits_block or wire.logits_block_rows(self.n_vocab, itemsize)
+        self.facts = Facts(
+            self.name,
+            self.n_vocab,
+            self.bos_id,
+            self.prefix_id,
+            self.n_ctx_train,
+            model=self.model_id,
+            dtype=self.info.get("dtype"),
+            device="server",
+            versions={"vllm": self.info.get("vllm")},
+            tensor_parallel=int(self.info.get("tensor_parallel_size") or 1),
+            runner=runner_of(self.info.get("hook")),
+            can=ENTRIES[1].can,
+        )
 
     def score(self, windows: list[Window], source) -> list:
         records = super().score(windows, source)

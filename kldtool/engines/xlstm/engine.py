@@ -16,10 +16,11 @@ kernel, which is enough for one head).
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
-from kldtool.engines.xlstm import helibrunna
-from kldtool.engines.python.engine import PythonEngine
+from kldtool.engines.xlstm import ENTRIES, helibrunna
+from kldtool.engines.registry import entry
 from kldtool.errors import CorpusError, EngineError, UsageError
 
 MODEL_TYPE = "xLSTMLMModel"
@@ -174,6 +175,10 @@ class XlstmCheckpoint:
         return torch.cat(out, dim=1), state
 
 
+# The python engine's, driving a helibrunna checkpoint as a factory's object (reached by name).
+PythonEngine = entry("python").load()
+
+
 class XlstmEngine(PythonEngine):
     name = "xlstm"
 
@@ -191,6 +196,13 @@ class XlstmEngine(PythonEngine):
         self.run, self.checkpoint = helibrunna.split_model(model)
         obj = XlstmCheckpoint(self.run, self.checkpoint, device)
         super().__init__(str(self.checkpoint.path), threads, batch_tokens, obj=obj)
+
+    def _facts(self):
+        import xlstm
+
+        facts = super()._facts()
+        versions = dict(facts.versions) | {"xlstm": getattr(xlstm, "__version__", "?")}
+        return replace(facts, dtype="float32", versions=versions, can=ENTRIES[0].can)
 
     def describe(self) -> dict:
         import xlstm

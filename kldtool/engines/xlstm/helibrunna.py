@@ -122,3 +122,16 @@ class History:
         near = [j for j in (i - 1, i) if 0 <= j < len(self.steps)]
         j = min(near, key=lambda k: (abs(self.steps[k] - step), self.steps[k]))
         return self.loss[j], self.steps[j]
+
+
+class Layout:
+    """What a sweep over a training run's checkpoints needs of its layout (the registry
+    offers it as ``training_runs``): whether a path is a run, its checkpoints chosen by a
+    spec, and its logged training loss."""
+
+    is_run = staticmethod(is_run)
+    select = staticmethod(select)
+    history = staticmethod(History.read)
+
+
+LAYOUT = Layout()

@@ -1,12 +1,16 @@
-"""The endpoint engine's flags (engines/endpoint), in the ENGINE group every run command shows."""
+"""The endpoint engine's own flags (shown with ``--endpoint URL --help``) and what they become."""
 
 from __future__ import annotations
 
-from typing import Optional
+from dataclasses import dataclass
+from typing import ClassVar, Optional
 
 import typer
 
-ENDPOINT = {
+from kldtool.engines.endpoint.forms import APIS
+from kldtool.errors import UsageError
+
+FLAGS = {
     "endpoint": (
         Optional[str],
         typer.Option(
@@ -44,3 +48,21 @@ ENDPOINT = {
         typer.Option(None, "--concurrency", min=1, help="--endpoint: requests in flight at once (default 4)."),
     ),
 }
+
+
+@dataclass(frozen=True)
+class EndpointOptions:
+    FLAGS: ClassVar[dict] = FLAGS
+    url: str = ""
+    model: str | None = None  # the served model's name (None: the first listed)
+    api: str = "auto"
+    top_k: int | None = None  # None: the most the server allows
+    concurrency: int = 4
+
+    @classmethod
+    def from_flags(cls, given: dict) -> "EndpointOptions":
+        api = given.get("endpoint_api") or "auto"
+        if api not in (*APIS, "auto"):
+            raise UsageError(f"--endpoint-api {api}: one of {', '.join(APIS)}, auto")
+        concurrency = given.get("concurrency")
+        return cls(given["endpoint"], given.get("endpoint_model"), api, given.get("top_k"), concurrency or 4)

@@ -1,10 +1,9 @@
-"""GGUF helpers for tests and sweeps: requantize with llama.cpp, flip the add-BOS flag."""
+"""`kldtool quantize`: llama-quantize through llama-cpp-python, written atomically."""
 
 from __future__ import annotations
 
 import ctypes
 import os
-import shutil
 
 from kldtool.errors import EngineError, UsageError
 
@@ -30,22 +29,3 @@ def quantize(src: str, dst: str, type_name: str, threads: int | None = None) -> 
             os.unlink(tmp)
         raise EngineError(f"{src}: quantizing to {type_name} failed (code {rc})")
     os.replace(tmp, dst)
-
-
-def copy_with_add_bos(src: str, dst: str, add_bos: bool = True) -> None:
-    """Copy a GGUF and set ``tokenizer.ggml.add_bos_token`` in place (the field must exist)."""
-    import gguf
-
-    tmp = f"{dst}.partial-{os.getpid()}"
-    shutil.copyfile(src, tmp)
-    try:
-        reader = gguf.GGUFReader(tmp, "r+")
-        field = reader.fields.get("tokenizer.ggml.add_bos_token")
-        if field is None:
-            raise EngineError(f"{src}: has no tokenizer.ggml.add_bos_token field to set")
-        field.parts[field.data[0]][0] = 1 if add_bos else 0
-        del reader
-        os.replace(tmp, dst)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)

@@ -1,0 +1,143 @@
+"""What an engine is and does, as the runs see it (docs/design.md, "Adding an engine").
+
+Every engine has ``facts``, one frozen value fixed once it is built, and does the four things
+of ``Model``: tokenize, name its tokens, give the logits of a batch of windows block by block,
+and close. An engine whose logits never reach kldtool (vLLM's hook reduces them in its workers,
+the endpoint engine gets log-probs from a server) is a ``Scorer`` instead: it scores, encodes
+and gives NLLs itself. What either can do beyond that is named in its registry entry's
+capabilities (``CAN``) and reached through the small protocols below; the runs
+(pipeline/engine_modes.py) turn these into compare, base and ppl passes, so no engine
+implements a mode it has no part in.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping, Protocol, runtime_checkable
+
+if TYPE_CHECKING:  # the engines' packages read their capabilities from here before numpy loads
+    import numpy as np
+
+# Capabilities an entry may name (engines/registry.py's EngineEntry.can).
+HIDDEN = "hidden"  # base --store hidden: hidden_blocks and output_head (HiddenStates)
+ROUTING = "routing"  # MoE routing: routing_shape and record_routing (Routing)
+SCHEDULE = "schedule"  # its own way of running batches: schedule(batches) (llama.cpp's lanes)
+SCORES = "scores"  # a Scorer: no logits leave the engine
+BOUNDED = "bounded"  # its KLD is a lower bound (it sees the compared model's top K only)
+CAN = (HIDDEN, ROUTING, SCHEDULE, SCORES, BOUNDED)
+
+
+@dataclass(frozen=True)
+class Facts:
+    """What an engine is: its vocabulary and token policy, what its numbers depend on (the
+    fields ``manifest.py`` compares between runs), and what it can do."""
+
+    name: str
+    n_vocab: int
+    bos_id: int | None = None  # put first in every text (llama.cpp's add_bos), or None
+    prefix_id: int | None = None  # lm-eval's token before a document (rolling): BOS, else EOS
+    n_ctx_train: int | None = None  # the longest context it was trained for, if known
+    pad_id: int | None = None  # targets ppl leaves unscored (a python factory's)
+    model: str | None = None  # its model's path, or the name a server gives it
+    dtype: str | None = None
+    device: str = "cpu"  # where its logits are (a torch device), or "server"
+    versions: Mapping[str, str] | None = None  # the packages that computed its numbers
+    tensor_parallel: int = 1
+    runner: str | None = None  # vLLM's model-runner generations the hook is installed in
+    eager: bool | None = None  # vLLM without CUDA graphs or compilation (None: not vLLM)
+    cpu_isa: str | None = None  # llama.cpp's build's instruction set
+    can: frozenset[str] = frozenset()
+
+    def __post_init__(self):
+        unknown = set(self.can) - set(CAN)
+        if unknown:
+            raise ValueError(f"unknown capabilities {sorted(unknown)}")
+
+
+class Engine(Protocol):
+    """What every engine has, whichever way it scores."""
+
+    facts: Facts
+    source: dict | None  # where its model came from (model_ref.ModelRef.record), set by make_engine
+
+    def tokenize(self, text: bytes) -> np.ndarray:
+        """The whole text's ids, special tokens as the model adds them, no EOS."""
+
+    def token_strings(self) -> Iterable[bytes]:
+        """The vocabulary's token texts in id order (hashed into the tokenizer identity)."""
+
+    def windows_per_call(self, n_ctx: int) -> int:
+        """How many windows of ``n_ctx`` tokens one call should get."""
+
+    def describe(self) -> dict:
+        """What outputs record of the engine, for people: its own keys, read by nothing."""
+
+    def close(self) -> None: ...
+
+
+@runtime_checkable
+class Model(Engine, Protocol):
+    """An engine whose logits the runs reduce."""
+
+    def logit_blocks(self, windows: list) -> Iterator[tuple[int, int, Any]]:
+        """(window number in ``windows``, first scored row, logits of the following rows) in
+        order: a float torch tensor on ``facts.device`` or a float32 numpy array, possibly a
+        view of the engine's buffers, valid until the next block. An engine that carries
+        state across a window (a KV cache) gives a long window in blocks, so no tensor of
+        window x vocabulary ever exists."""
+
+
+@runtime_checkable
+class Scorer(Engine, Protocol):
+    """An engine that scores where its logits are: compare's records, base's rows and ppl's
+    NLLs come back from it, never the logits."""
+
+    def rows_source(self, reader, chunks: list[int]):
+        """What ``score`` reads base rows from (``reader`` itself, or its path for workers)."""
+
+    def score(self, windows: list, source) -> list:
+        """Per window, its TokenRecords against the base rows ``source`` gives."""
+
+    def encode(self, windows: list, coding) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
+        """(window number, its base rows or top-K records as ``coding`` says, float32 NLLs)."""
+
+    def nll(self, windows: list) -> list[np.ndarray]:
+        """Per window, the float32 NLL of each target."""
+
+
+class HiddenStates(Protocol):
+    """``base --store hidden``: the final hidden states and the head that makes the logits."""
+
+    def hidden_blocks(self, windows: list, probe_rows=None) -> Iterator[tuple[int, int, Any, Any, Any]]:
+        """(window number, first scored row, hidden states of the following rows in the
+        model's dtype, their logits, None); a Scorer gives their NLLs for the None, and logits
+        only for the first ``probe_rows(window)`` rows (the replay probe's), else None."""
+
+    def output_head(self):
+        """The head as the engine applies it (logitsfile/hidden.py's OutputHead)."""
+
+
+class Routing(Protocol):
+    """A mixture of experts' routing, read where the engine's routers choose."""
+
+    def routing_shape(self):
+        """routing/rows.py's RouterShape, or None for a model without routers."""
+
+    def record_routing(self):
+        """Start filing each scored row's experts; ``pop(window index)`` gives a window's."""
+
+
+def carried_blocks(window, size: int) -> Iterator[tuple[int, int, int]]:
+    """(a, b, lo) per block of a window run ``size`` tokens at a time through state the engine
+    carries (a KV cache, a recurrent state): tokens a..b-1 go in, and positions lo..b-1 are
+    scored (none when lo == b, a block before the first scored position)."""
+    end = window.first + window.n_scored
+    for a in range(0, end, size):
+        b = min(a + size, end)
+        yield a, b, max(a, window.first)
+
+
+def whole_windows(logits: list) -> Iterator[tuple[int, int, Any]]:
+    """``logit_blocks`` of an engine that computes whole windows: one block each."""
+    for i, lg in enumerate(logits):
+        yield i, 0, lg

@@ -1,0 +1,200 @@
+"""Engines by name. Each engine's package says what it is in one ``EngineEntry`` (its
+``__init__.py``'s ``ENTRIES``): its class, how a model path is recognised as its, what it can
+do, and which flags it takes; this module lists the packages (``PACKAGES``, one line per
+engine package) and generates from their entries what the CLI shows and refuses: ``--engine``'s
+choices and help, each engine's flag group, and the one-line error for a flag given to an
+engine that does not take it. Nothing here imports an engine's code: a class is imported only
+when its engine is built.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Callable
+
+from kldtool.errors import UsageError
+
+PACKAGES = ("transformers", "llamacpp", "vllm", "python", "xlstm", "endpoint")
+
+
+@dataclass(frozen=True)
+class EngineEntry:
+    name: str
+    engine: str  # "module:Class"
+    summary: str  # what --engine's help says of it
+    can: frozenset[str] = frozenset()  # contract.py's capabilities
+    options: str | None = None  # "module:Class" of its options; the class's FLAGS are its flag group
+    takes: tuple[str, ...] = ()  # the engine-specific flags it takes (its own and others')
+    recognizes: Callable[[str | None, str | None], bool] | None = None  # (model, gguf_file) -> its
+    default: bool = False  # the engine of a model no other entry recognises
+    selected_by: tuple[str, ...] = ()  # flags that choose it without --engine
+    with_engine: tuple[str, ...] = ()  # --engine values its selecting flags allow beside them
+    server_side: tuple[str, ...] = ()  # flags it refuses as its server's own settings
+    server_side_of: tuple[str, ...] = ()  # engines whose flags are its server's settings too (but its own)
+    server_note: str = ""  # how that refusal ends
+    refusal_notes: tuple[tuple[str, str], ...] = ()  # (flag, why its owners alone take it)
+    preload: str | None = None  # a module with start(path) and drop(): the model loaded early on a thread
+    offers: tuple[tuple[str, str], ...] = ()  # (part, "module:name"): what others reach through offered()
+    text_format: str | None = None  # how its models read a text corpus file (None: as text)
+    listed: bool = True  # a value of --engine
+    weights: bool = True  # -m names weights (a path or hub id to resolve), not code
+    served: bool = False  # its model runs on a server: -m names only the tokenizer
+
+    def load(self):
+        module, _, name = self.engine.partition(":")
+        return getattr(importlib.import_module(module), name)
+
+    def options_class(self):
+        if self.options is None:
+            return None
+        module, _, name = self.options.partition(":")
+        return getattr(importlib.import_module(module), name)
+
+
+def offered(part: str, name: str | None = None):
+    """The object the entry ``name`` (default: the first that has one) offers as ``part``: how
+    the rest of kldtool reaches an engine's tools without naming its modules."""
+    for e in entries():
+        target = dict(e.offers).get(part)
+        if target and name in (None, e.name):
+            module, _, attr = target.partition(":")
+            return getattr(importlib.import_module(module), attr)
+    raise UsageError(f"no engine{' ' + name if name else ''} offers {part}")
+
+
+def bounds_of(described: dict) -> dict | None:
+    """For a run's engine record (``describe()``, as a file keeps it): what a run of an engine
+    whose KLD is a bound knows exactly and only as a bound; None for any other engine."""
+    name = described.get("engine")
+    if name not in with_capability("bounded"):
+        return None
+    return offered("bounds", name)(described)
+
+
+def start_preload(e: EngineEntry, path: str) -> None:
+    if e.preload is not None:
+        importlib.import_module(e.preload).start(path)
+
+
+def drop_preloads() -> None:
+    """Drop every model loaded early that no engine took (only where one was started)."""
+    import sys
+
+    for e in entries():
+        loading = sys.modules.get(e.preload) if e.preload else None
+        if loading is not None:
+            loading.drop()
+
+
+def entries() -> tuple[EngineEntry, ...]:
+    out = []
+    for package in PACKAGES:
+        out += importlib.import_module(f"kldtool.engines.{package}").ENTRIES
+    return tuple(out)
+
+
+def entry(name: str) -> EngineEntry:
+    for e in entries():
+        if e.name == name:
+            return e
+    raise UsageError(f"--engine {name!r}: expected one of {choices_text()}")
+
+
+def listed() -> list[str]:
+    return [e.name for e in entries() if e.listed]
+
+
+def choices_text() -> str:
+    return ", ".join(listed())
+
+
+def with_capability(can: str) -> list[str]:
+    return [e.name for e in entries() if can in e.can]
+
+
+def named_with(can: str) -> str:
+    """The --engine values with capability ``can``, as a sentence names them ("a, b and c")."""
+    names = [n for n in with_capability(can) if n in listed()]
+    return " and ".join([", ".join(names[:-1]), names[-1]] if len(names) > 1 else names)
+
+
+def recognise(model: str | None, gguf_file: str | None = None) -> str:
+    """The engine a model path (or none: the built-in default) suggests."""
+    found = [e for e in entries() if e.recognizes is not None and not e.default and e.recognizes(model, gguf_file)]
+    fallback = [e for e in entries() if e.default]
+    return (found or fallback)[0].name
+
+
+def flag_names() -> list[str]:
+    """Every engine-specific flag, in the order their groups define them."""
+    out: list[str] = []
+    for e in entries():
+        for name in flag_group(e):
+            if name not in out:
+                out.append(name)
+    return out
+
+
+def flag_group(e: EngineEntry) -> dict:
+    """The flags ``e``'s package defines: name -> (type, typer option)."""
+    cls = e.options_class()
+    return dict(getattr(cls, "FLAGS", {})) if cls is not None else {}
+
+
+def owners(flag: str) -> list[EngineEntry]:
+    """The entries that take ``flag``, the one whose group defines it first."""
+    taking = [e for e in entries() if flag in e.takes]
+    return sorted(taking, key=lambda e: flag not in flag_group(e))
+
+
+def chosen(engine: str | None, model: str | None, gguf_file: str | None, given: dict) -> EngineEntry:
+    """The entry the flags choose: one whose selecting flag is given (--server, --endpoint),
+    else the named engine, else the one the model path suggests."""
+    by_flag = [e for e in entries() if any(given.get(f) for f in e.selected_by)]
+    if by_flag:
+        e = by_flag[0]
+        others = [f for o in entries() if o is not e for f in o.selected_by if given.get(f)]
+        if others or (engine is not None and engine not in e.with_engine):
+            conflicting = ", ".join(_flag(f) for o in entries() if o is not e for f in o.selected_by)
+            if not e.with_engine:
+                raise UsageError(f"{_flag(e.selected_by[0])}: a server of its own; not with {conflicting} or --engine")
+            raise UsageError(f"{_flag(e.selected_by[0])}: a vLLM server; --engine {engine} does not apply")
+        return e
+    return entry(engine or recognise(model, gguf_file))
+
+
+def refuse_others(e: EngineEntry, given: dict) -> None:
+    """A one-line error for the first kind of engine-specific flag ``given`` (name -> value,
+    unset ones None or False) that ``e`` does not take."""
+    shown = [f for f in flag_names() if _set(given.get(f)) and f not in e.takes and f not in e.selected_by]
+    server = [f for f in server_settings(e) if _set(given.get(f))]
+    if server:
+        raise UsageError(f"{', '.join(_flag(f) for f in server)}: the server's own settings{e.server_note}")
+    for f in shown:
+        also = [o for o in owners(f)] or [o for o in entries() if f in o.selected_by]
+        where = _where(also)
+        why = next((w for o in also for k, w in o.refusal_notes if k == f), "")
+        raise UsageError(f"{_flag(f, given[f])}: only {where}{why.format(engine=e.name)}")
+
+
+def server_settings(e: EngineEntry) -> list[str]:
+    """The flags ``e`` refuses as settings of the server it talks to."""
+    of = [f for name in e.server_side_of for f in entry(name).takes if f not in e.takes]
+    return [*e.server_side, *(f for f in of if f not in e.server_side)]
+
+
+def _where(owning: list[EngineEntry]) -> str:
+    named = [o.name for o in owning if o.listed]
+    selectors = [f"{_flag(o.selected_by[0])} URL" for o in owning if o.selected_by and not o.listed]
+    where = [f"for --engine {' or '.join(named)}"] if named else []
+    return " or ".join(where + ([f"with {' or '.join(selectors)}"] if selectors else []))
+
+
+def _set(value) -> bool:
+    return value is not None and value is not False and value != [] and value != ()
+
+
+def _flag(name: str, value=None) -> str:
+    flag = "--" + name.replace("_", "-")
+    return f"{flag} {value}" if isinstance(value, (int, float, str)) and not isinstance(value, bool) else flag
