@@ -57,7 +57,7 @@ def measure(quant: Path, base: Path, ks: list[int]) -> dict:
         for k in ks:
             ids, lps, logq = _top_k(lg, k)
             target = logq[np.arange(len(lg)), w.targets]
-            bound[k].append(reduce_quant_topk(rows, h.n_vocab, h.kld_floor, ids, lps, target, w.targets))
+            bound[k].append(reduce_quant_topk(rows, h.n_vocab, h.clamped_at, ids, lps, target, w.targets))
     engine.close()
     kld = np.concatenate([r.kld for r in full])
     out = {"kld": float(kld.mean()), "n": len(kld)}

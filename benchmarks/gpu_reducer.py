@@ -38,7 +38,7 @@ from results import append_row  # noqa: E402
 
 from kldtool.codec import encode_torch, row_width  # noqa: E402
 from kldtool.codec.encode import encode_device  # noqa: E402
-from kldtool.reduce import KLD_FLOOR, reduce_rows  # noqa: E402
+from kldtool.reduce import CLAMPED_AT, reduce_rows  # noqa: E402
 
 # Data-sheet HBM bandwidth, bytes/s; the first name contained in the device name wins.
 PEAK = [
@@ -123,7 +123,7 @@ def reference_kld(logits, rows, n: int = 64):
     head = rows[:n, :4].contiguous().view(torch.float32).double()
     b = (rows[:n, 4 : 4 + v].int() & 0xFFFF).double() * head[:, :1] + head[:, 1:2]
     logq = torch.log_softmax(logits[:n].double(), dim=1)
-    return torch.where(b > KLD_FLOOR, b.exp() * (b - logq), torch.zeros_like(b)).sum(1).cpu().numpy()
+    return torch.where(b > CLAMPED_AT, b.exp() * (b - logq), torch.zeros_like(b)).sum(1).cpu().numpy()
 
 
 def reference_extras(logits, rows, n: int = 64) -> dict:
@@ -133,7 +133,7 @@ def reference_extras(logits, rows, n: int = 64) -> dict:
     b = (rows[:n, 4 : 4 + v].int() & 0xFFFF).double() * head[:, :1] + head[:, 1:2]
     logq = torch.log_softmax(logits[:n].double(), dim=1)
     q = logq.exp()
-    p = torch.where(b > KLD_FLOOR, b.exp(), torch.zeros_like(b))
+    p = torch.where(b > CLAMPED_AT, b.exp(), torch.zeros_like(b))
     m = (p + q) / 2
     half = lambda a: torch.where(a > 0, a * (a / m).log(), torch.zeros_like(a)).sum(1)  # noqa: E731
     return {"rkld": (q * (logq - b)).sum(1).cpu().numpy(), "jsd": (0.5 * (half(p) + half(q))).cpu().numpy()}
@@ -159,7 +159,7 @@ def unsure_rows(logits, rows, targets) -> str:
     one of the top 10), of the compared logits and of the base rows."""
     from kldtool.reduce.triton_kernel import COLUMNS, reduce_rows_triton
 
-    unsure = reduce_rows_triton(logits, rows, targets, KLD_FLOOR)[COLUMNS.index("unsure")].to(torch.int64)
+    unsure = reduce_rows_triton(logits, rows, targets, CLAMPED_AT)[COLUMNS.index("unsure")].to(torch.int64)
     return f"{int((unsure & 1).sum())} (compared) and {int((unsure & 2).bool().sum())} (base) of {len(logits)}"
 
 
@@ -194,8 +194,8 @@ def sweep(row_counts, vocab: int, iters: int, peak: float) -> None:
             moved = n_rows * (2 * row_width(vocab) + vocab * logits.element_size())
             for tile, warps, stages in SWEEP:
                 config = dict(tile=tile, num_warps=warps, stages=stages)
-                ms = timed_ms(lambda: reduce_rows_triton(logits, rows, targets, KLD_FLOOR, **config), iters)
-                whole = timed_ms(lambda: triton_records(logits, rows, targets, KLD_FLOOR, **config), iters)
+                ms = timed_ms(lambda: reduce_rows_triton(logits, rows, targets, CLAMPED_AT, **config), iters)
+                whole = timed_ms(lambda: triton_records(logits, rows, targets, CLAMPED_AT, **config), iters)
                 print(
                     f"  {n_rows} rows {str(dtype):>14} tile {tile:5d} warps {warps:2d} stages {stages}: kernel "
                     f"{ms:6.3f} ms ({100 * moved / (ms / 1e3) / peak:5.1f} % of peak), records {whole:6.3f} ms"

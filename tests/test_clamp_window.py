@@ -57,7 +57,7 @@ def test_wider_window_codes_and_kld_match_float64(codec, clamp):
     assert inside[:, 8:].mean() > 0.4  # much of the tail is stored, not clamped
     assert (np.abs(b - lp) <= scale[:, None] / 2 + 2e-6)[inside].all()
 
-    got = reduce_rows(torch.from_numpy(quant), rows_to_torch(rows), targets, floor=-clamp).kld
+    got = reduce_rows(torch.from_numpy(quant), rows_to_torch(rows), targets, clamped_at=-clamp).kld
     want, narrow = kld64(base, quant, -clamp), kld64(base, quant, -16.0)
     # codes move each log p by at most scale / 2, so each term p (log p - log q) by at most
     # p (scale / 2) (1 + |log p - log q|) to first order (base rows are not renormalised)
@@ -85,7 +85,7 @@ def test_container_records_the_window_and_refuses_bad_ones(fixture_base, tmp_pat
         return tmp_path / name
 
     wide = open_base_file(container("wide.kldt", BaseHeader(h.n_ctx, h.n_vocab, 1, clamp=24.0)))
-    assert wide.header.clamp == 24.0 and wide.header.kld_floor == -24.0 and wide.metadata["clamp"] == 24.0
+    assert wide.header.clamp == 24.0 and wide.header.clamped_at == -24.0 and wide.metadata["clamp"] == 24.0
     wide.close()
     assert open_base_file(container("plain.kldt", h)).header.clamp == 16.0
     for bad in ("24", 8, 100, True):

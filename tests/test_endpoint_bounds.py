@@ -63,6 +63,7 @@ def test_bounds_never_exceed_the_full_divergences_and_the_rest_is_exact(k, sharp
     np.testing.assert_allclose(rec.nll_base, -b[t], rtol=1e-6)
     np.testing.assert_allclose(rec.dp, np.exp(logq[t]) - np.exp(b[t]), atol=1e-6)
     assert (rec.same_top == (np.argmax(logq, axis=1) == np.argmax(b, axis=1))).all()
+    np.testing.assert_allclose(rec.ptop_q, np.exp(logq.max(axis=1)), rtol=1e-6)  # any K holds the top 1
     np.testing.assert_allclose(
         p_out, [np.exp(b[i][b[i] > FLOOR]).sum() - _in_s(b[i], ids[i], targets[i]) for i in range(R)], atol=1e-9
     )

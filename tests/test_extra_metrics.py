@@ -40,7 +40,8 @@ def reference(logits: np.ndarray, rows: np.ndarray) -> dict:
     overlap = {k: np.array([len(top_set(logits[i], k) & top_set(b32[i], k)) for i in range(n)]) for k in (1, 5, 10)}
     top1 = {"q": [min(top_set(logits[i], 1)) for i in range(n)], "base": [min(top_set(b32[i], 1)) for i in range(n)]}
     tv = 0.5 * np.abs(p - q).sum(1)  # clamped base entries count as 0, as in KLD
-    return {"rkld": rkld, "jsd": jsd, "tv": tv, "overlap": overlap, "ptop": np.exp(b.max(1)), "top1": top1}
+    ptop = {"base": np.exp(b.max(1)), "q": q.max(1)}
+    return {"rkld": rkld, "jsd": jsd, "tv": tv, "overlap": overlap, "ptop": ptop, "top1": top1}
 
 
 def reduce(logits, rows, targets):
@@ -59,7 +60,8 @@ def check(logits, rows, targets):
     assert np.array_equal(r.top10, ref["overlap"][10])
     # top-1 agreement is same_top: the same tie rule
     assert np.array_equal(r.same_top, ref["overlap"][1] == 1)
-    assert np.allclose(r.ptop_base, ref["ptop"], rtol=1e-6)
+    assert np.allclose(r.ptop_base, ref["ptop"]["base"], rtol=1e-6)
+    assert np.allclose(r.ptop_q, ref["ptop"]["q"], rtol=1e-6)
     assert r.top1_q.tolist() == ref["top1"]["q"] and r.top1_base.tolist() == ref["top1"]["base"]
     return ref, r
 
@@ -171,7 +173,7 @@ def test_summaries_and_top1_buckets_match_reference():
     assert tv["p99"] == pytest.approx(np.percentile(ref["tv"], 99), rel=1e-3)
     kld = acc.per_token("kld").astype(np.float64)
     edges = [0, 0.25, 0.5, 0.75, 0.95]
-    which = np.searchsorted(edges, ref["ptop"], side="right") - 1
+    which = np.searchsorted(edges, ref["ptop"]["base"], side="right") - 1
     for i, bucket in enumerate(e["top1_buckets"]):
         sel = kld[which == i]
         assert bucket["count"] == len(sel)
@@ -180,6 +182,11 @@ def test_summaries_and_top1_buckets_match_reference():
             assert bucket["kld_mean"] == pytest.approx(sel.mean(), rel=1e-6)
             assert bucket["kld_99"] == pytest.approx(np.percentile(sel, 99), rel=1e-4, abs=1e-6)
     assert sum(b["count"] for b in e["top1_buckets"]) == n
+    c, shift = e["confidence"], ref["ptop"]["q"] - ref["ptop"]["base"]
+    assert c["ptop_q_mean"] == pytest.approx(ref["ptop"]["q"].mean(), rel=1e-6)
+    assert c["ptop_base_mean"] == pytest.approx(ref["ptop"]["base"].mean(), rel=1e-6)
+    assert c["shift"]["value"] == pytest.approx(shift.mean(), rel=1e-5, abs=1e-9)
+    assert c["shift"]["uncertainty"] == pytest.approx(shift.std(ddof=1) / np.sqrt(n), rel=1e-2)
     # the bucket rule itself, on values at the edges
     from kldtool.stats.extra import top1_buckets
 

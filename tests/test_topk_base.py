@@ -10,7 +10,7 @@ import torch
 
 from conftest import WIKI, run_cli
 from kldtool.codec import Coding, decode_np, encode_np
-from kldtool.reduce import KLD_FLOOR
+from kldtool.reduce import CLAMPED_AT
 from kldtool.reduce.topk_rows import reduce_topk_rows
 from kldtool.codec.topk_records import encode_topk_torch, split_records, topk_width
 
@@ -62,11 +62,13 @@ def test_records_and_reducer_match_float64_reference(seed, k):
     assert np.array_equal(scale.numpy(), full[:, :2].copy().view(np.float32)[:, 0])
     assert np.allclose(rest.numpy(), ref["rest"], rtol=1e-6, atol=1e-12)
 
-    got = reduce_topk_rows(torch.from_numpy(quant), records, targets, k, KLD_FLOOR)
+    got = reduce_topk_rows(torch.from_numpy(quant), records, targets, k, CLAMPED_AT)
     assert np.allclose(got.kld, ref["kld"], rtol=2e-5, atol=2e-6)
     # one bucket can only lower the divergence (log-sum inequality)
     assert (got.kld <= ref["full_kld"] + 2e-6).all()
     assert (got.kld_tail >= 0).all()
+    q64 = quant.astype(np.float64)  # the compared rows are whole: their top-1 probability is exact
+    np.testing.assert_allclose(got.ptop_q, np.exp(q64.max(1) - np.logaddexp.reduce(q64, axis=1)), rtol=1e-6)
     # the total variation of the whole rows in its interval, up to the decoding of the tail's
     # codes (the stored rest mass is the exact one; measured within 3e-5)
     assert (got.tv <= ref["full_tv"] + 1e-4).all() and (ref["full_tv"] <= got.tv_hi + 1e-4).all()

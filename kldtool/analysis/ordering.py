@@ -14,7 +14,7 @@ from kldtool.stats.bootstrap import Bootstrap
 from kldtool.stats.paired import compare_runs
 
 
-def _line(a: ResultRow, b: ResultRow, spec: Bootstrap, floor: float | None) -> str:
+def _line(a: ResultRow, b: ResultRow, spec: Bootstrap, noise_floor: float | None) -> str:
     head = f"{a.label} vs {b.label}: "
     if a.vectors is None or b.vectors is None:
         return head + "n/a (a result without per-chunk sums; rerun its compare with this kldtool)"
@@ -23,8 +23,8 @@ def _line(a: ResultRow, b: ResultRow, spec: Bootstrap, floor: float | None) -> s
         return head + "n/a (the runs share fewer than two chunks)"
     r = compare_runs(va, vb, spec)["kld_mean"]
     lo, hi = r["interval_95"]
-    if floor is not None and abs(r["difference"]) < floor:
-        verdict = f"below the noise floor {floor:.6f}"
+    if noise_floor is not None and abs(r["difference"]) < noise_floor:
+        verdict = f"below the noise floor {noise_floor:.6f}"
     else:
         verdict = "significant" if r["significant"] else "not significant"
     return (
@@ -43,12 +43,14 @@ def common_chunks(a: ResultRow, b: ResultRow) -> tuple[np.ndarray, np.ndarray]:
     return a.vectors[[ia[c] for c in shared]], b.vectors[[ib[c] for c in shared]]
 
 
-def ordering(rows: list[ResultRow], spec: Bootstrap, every: bool = False, floor: float | None = None) -> list[str]:
+def ordering(
+    rows: list[ResultRow], spec: Bootstrap, every: bool = False, noise_floor: float | None = None
+) -> list[str]:
     """One line per compared pair: rows adjacent in the table (sorted by size), or every pair."""
     if len(rows) < 2 or spec.resamples < 1:
         return []
     pairs = combinations(range(len(rows)), 2) if every else zip(range(len(rows) - 1), range(1, len(rows)))
     what = "every pair" if every else "each row against the next larger one"
     return [f"Mean KLD, paired block bootstrap over chunks ({spec.resamples} resamples, seed {spec.seed}), {what}:"] + [
-        "  " + _line(rows[i], rows[j], spec, floor) for i, j in pairs
+        "  " + _line(rows[i], rows[j], spec, noise_floor) for i, j in pairs
     ]

@@ -37,7 +37,7 @@ FIELDS = {
 RECORD = np.dtype([(name, dtype) for name, dtype in FIELDS.items()])
 KIND = "kldtool-per-token"
 # Columns files of earlier versions lack, and what they read as: ids -1, values unknown (NaN).
-LATER = {"top1_q": -1, "top1_base": -1, "tv": np.nan, "tv_hi": np.nan, "p_out": np.nan}
+LATER = {"top1_q": -1, "top1_base": -1, "tv": np.nan, "tv_hi": np.nan, "p_out": np.nan, "ptop_q": np.nan}
 
 
 class PerTokenWriter:

@@ -121,7 +121,7 @@ def compare(
     parse_depth_bins(depth_bins, 1, 1)  # a malformed spec fails before anything is opened
     reader = open_base_file(base_file)
     try:
-        floor = load_floor(noise_floor, reader) if noise_floor else None
+        floor_result = load_floor(noise_floor, reader) if noise_floor else None
         if run.server and head_from:
             raise UsageError(
                 f"--head-from {head_from}: with --server the server's workers read the output head the base file names"
@@ -135,7 +135,7 @@ def compare(
         eng = open_engine(run, model, reader.header.n_ctx)
         try:
             job = CompareJob(
-                force, json_out, span, checkpoints, per_token, resampling, floor, visit, stopping, depth_bins
+                force, json_out, span, checkpoints, per_token, resampling, floor_result, visit, stopping, depth_bins
             )
             run_compare(eng, reader, job)
         finally:

@@ -48,6 +48,7 @@ def info(
     """Show a base file's header, metadata, sizes and completeness."""
     from kldtool.codec import row_width
     from kldtool.logitsfile import frame_facts, open_base_file
+    from kldtool.text.protocols import HALF_SCORED_CHUNKS
 
     reader = open_base_file(path)
     try:
@@ -57,7 +58,7 @@ def info(
             "path": path,
             "format": reader.format_name,
             "complete": True,
-            "protocol": reader.metadata.get("protocol", {}).get("name", "llamacpp"),
+            "protocol": reader.metadata.get("protocol", {}).get("name", HALF_SCORED_CHUNKS),
             "n_ctx": h.n_ctx,
             "n_vocab": h.n_vocab,
             "n_chunk": h.n_chunk,
@@ -135,11 +136,12 @@ def convert(
     re-frame a container (lossless; a frame at a time). A hidden-state file becomes the full
     rows it replays."""
     from kldtool.logitsfile import FORMATS, create_writer, iter_chunks, open_base_file
+    from kldtool.logitsfile.header import CONTAINER, RAW_LAYOUT
     from kldtool.routing.section import RoutingReader, RoutingSection
 
     reader = open_base_file(src)
     try:
-        target = to or ("llamacpp" if reader.format_name == "kldtool" else "kldtool")
+        target = to or (RAW_LAYOUT if reader.format_name == CONTAINER else CONTAINER)
         if target not in FORMATS:
             raise UsageError(f"--to {target!r}: expected one of {', '.join(FORMATS)}")
         if os.path.abspath(src) == os.path.abspath(dst):

@@ -78,8 +78,8 @@ def report(
     from kldtool.runtime.small_files import write_text
 
     rows = load_results(results, mix=mix)
-    floor = read_floor(noise_floor, rows[0].base, rows[0].sources[0])["kld_mean"] if noise_floor else None
-    pairs = ordering(rows, bootstrap_of(boot), every=paired, floor=floor)
+    floor_kld = read_floor(noise_floor, rows[0].base, rows[0].sources[0])["kld_mean"] if noise_floor else None
+    pairs = ordering(rows, bootstrap_of(boot), every=paired, noise_floor=floor_kld)
     table.console(rows, title)
     if pairs:
         print("\n".join(pairs))

@@ -7,7 +7,7 @@ import importlib.util
 
 import numpy as np
 
-from kldtool.codec.rows import DEFAULT_CLAMP, Coding, encode_torch, normalizer_torch, rows_to_numpy
+from kldtool.codec.rows import DEFAULT_CLAMP, LLAMA_ROUNDING, Coding, encode_torch, normalizer_torch, rows_to_numpy
 from kldtool.codec.topk_records import encode_topk_torch
 
 # Float32 logits encoded at once. The encoder's temporaries are a few times its input, so a
@@ -46,7 +46,7 @@ def _encode(logits, targets, coding: Coding) -> tuple[np.ndarray, np.ndarray]:
     return rows_to_numpy(rows), _nll(logits, norm, targets)
 
 
-def encode_device(logits, codec: str = "llamacpp", clamp: float = DEFAULT_CLAMP):
+def encode_device(logits, codec: str = LLAMA_ROUNDING, clamp: float = DEFAULT_CLAMP):
     """encode_torch's rows, made by the Triton kernels on a CUDA device (rows_triton.py:
     no vocabulary-sized temporaries), by torch elsewhere."""
     if logits.is_cuda and importlib.util.find_spec("triton") is not None:

@@ -2,7 +2,7 @@
 
 A row of ``row_width(V)`` uint16 holds two float32 (scale, min_log_prob) in its first four
 slots, then one code per vocabulary entry (and one zero pad slot when V is odd).
-Decoding is ``log p[i] = scale * q[i] + min_log_prob``; entries at or below the clamp floor
+Decoding is ``log p[i] = scale * q[i] + min_log_prob``; entries at or below the clamp
 (``max_logit - clamp``) are stored as 0.
 
 Two encoders write that same layout (every reader, llama.cpp's included, decodes both):
@@ -37,7 +37,9 @@ DEFAULT_CLAMP = 16.0
 MAX_CLAMP = 64.0
 CODE_MAX = 65535
 GRID_STEP = 2.0**-12
-CODECS = ("llamacpp", "grid")
+# llama.cpp's own rounding (byte-identical raw files) and kldtool's power-of-two grid, by --codec's names.
+LLAMA_ROUNDING, GRID = "llamacpp", "grid"
+CODECS = (LLAMA_ROUNDING, GRID)
 HEADER_SLOTS = 4
 # Rows handled at once: bounds the float64 temporaries to ~ block * V * 8 bytes.
 ROW_BLOCK = 64
@@ -72,12 +74,12 @@ def row_width(n_vocab: int) -> int:
 
 
 def _window(xp, lowest, mx, lse, codec: str, clamp: float = DEFAULT_CLAMP):
-    """Per row (floor mn, step scale), in float32, for numpy or torch (``xp``).
+    """Per row (its lowest code's log-prob mn, step scale), in float32, for numpy or torch (``xp``).
 
     llama.cpp: mn = max(lowest, mx - C), scale = (mx - mn) / 65535, C the clamp window (16 in
     llama.cpp). grid: step g = grid_step(C), mn = max(lowest, mx - min(C, 65535 g)), scale = g -
     except in rows where that would let the clamped tail (code 0, decoded as mn - mx - lse)
-    rise above -C, the absolute floor above which readers (llama-perplexity too) count an
+    rise above -C, the absolute clamp above which readers (llama-perplexity too) count an
     entry in the KLD: that happens when the top token holds all but ~g of the mass, and such
     rows keep llama.cpp's rule.
     """
@@ -104,7 +106,7 @@ def normalizer_np(logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def encode_np(
-    logits: np.ndarray, codec: str = "llamacpp", clamp: float = DEFAULT_CLAMP
+    logits: np.ndarray, codec: str = LLAMA_ROUNDING, clamp: float = DEFAULT_CLAMP
 ) -> tuple[np.ndarray, np.ndarray]:
     """Encode float32 logits (R, V) into uint16 rows (R, row_width(V)) with ``codec`` over a
     ``clamp``-nat window.
@@ -172,7 +174,7 @@ def normalizer_torch(logits, exact: bool = False):
 
 
 def window_torch(lowest, mx, lse, codec: str, clamp: float):
-    """Per row, from its min, max and log-sum-exp: the floor mn, 1 / scale (0 where the scale
+    """Per row, from its min, max and log-sum-exp: the lowest code's log-prob mn, 1 / scale (0 where the scale
     is 0) and the row's header slots (scale, min_log_prob) as int16, on their device."""
     import torch
 
@@ -182,7 +184,7 @@ def window_torch(lowest, mx, lse, codec: str, clamp: float):
     return mn, inv, head
 
 
-def encode_torch(logits, codec: str = "llamacpp", clamp: float = DEFAULT_CLAMP):
+def encode_torch(logits, codec: str = LLAMA_ROUNDING, clamp: float = DEFAULT_CLAMP):
     """Torch twin of :func:`encode_np`; returns (int16 rows on the logits' device, M)."""
     import torch
 

@@ -44,10 +44,10 @@ def _row_stat(r, logits, mx, lowest, sums):
 def _row_codes(r, logits, mn, inv, rows, first):
     """Codes into ``rows`` from column ``first`` on (whole rows passed, so one compiled
     signature serves every block: a one-row slice would be typed contiguous)."""
-    x, o, floor, k = logits[r], rows[r], mn[r], inv[r]
+    x, o, row_min, k = logits[r], rows[r], mn[r], inv[r]
     for j in range(len(x)):
-        q = np.rint(k * (x[j] - floor))
-        o[first + j] = np.uint16(0.0 if x[j] <= floor else q)
+        q = np.rint(k * (x[j] - row_min))
+        o[first + j] = np.uint16(0.0 if x[j] <= row_min else q)
 
 
 @njit(cache=True, inline="always")

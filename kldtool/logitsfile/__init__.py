@@ -14,12 +14,13 @@ from kldtool.codec import DEFAULT_CLAMP
 from kldtool.errors import BaseFileError, TruncatedHeader, UsageError
 from kldtool.logitsfile import container, raw
 from kldtool.logitsfile.frames import FrameLayout
-from kldtool.logitsfile.header import BaseHeader
+from kldtool.logitsfile.header import CONTAINER, RAW_LAYOUT, BaseHeader
 from kldtool.logitsfile.prefetch import iter_chunks
 from kldtool.logitsfile.reader_base import Frame
 from kldtool.logitsfile.transforms import Transform
+from kldtool.text.protocols import HALF_SCORED_CHUNKS
 
-FORMATS = ("kldtool", "llamacpp")
+FORMATS = (CONTAINER, RAW_LAYOUT)
 
 
 class BaseFile(Protocol):
@@ -105,15 +106,15 @@ def check_layout(
     window: only the llamacpp protocol's chunks of such rows fit it."""
     if frame_rows is not None and not 0 <= frame_rows <= container.MAX_FRAME_ROWS:
         raise UsageError(f"--frame-rows {frame_rows}: expected 0 .. {container.MAX_FRAME_ROWS}")
-    if fmt == "llamacpp" and frame_rows is not None:
+    if fmt == RAW_LAYOUT and frame_rows is not None:
         raise UsageError("--frame-rows: llama.cpp's raw layout stores rows unframed; use --format kldtool")
-    if fmt == "llamacpp" and protocol != "llamacpp":
+    if fmt == RAW_LAYOUT and protocol != HALF_SCORED_CHUNKS:
         raise UsageError(
             f"--format llamacpp holds only --protocol llamacpp's chunks, not {protocol}; use --format kldtool"
         )
-    if fmt == "llamacpp" and keep:
+    if fmt == RAW_LAYOUT and keep:
         raise UsageError(f"--format llamacpp holds full rows only, not the top-{keep} entries; use --format kldtool")
-    if fmt == "llamacpp" and clamp != DEFAULT_CLAMP:
+    if fmt == RAW_LAYOUT and clamp != DEFAULT_CLAMP:
         raise UsageError(
             f"--format llamacpp holds a {DEFAULT_CLAMP:g}-nat clamp window only, not {clamp:g}; use --format kldtool"
         )
@@ -134,9 +135,13 @@ def create_writer(
     ``frame_rows``: the container's rows per frame (None: about 8 MiB; 0: one per chunk)."""
     if fmt not in FORMATS:
         raise UsageError(f"--format {fmt!r}: expected one of {', '.join(FORMATS)}")
-    name = "llamacpp" if header.windows is None else (metadata or {}).get("protocol", {}).get("name", "a window table")
+    name = (
+        HALF_SCORED_CHUNKS
+        if header.windows is None
+        else (metadata or {}).get("protocol", {}).get("name", "a window table")
+    )
     check_layout(fmt, name, header.keep, header.clamp, frame_rows)
-    if fmt == "kldtool":
+    if fmt == CONTAINER:
         from kldtool.logitsfile.container_writer import ContainerWriter
 
         writer = ContainerWriter(path, header, tokens, metadata, frame_rows=frame_rows)

@@ -15,13 +15,13 @@ import zstandard
 from kldtool.codec import check_clamp
 from kldtool.errors import CorruptData, IncompleteFile, MetadataError, NotABaseFile, TruncatedHeader
 from kldtool.logitsfile.container import END_MAGIC, MAX_FRAME_ROWS, PREAMBLE, TRAILER, VERSIONS, parse_trailer
-from kldtool.logitsfile.header import BaseHeader
+from kldtool.logitsfile.header import CONTAINER, BaseHeader
 from kldtool.logitsfile.reader_base import BaseFileReader, Frame
 from kldtool.logitsfile.transforms import CODES, ROWS
 
 
 class ContainerReader(BaseFileReader):
-    format_name = "kldtool"
+    format_name = CONTAINER
 
     def _parse(self) -> None:
         transform, tokens_end = self._preamble()

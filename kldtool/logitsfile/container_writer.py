@@ -14,7 +14,7 @@ import zstandard
 from kldtool.codec import DEFAULT_CLAMP
 from kldtool.logitsfile.container import DEFAULT_LEVEL, MAX_FRAME_ROWS, form_for_writing, preamble, trailer
 from kldtool.logitsfile.frames import FrameLayout, default_frame_rows
-from kldtool.logitsfile.header import BaseHeader
+from kldtool.logitsfile.header import CONTAINER, BaseHeader
 from kldtool.logitsfile.transforms import MaskedPlanes, Transform
 from kldtool.logitsfile.writer_base import ResumableWriter
 
@@ -24,7 +24,7 @@ class ContainerWriter(ResumableWriter):
     on worker threads (zstd releases the GIL) and appends them in order. A chunk's rows may
     come in blocks of any size: at most one frame's rows wait for the next block."""
 
-    format_name = "kldtool"
+    format_name = CONTAINER
 
     def __init__(
         self,

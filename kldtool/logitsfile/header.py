@@ -14,6 +14,8 @@ from kldtool.codec import DEFAULT_CLAMP, row_width
 from kldtool.codec.topk_records import topk_width
 
 # Refuse headers that could not describe a real run before sizing anything from them.
+# The two layouts, by the names --format takes: llama.cpp's raw file and kldtool's container.
+RAW_LAYOUT, CONTAINER = "llamacpp", "kldtool"
 MAX_CTX = 1 << 24
 MAX_VOCAB = 1 << 24
 
@@ -36,7 +38,7 @@ class BaseHeader:
     clamp: float = DEFAULT_CLAMP  # nats below each row's top that its codes span (codec/rows.py)
 
     @property
-    def kld_floor(self) -> float:
+    def clamped_at(self) -> float:
         """Base entries at or below this log-prob count as clamped (llama.cpp: -16)."""
         return -self.clamp
 

@@ -19,17 +19,18 @@ import numpy as np
 
 from kldtool.errors import NotABaseFile, RowLayoutError, TruncatedHeader, TruncatedRows
 from kldtool.logitsfile.frames import default_frame_rows
-from kldtool.logitsfile.header import BaseHeader
+from kldtool.logitsfile.header import RAW_LAYOUT, BaseHeader
 from kldtool.logitsfile.reader_base import BaseFileReader, Frame
 from kldtool.logitsfile.transforms import PlainRows
 from kldtool.logitsfile.writer_base import ResumableWriter
+from kldtool.text.protocols import HALF_SCORED_CHUNKS
 
 MAGIC = b"_logits_"
 PREAMBLE = 20
 
 
 class RawReader(BaseFileReader):
-    format_name = "llamacpp"
+    format_name = RAW_LAYOUT
 
     def _parse(self) -> None:
         head = os.pread(self.fd, PREAMBLE, 0)
@@ -66,7 +67,7 @@ class RawReader(BaseFileReader):
                 RowLayoutError,
             )
         self.tokens = self._read_tokens(PREAMBLE)
-        self.metadata = {"protocol": {"name": "llamacpp", "n_ctx": h.n_ctx}}
+        self.metadata = {"protocol": {"name": HALF_SCORED_CHUNKS, "n_ctx": h.n_ctx}}
         # Stored whole, read in frames: any rows can be read where they lie.
         self.frames = self._layout(default_frame_rows(h.row_width))
         self.form = PlainRows(h)
@@ -101,7 +102,7 @@ class RawReader(BaseFileReader):
 class RawWriter(ResumableWriter):
     """Streams chunks into a llama.cpp raw file (which has nowhere to keep metadata)."""
 
-    format_name = "llamacpp"
+    format_name = RAW_LAYOUT
 
     def _preamble(self, token_bytes: bytes) -> bytes:
         h = self.header

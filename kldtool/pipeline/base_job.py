@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from kldtool.codec import DEFAULT_CLAMP, Coding
+from kldtool.codec.rows import GRID, LLAMA_ROUNDING
+from kldtool.logitsfile.header import CONTAINER, RAW_LAYOUT
 from kldtool.pipeline.hidden_base import DEFAULT_TOLERANCE
 from kldtool.text.protocols import Protocol
 
@@ -13,7 +15,7 @@ from kldtool.text.protocols import Protocol
 def default_codec(fmt: str) -> str:
     """llama.cpp's own rounding for its raw layout (byte-identical files); the exact-for-bf16
     power-of-two grid for kldtool's container (see codec/rows.py)."""
-    return "llamacpp" if fmt == "llamacpp" else "grid"
+    return LLAMA_ROUNDING if fmt == RAW_LAYOUT else GRID
 
 
 @dataclass(frozen=True)
@@ -21,7 +23,7 @@ class BaseJob:
     protocol: Protocol
     out_path: str | None = None  # None: perplexity only, no file
     chunks: int | None = None
-    fmt: str = "kldtool"
+    fmt: str = CONTAINER
     codec: str | None = None  # None: the layout's own (default_codec)
     keep: int | None = None  # --keep top-K
     clamp: float = DEFAULT_CLAMP

@@ -40,7 +40,7 @@ def run_compare(engine, reader, job: CompareJob = CompareJob(), sinks: Sinks | N
     run = CompareRun(engine, reader, sinks or Sinks(), job.checkpoints, job.bootstrap)
     run.start(job)
     run.loop()
-    return run.result(job.json_path, job.floor)
+    return run.result(job.json_path, job.noise_floor)
 
 
 def depth_bounds(windows, spec: str | None) -> list[int]:
@@ -104,12 +104,12 @@ class CompareRun:
             f"base {reader.path} "
             f"({reader.format_name})"
         )
-        hidden_floor = reader.metadata.get("replay")
-        if hidden_floor:
+        replay_error = reader.metadata.get("replay")
+        if replay_error:
             sinks.info(
                 f"compare: the base file stores hidden states; its replay floor: mean KLD "
-                f"{hidden_floor['kld_mean']:.3g} (max {hidden_floor['kld_max']:.3g}, |Δlogit| up to "
-                f"{hidden_floor['max_abs_dlogit']:.3g})"
+                f"{replay_error['kld_mean']:.3g} (max {replay_error['kld_max']:.3g}, |Δlogit| up to "
+                f"{replay_error['max_abs_dlogit']:.3g})"
             )
         sinks.line()
         sinks.line(TABLE_HEADER)
@@ -219,7 +219,7 @@ class CompareRun:
             },
         }
 
-    def result(self, json_path: str | None, floor: dict | None) -> dict:
+    def result(self, json_path: str | None, noise_floor: dict | None) -> dict:
         engine, reader, meta, (a, b) = self.engine, self.reader, self.meta, self.span
         h = reader.header
         result = run_metadata("compare") | {
@@ -252,7 +252,7 @@ class CompareRun:
             self.warnings,
             self.bootstrap,
             h.keep,
-            floor,
+            noise_floor,
             bounded() if bounded else None,
             show_depth=meta["depth_shown"],
         )

@@ -19,7 +19,7 @@ class CompareJob:
     checkpoints: Checkpoints = field(default_factory=Checkpoints)
     per_token_path: str | None = None
     bootstrap: Bootstrap = Bootstrap()
-    floor: dict | None = None  # a noise-floor result the mean KLD is set against
+    noise_floor: dict | None = None  # a noise-floor result the mean KLD is set against
     order: Order = FILE_ORDER
     stopping: Stopping = Stopping()
     depth_bins: str | None = None  # --depth-bins (the depth table is kept in any case, printed when given)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from kldtool.errors import ContextTooLong, TokenizerMismatch, VocabMismatch
 from kldtool.provenance.identity import tokenizer_identity
-from kldtool.text.protocols import Window, stored_windows
+from kldtool.text.protocols import HALF_SCORED_CHUNKS, Window, stored_windows
 
 
 def check_compatible(engine, reader, force: bool) -> list[str]:
@@ -49,4 +49,4 @@ def base_windows(reader, bos_id: int | None) -> list[Window]:
 
 
 def file_protocol(reader) -> dict:
-    return reader.metadata.get("protocol") or {"name": "llamacpp", "n_ctx": reader.header.n_ctx}
+    return reader.metadata.get("protocol") or {"name": HALF_SCORED_CHUNKS, "n_ctx": reader.header.n_ctx}

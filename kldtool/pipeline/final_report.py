@@ -28,7 +28,7 @@ def final_report(
     warnings: list[str],
     bootstrap: Bootstrap = Bootstrap(),
     keep: int | None = None,
-    floor: dict | None = None,
+    noise_floor: dict | None = None,
     endpoint: dict | None = None,
     show_depth: bool = False,
 ) -> dict:
@@ -37,9 +37,9 @@ def final_report(
     from a server's top-K log-probs knows only as a bound (engines/endpoint)."""
     sinks.line()
     summary, stats = statistics(acc, bootstrap, keep, endpoint)
-    if floor and acc.count:
-        stats["noise_floor"] = floor | {
-            "multiple": (summary.kld_mean[0] / floor["kld_mean"] if floor["kld_mean"] > 0 else float("inf"))
+    if noise_floor and acc.count:
+        stats["noise_floor"] = noise_floor | {
+            "multiple": (summary.kld_mean[0] / noise_floor["kld_mean"] if noise_floor["kld_mean"] > 0 else float("inf"))
         }
     if acc.count >= MIN_TOKENS_FOR_STATS:
         shown = depth_lines(stats.get("depth"), bool(endpoint)) if show_depth else []

@@ -8,6 +8,7 @@ from dataclasses import replace
 
 from kldtool.codec import target_nll
 from kldtool.errors import ReplayMismatch, UsageError
+from kldtool.logitsfile.header import CONTAINER
 from kldtool.logitsfile.hidden import DTYPES, raw_array, torch_dtype
 from kldtool.logitsfile.replay import ReplayProbe
 from kldtool.pipeline.engine_modes import head_source, with_hidden_states
@@ -31,7 +32,7 @@ def check_store(
         if head != "inline":
             raise UsageError("--head external names the output head of a hidden-state file: add --store hidden")
         return
-    if fmt != "kldtool":
+    if fmt != CONTAINER:
         raise UsageError("--store hidden: only kldtool's container holds hidden states; use --format kldtool")
     if keep:
         raise UsageError(f"--store hidden stores whole hidden states; drop --keep top-{keep}")
@@ -47,7 +48,7 @@ class HiddenStore:
         self.source = None
         if head == "external":  # the file names the model; compare reads the head from it and checks its hash
             self.source = head_source(engine)
-        if self.head.dtype == "float64":  # a float64 reference run, stored at float32: its floor shows the cost
+        if self.head.dtype == "float64":  # a float64 reference run, stored at float32: its replay error shows the cost
             b = self.head.bias
             self.head = replace(self.head, weight=self.head.weight.float(), bias=None if b is None else b.float())
         if self.head.state_dtype not in DTYPES:

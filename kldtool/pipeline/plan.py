@@ -10,6 +10,7 @@ import numpy as np
 from kldtool.text.corpus import Corpus
 from kldtool.errors import ContextTooLong, UsageError
 from kldtool.text.protocols import (
+    HALF_SCORED_CHUNKS,
     Protocol,
     Window,
     document_windows,
@@ -112,7 +113,7 @@ def _rolling_plan(engine, corpus: Corpus, p: Protocol, chunks: int | None) -> Pl
 
 def _stream_plan(engine, corpus: Corpus, p: Protocol, chunks: int | None) -> Plan:
     stream = corpus.stream(engine)
-    if p.name == "llamacpp":
+    if p.name == HALF_SCORED_CHUNKS:
         n_chunk = llamacpp_chunk_count(len(stream), p.n_ctx, chunks)
         windows = llamacpp_windows(stream, p.n_ctx, n_chunk, engine.facts.bos_id)
     else:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from kldtool.engines.contract import ROUTING
 from kldtool.engines.registry import named_with
 from kldtool.errors import UsageError
+from kldtool.logitsfile.header import CONTAINER
 from kldtool.pipeline.engine_modes import record_routing, routing_shape
 from kldtool.routing.section import RoutingSection
 
@@ -16,9 +17,9 @@ def base_routing(engine, wanted: bool | None, fmt: str, out_path, resume: bool, 
     if wanted is False or not out_path:
         return None
     shape = routing_shape(engine)
-    if wanted is None and (shape is None or fmt != "kldtool" or resume):
+    if wanted is None and (shape is None or fmt != CONTAINER or resume):
         return None
-    if fmt != "kldtool":
+    if fmt != CONTAINER:
         raise UsageError("--routing: llama.cpp's raw layout has no room for routing; use --format kldtool")
     if resume:
         raise UsageError("--routing with --resume: a resumed base run does not keep routing yet; add --no-routing")

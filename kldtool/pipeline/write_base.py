@@ -30,14 +30,14 @@ from kldtool.pipeline.hidden_base import HiddenStore, check_store
 from kldtool.pipeline.plan import Plan, make_plan
 from kldtool.pipeline.routing_base import base_routing, routed_blocks
 from kldtool.provenance.manifest import run_manifest
-from kldtool.text.protocols import Protocol, window_table
+from kldtool.text.protocols import HALF_SCORED_CHUNKS, Protocol, window_table
 from kldtool.report.console import final_estimate, ppl_progress
 from kldtool.stats import PplAccumulator
 
 
 def plan_header(plan: Plan, n_vocab: int, coding: Coding) -> BaseHeader:
     """llama.cpp's uniform chunks keep its header; other protocols carry their window table."""
-    if plan.protocol.name == "llamacpp":
+    if plan.protocol.name == HALF_SCORED_CHUNKS:
         return BaseHeader(plan.protocol.n_ctx, n_vocab, len(plan.windows), keep=coding.keep, clamp=coding.clamp)
     return BaseHeader(
         plan.n_ctx, n_vocab, len(plan.windows), window_table(plan.windows), len(plan.stream), coding.keep, coding.clamp
@@ -161,7 +161,7 @@ def describe_run(setup: BaseSetup, protocol: Protocol, corpus_name: str, engine_
     plan, n_chunk = setup.plan, len(setup.plan.windows)
     what = (
         f"{n_chunk} chunks of {protocol.n_ctx} tokens"
-        if protocol.name == "llamacpp"
+        if protocol.name == HALF_SCORED_CHUNKS
         else f"{n_chunk} windows of up to {plan.n_ctx} tokens (protocol {protocol.name})"
     )
     return (

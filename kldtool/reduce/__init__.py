@@ -22,11 +22,11 @@ import threading
 import numpy as np
 
 from kldtool.reduce.records import FIELDS, PendingRecords, TokenRecords, settled, to_records
-from kldtool.reduce.rowmath import KLD_FLOOR, TOP_K
+from kldtool.reduce.rowmath import CLAMPED_AT, TOP_K
 
 __all__ = [
     "FIELDS",
-    "KLD_FLOOR",
+    "CLAMPED_AT",
     "TOP_K",
     "PendingRecords",
     "TokenRecords",
@@ -39,7 +39,7 @@ __all__ = [
 
 
 def reduce_base(logits, base_rows, targets, header, defer: bool = False) -> TokenRecords:
-    """Reduce against a base file's rows as its header (``keep``, ``kld_floor``) describes them:
+    """Reduce against a base file's rows as its header (``keep``, ``clamped_at``) describes them:
     full rows, or top-K records. Logits and rows are both torch tensors, or both numpy arrays
     (a host engine's logits, uint16 rows). ``defer``: a GPU's records may come back pending
     (records.PendingRecords), their computation queued."""
@@ -49,13 +49,13 @@ def reduce_base(logits, base_rows, targets, header, defer: bool = False) -> Toke
 
         if isinstance(logits, np.ndarray):
             logits, base_rows = _torch(logits), rows_to_torch(base_rows)
-        return reduce_topk_rows(logits, base_rows, targets, header.keep, header.kld_floor)
-    return reduce_rows(logits, base_rows, targets, header.kld_floor, defer)
+        return reduce_topk_rows(logits, base_rows, targets, header.keep, header.clamped_at)
+    return reduce_rows(logits, base_rows, targets, header.clamped_at, defer)
 
 
-def reduce_rows(logits, base_rows, targets, floor: float = KLD_FLOOR, defer: bool = False) -> TokenRecords:
+def reduce_rows(logits, base_rows, targets, clamped_at: float = CLAMPED_AT, defer: bool = False) -> TokenRecords:
     """Reduce compared logits (R, V) against base rows (R, NV: int16 tensors, or uint16 arrays
-    beside numpy logits) for target ids (R,); base entries at or below ``floor`` (the file's -clamp, -16 in llama.cpp's layout) count as clamped."""
+    beside numpy logits) for target ids (R,); base entries at or below ``clamped_at`` (the file's -clamp, -16 in llama.cpp's layout) count as clamped."""
     # Backends load on first use: numba compiles and Triton needs CUDA, and neither is needed
     # by a process that only writes base files. Host engines hand numpy arrays, which reach
     # the numba loop without torch (whose import alone is a large part of a short llama.cpp compare).
@@ -69,7 +69,7 @@ def reduce_rows(logits, base_rows, targets, floor: float = KLD_FLOOR, defer: boo
         if not host:
             logits, base_rows = logits.to("cpu").float().numpy(), base_rows.cpu().numpy()
         return to_records(
-            reduce_rows_cpu(np.asarray(logits, np.float32), base_rows, np.asarray(targets, np.int64), floor)
+            reduce_rows_cpu(np.asarray(logits, np.float32), base_rows, np.asarray(targets, np.int64), clamped_at)
         )
     if host:
         from kldtool.codec.rows import rows_to_torch
@@ -78,10 +78,10 @@ def reduce_rows(logits, base_rows, targets, floor: float = KLD_FLOOR, defer: boo
     if kind == "triton":
         from kldtool.reduce.triton_records import triton_records
 
-        return triton_records(logits, base_rows, targets, floor, defer)
+        return triton_records(logits, base_rows, targets, clamped_at, defer)
     from kldtool.reduce.torch_ops import reduce_rows_torch
 
-    return reduce_rows_torch(logits, base_rows, targets, floor)
+    return reduce_rows_torch(logits, base_rows, targets, clamped_at)
 
 
 def reducer_for(device) -> str:

@@ -33,8 +33,17 @@ from numba import njit, prange
 from kldtool.codec.rows import HEADER_SLOTS
 from kldtool.compiled.numba_exp import exp_f64 as _exp_f64
 from kldtool.compiled.core_share import one_core, spread
+from kldtool.reduce.records import WHOLE_ROW
 
 TOP_N = 10  # rowmath.TOP_K is (5, TOP_N): _reduce's overlaps
+# The loop's three output tables, by dtype, column by column: _reduce_row writes them in this
+# order. Declared here rather than derived from records.FIELDS, because numba's cache sees the
+# constants of this file alone; the check below holds them to the schema.
+OUT64 = ("kld", "rkld", "jsd", "tv")
+OUT32 = ("nll", "nll_base", "dp", "ptop_base", "ptop_q")
+OUTI = ("same_top", "top5", "top10", "top1_q", "top1_base")
+if sorted(OUT64 + OUT32 + OUTI) != sorted(WHOLE_ROW):
+    raise TypeError(f"the numba reducer's columns are not records.WHOLE_ROW: {sorted(OUT64 + OUT32 + OUTI)}")
 SPAN = 64  # entries per block of the top-list scan
 _FM = {"reassoc"}  # float64 sums may be vectorized; nothing else is relaxed
 _F = np.float32
@@ -163,7 +172,7 @@ def _exp_sum(x, mx, e):
 
 
 @njit(cache=True, fastmath=_FM, error_model="numpy")
-def _records(x, c, e, big_m, inv_s, scale, lowest, floor):
+def _records(x, c, e, big_m, inv_s, scale, lowest, clamped_at):
     """(KL(base‖q), Σ p (e^d (d - 1) + 1), Σ p, JSD, Σ |p - q|) of one row; branch-free (each
     "if" below is a select), so it runs as SIMD code."""
     kld = 0.0
@@ -177,7 +186,7 @@ def _records(x, c, e, big_m, inv_s, scale, lowest, floor):
         p = _exp_f64(b)
         ed = _exp(d)
         em = _expm1_series(d) if abs(d) < _CUT else ed - _ONE
-        kept = b > floor
+        kept = b > clamped_at
         rk += np.float64(p * (em * (d - _ONE) + d))
         p_sum += np.float64(p)
         kld += np.float64(p * ((b - x[j]) + big_m) if kept else _ZERO)
@@ -194,7 +203,7 @@ def _records(x, c, e, big_m, inv_s, scale, lowest, floor):
 
 
 @njit(cache=True, inline="always")
-def _reduce_row(r, logits, rows, heads, targets, floor, out64, out32, outi):
+def _reduce_row(r, logits, rows, heads, targets, clamped_at, out64, out32, outi):
     n_vocab = logits.shape[1]
     x = logits[r]
     c = rows[r, HEADER_SLOTS : HEADER_SLOTS + n_vocab]  # a row of a C-contiguous array: unit stride, SIMD loads
@@ -209,7 +218,7 @@ def _reduce_row(r, logits, rows, heads, targets, floor, out64, out32, outi):
     s = _exp_sum(x, mx, e)
     big_m = mx + np.float32(np.log(s))
     inv_s = np.float32(1.0 / s)
-    kld, rk, p_sum, js, tv = _records(x, c, e, big_m, inv_s, scale, lowest, floor)
+    kld, rk, p_sum, js, tv = _records(x, c, e, big_m, inv_s, scale, lowest, clamped_at)
     t = targets[r]
     nll = big_m - x[t]
     nll_base = -(np.float32(c[t]) * scale + lowest)
@@ -221,6 +230,7 @@ def _reduce_row(r, logits, rows, heads, targets, floor, out64, out32, outi):
     out32[r, 1] = nll_base
     out32[r, 2] = np.exp(-nll) - np.exp(-nll_base)
     out32[r, 3] = np.exp(bv[0])
+    out32[r, 4] = inv_s  # exp(mx - big_m): the compared model's largest probability
     outi[r, 0] = qi[0] == bi[0]
     outi[r, 1] = _overlap(qi, bi, 5)
     outi[r, 2] = _overlap(qi, bi, TOP_N)
@@ -229,52 +239,40 @@ def _reduce_row(r, logits, rows, heads, targets, floor, out64, out32, outi):
 
 
 @njit(parallel=True, cache=True, nogil=True)
-def _reduce(logits, rows, heads, targets, floor, out64, out32, outi):
+def _reduce(logits, rows, heads, targets, clamped_at, out64, out32, outi):
     for r in prange(logits.shape[0]):
-        _reduce_row(r, logits, rows, heads, targets, floor, out64, out32, outi)
+        _reduce_row(r, logits, rows, heads, targets, clamped_at, out64, out32, outi)
 
 
 @njit(cache=True, nogil=True)
-def _reduce_one_core(logits, rows, heads, targets, floor, out64, out32, outi):
+def _reduce_one_core(logits, rows, heads, targets, clamped_at, out64, out32, outi):
     for r in range(logits.shape[0]):
-        _reduce_row(r, logits, rows, heads, targets, floor, out64, out32, outi)
+        _reduce_row(r, logits, rows, heads, targets, clamped_at, out64, out32, outi)
 
 
-def reduce_rows_cpu(logits: np.ndarray, rows: np.ndarray, targets: np.ndarray, floor: float) -> dict[str, np.ndarray]:
+def reduce_rows_cpu(
+    logits: np.ndarray, rows: np.ndarray, targets: np.ndarray, clamped_at: float
+) -> dict[str, np.ndarray]:
     """float32 logits (R, V), int16 or uint16 base rows (R, NV), int64 targets (R,) -> the
     reducer's columns by ``reduce.FIELDS`` name (those of whole rows)."""
     n_rows, n_vocab = logits.shape
     rows = np.ascontiguousarray(rows).view(np.uint16)
     heads = np.ascontiguousarray(rows[:, :HEADER_SLOTS]).view(np.float32)
-    out64 = np.empty((n_rows, 4), np.float64)
-    out32 = np.empty((n_rows, 4), np.float32)
-    outi = np.empty((n_rows, 5), np.int64)
+    out64 = np.empty((n_rows, len(OUT64)), np.float64)
+    out32 = np.empty((n_rows, len(OUT32)), np.float32)
+    outi = np.empty((n_rows, len(OUTI)), np.int64)
     loop = _reduce if spread() else _reduce_one_core
     loop(
         np.ascontiguousarray(logits, np.float32),
         rows,
         heads,
         np.ascontiguousarray(targets, np.int64),
-        np.float32(floor),
+        np.float32(clamped_at),
         out64,
         out32,
         outi,
     )
-    return {
-        "nll": out32[:, 0],
-        "nll_base": out32[:, 1],
-        "kld": out64[:, 0],
-        "dp": out32[:, 2],
-        "same_top": outi[:, 0].astype(bool),
-        "rkld": out64[:, 1],
-        "jsd": out64[:, 2],
-        "top5": outi[:, 1],
-        "top10": outi[:, 2],
-        "ptop_base": out32[:, 3],
-        "top1_q": outi[:, 3],
-        "top1_base": outi[:, 4],
-        "tv": out64[:, 3],
-    }
+    return {**dict(zip(OUT64, out64.T)), **dict(zip(OUT32, out32.T)), **dict(zip(OUTI, outi.T))}
 
 
 def warm(on_one_core: bool = False, on_all_cores: bool = True) -> None:

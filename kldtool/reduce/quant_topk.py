@@ -9,7 +9,7 @@ accepts the compared model's tokens as the base's): exact on S, and on the rest 
 Bounded: KLD, reverse KLD and JSD are each computed over S (the returned ids and the target)
 plus one bucket for everything else, the base's mass outside S (P_out) against the compared
 model's (R = 1 - its mass on S). Merging outcomes never raises an f-divergence, so each is a
-lower bound of the full one (docs/endpoint.md). A base entry at the clamp floor counts as 0 for
+lower bound of the full one (docs/endpoint.md). A clamped base entry counts as 0 for
 KLD and JSD, as the full-row reducers count it, and at its decoded value for reverse KLD.
 Estimated: what the bucket hides, P_out times the KLD between the two models' tails each
 normalised, taken to be the KLD over the deepest returned ranks K/2..K each normalised
@@ -37,7 +37,13 @@ def _bucket(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 def reduce_quant_topk(
-    rows: np.ndarray, n_vocab: int, floor: float, ids: np.ndarray, logq: np.ndarray, target_logq: np.ndarray, targets
+    rows: np.ndarray,
+    n_vocab: int,
+    clamped_at: float,
+    ids: np.ndarray,
+    logq: np.ndarray,
+    target_logq: np.ndarray,
+    targets,
 ) -> TokenRecords:
     """Records for uint16 base ``rows`` (R, W) and the compared model's top-K ``ids`` / ``logq``
     (R, K, best first; -1: an entry not known by id) and ``target_logq`` (R,) for ``targets``
@@ -50,14 +56,20 @@ def reduce_quant_topk(
     mask = np.zeros_like(b, bool)  # S on the whole row (a target among the ids appears once)
     mask[rows_i, q.s_ids] = True
     outside = np.where(mask, 0.0, np.exp(b))
-    p_out = np.where(b > floor, outside, 0.0).sum(axis=1)
+    p_out = np.where(b > clamped_at, outside, 0.0).sum(axis=1)
     top_b = _top_ids(b, max(TOP_K))
     base = _Base(s_b, q.in_s, p_out, outside.sum(axis=1), -s_b[:, -1], top_b, np.exp(b.max(axis=1)))
-    return _records(base, q, floor)
+    return _records(base, q, clamped_at)
 
 
 def reduce_topk_both(
-    records: np.ndarray, keep: int, floor: float, ids: np.ndarray, logq: np.ndarray, target_logq: np.ndarray, targets
+    records: np.ndarray,
+    keep: int,
+    clamped_at: float,
+    ids: np.ndarray,
+    logq: np.ndarray,
+    target_logq: np.ndarray,
+    targets,
 ) -> TokenRecords:
     """The same against a top-K base file's records (codec/topk_records.py): S is then the
     compared model's returned ids the base file also holds, and the target (whose code every
@@ -77,7 +89,7 @@ def reduce_topk_both(
     total = np.exp(b_kept).sum(axis=1) + rest
     p_out = np.maximum(total - np.where(in_s, np.exp(s_b), 0.0).sum(axis=1), 0.0)
     base = _Base(s_b, in_s, p_out, p_out, -b_target, ids_b, np.exp(b_kept[:, 0]))
-    return _records(base, q, floor)
+    return _records(base, q, clamped_at)
 
 
 class _Compared:
@@ -93,6 +105,8 @@ class _Compared:
         self.s_logq = np.concatenate([logq.astype(np.float64), np.asarray(target_logq, np.float64)[:, None]], axis=1)
         self.in_s = np.concatenate([known, extra[:, None]], axis=1)
         self.target_logq = np.asarray(target_logq, np.float64)
+        # the compared model's top-1 log-prob is among any top K the server returns: exact
+        self.ptop = np.exp(np.where(known, logq.astype(np.float64), -np.inf).max(axis=1, initial=-np.inf))
 
 
 class _Base:
@@ -104,12 +118,12 @@ class _Base:
         self.nll_base, self.top_ids, self.ptop = nll_base, top_ids, ptop
 
 
-def _records(base: _Base, cq: _Compared, floor: float) -> TokenRecords:
+def _records(base: _Base, cq: _Compared, clamped_at: float) -> TokenRecords:
     """The bounds, the interval, the estimate and the exact values from S and one bucket."""
     in_s, p_out, p_out_all = base.in_s, base.p_out, base.p_out_all
     s_b = np.where(in_s, base.s_b, 0.0)  # outside S a column's value is never read
     s_logq, k = cq.s_logq, cq.k
-    kept = s_b > floor
+    kept = s_b > clamped_at
     q = np.where(in_s, np.exp(s_logq), 0.0)
     rest = 1.0 - q.sum(axis=1)
     lo, hi = np.maximum(rest - REST_EPS, 0.0), rest + REST_EPS
@@ -140,6 +154,7 @@ def _records(base: _Base, cq: _Compared, floor: float) -> TokenRecords:
             "jsd": jsd,
             **{f"top{n}": _overlap(ids, top_b, n) for n in TOP_K},
             "ptop_base": base.ptop,
+            "ptop_q": cq.ptop,
             "kld_tail": p_out * _band_kld(p_s[:, k // 2 : k], q[:, k // 2 : k]),
             "top1_q": ids[:, 0],
             "top1_base": top_b[:, 0],

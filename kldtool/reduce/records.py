@@ -1,7 +1,7 @@
 """Per-token records, the only thing a reducer hands back: a few host numpy columns per scored
-token, in one fixed order and dtype (``FIELDS``) that every backend, accumulator and per-token
-file shares. Backends hand their columns by name (``to_records``); a statistic is added here,
-in each backend under the same name, and in ``stats/accumulator.py``'s ``SUMS``."""
+token, named and typed once (``FIELDS``) for every backend, accumulator and per-token file.
+Backends hand their columns by name (``to_records``); a statistic is added here, computed in
+each backend under the same name, and summed in ``stats/accumulator.py``'s ``SUM_OF``."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ FIELDS = {
     "top5": np.uint8,
     "top10": np.uint8,
     "ptop_base": np.float32,
+    "ptop_q": np.float32,
     "kld_tail": np.float64,
     "top1_q": np.int32,
     "top1_base": np.int32,
@@ -27,6 +28,9 @@ FIELDS = {
     "tv_hi": np.float64,
     "p_out": np.float32,
 }
+# What a reducer of whole rows leaves out, as known from its other columns (to_records fills them).
+FILLED = ("kld_tail", "tv_hi", "p_out")
+WHOLE_ROW = tuple(f for f in FIELDS if f not in FILLED)  # the columns a whole-row reducer computes
 
 
 @dataclass
@@ -43,6 +47,7 @@ class TokenRecords:
     top5: np.ndarray  # |top5(q) ∩ top5(base)|
     top10: np.ndarray  # |top10(q) ∩ top10(base)|
     ptop_base: np.ndarray  # the base's largest probability
+    ptop_q: np.ndarray  # the compared model's largest probability (its confidence)
     kld_tail: np.ndarray  # top-K base rows: estimate of the KLD the unstored tail hides (else 0)
     top1_q: np.ndarray  # the compared model's most probable token id (the lowest id on a tie)
     top1_base: np.ndarray  # the base's
@@ -55,17 +60,21 @@ class TokenRecords:
 
     @classmethod
     def empty(cls, n: int) -> "TokenRecords":
-        return cls(*(np.zeros(n, dt) for dt in FIELDS.values()))
+        return cls(**{f: np.zeros(n, dt) for f, dt in FIELDS.items()})
 
     @classmethod
     def from_columns(cls, cols) -> "TokenRecords":
-        return cls(*(np.asarray(cols[f], dt) for f, dt in FIELDS.items()))
+        return cls(**{f: np.asarray(cols[f], dt) for f, dt in FIELDS.items()})
 
     @classmethod
     def concat(cls, parts: list["TokenRecords"]) -> "TokenRecords":
         if len(parts) == 1:
             return parts[0]
-        return cls(*(np.concatenate([getattr(p, f) for p in parts]) for f in FIELDS))
+        return cls(**{f: np.concatenate([getattr(p, f) for p in parts]) for f in FIELDS})
+
+
+if tuple(TokenRecords.__dataclass_fields__) != tuple(FIELDS):  # a field added to one and not the other
+    raise TypeError("TokenRecords must hold FIELDS, in FIELDS' order")
 
 
 def to_records(cols: dict) -> TokenRecords:

@@ -8,7 +8,7 @@ import numpy as np
 from kldtool.codec.keys import order_keys
 from kldtool.codec.rows import decode_torch, normalizer_torch
 
-KLD_FLOOR = -16.0  # llama.cpp's; a base file's own is header.kld_floor
+CLAMPED_AT = -16.0  # llama.cpp's; a base file's own is header.clamped_at
 # Rows reduced at once: bounds the (block, V) float32 temporaries (~8 of them).
 ROW_BLOCK = 32
 TOP_K = (5, 10)  # top-1 agreement is same_top: both break ties by the lowest token id
@@ -41,11 +41,11 @@ def prepare(logits, rows, n_vocab):
     return logits, mx + lse, imax, decode_torch(rows, n_vocab)
 
 
-def extras_block(logits, big_m, b, floor):
+def extras_block(logits, big_m, b, clamped_at):
     """Per row, by record name: reverse KLD, JSD, total variation, top-5 and top-10 overlaps,
-    the base's top-1 probability, both models' top-1 ids.
+    both models' top-1 probabilities and top-1 ids.
 
-    Reverse KLD sums over every entry, a clamped base entry counting at the floor value its code
+    Reverse KLD sums over every entry, a clamped base entry counting at the value its code
     decodes to (above its true log-prob, so the term is a lower bound of the true one). JSD
     takes the base's probabilities as the forward KLD does: clamped entries are 0.
 
@@ -62,17 +62,18 @@ def extras_block(logits, big_m, b, floor):
     # Σ q d = Σ p (e^d (d - 1) + 1) - (Σ p - 1): each term second order in d, and the
     # rounding of the normalizer M cancels between the two sums.
     rkld = (p * (em * (d - 1) + d)).sum(dim=1, dtype=torch.float64) - (p.sum(dim=1, dtype=torch.float64) - 1)
-    jsd = jsd_terms(b, logq, floor, d, em).sum(dim=1, dtype=torch.float64)
+    jsd = jsd_terms(b, logq, clamped_at, d, em).sum(dim=1, dtype=torch.float64)
     top_b = top_ids(b, max(TOP_K))
     top_q = top_ids(logits, max(TOP_K))
     top5, top10 = top_overlaps(top_q, top_b)
     return {
         "rkld": rkld,
         "jsd": jsd,
-        "tv": (torch.where(b > floor, p, 0.0) - torch.exp(logq)).abs().sum(dim=1, dtype=torch.float64) / 2,
+        "tv": (torch.where(b > clamped_at, p, 0.0) - torch.exp(logq)).abs().sum(dim=1, dtype=torch.float64) / 2,
         "top5": top5,
         "top10": top10,
         "ptop_base": torch.exp(b.max(dim=1).values),
+        "ptop_q": torch.exp(logq.max(dim=1).values),
         "top1_q": top_q[:, 0],
         "top1_base": top_b[:, 0],
     }
@@ -109,7 +110,7 @@ def top_ids(x, k: int):
     return ids
 
 
-def jsd_terms(b, logq, floor, d=None, em=None):
+def jsd_terms(b, logq, clamped_at, d=None, em=None):
     """Per entry, its share of the Jensen–Shannon divergence: p g(d) for a kept base entry,
     with d = log q - log p and g(d) = (e^d d - (1 + e^d) s) / 2, s = log((1 + e^d) / 2), whose
     rounding error scales with d (the textbook form's with |log p|); q ln 2 / 2 for a clamped
@@ -121,4 +122,4 @@ def jsd_terms(b, logq, floor, d=None, em=None):
         em = torch.expm1(d)
     s = torch.log1p(em / 2)
     g = ((1 + em) * d - (2 + em) * s) / 2
-    return torch.where(b > floor, torch.exp(b) * g, torch.exp(logq) * float(np.log(2.0) / 2))
+    return torch.where(b > clamped_at, torch.exp(b) * g, torch.exp(logq) * float(np.log(2.0) / 2))

@@ -17,10 +17,10 @@ from kldtool.reduce.records import TokenRecords, to_records
 from kldtool.reduce.rowmath import TOP_K, jsd_terms, row_blocks, top_ids, top_overlaps
 
 
-def reduce_topk_rows(logits, records, targets, k: int, floor: float) -> TokenRecords:
+def reduce_topk_rows(logits, records, targets, k: int, clamped_at: float) -> TokenRecords:
     import torch
 
-    out = [_block(lg, rec, t, k, floor) for lg, rec, t in row_blocks(logits, records, targets)]
+    out = [_block(lg, rec, t, k, clamped_at) for lg, rec, t in row_blocks(logits, records, targets)]
     if not out:
         return TokenRecords.empty(0)
     return to_records({f: torch.cat([o[f] for o in out]).cpu().numpy() for f in out[0]})
@@ -33,7 +33,7 @@ def _bucket(a, b):
     return torch.where(a > 0, a * (torch.log(a) - torch.log(b)), torch.zeros_like(a))
 
 
-def _block(logits, records, targets, k, floor):
+def _block(logits, records, targets, k, clamped_at):
     import torch
 
     logits = logits.to(torch.float32)
@@ -46,13 +46,15 @@ def _block(logits, records, targets, k, floor):
     # the compared model's mass outside the K ids, over its whole row (no 1 - Σ cancellation)
     rest_q = torch.exp(logits - big_m[:, None]).scatter(1, ids, 0.0).sum(dim=1, dtype=torch.float64)
     rest_p = rest_p.to(torch.float64)
-    kept = b > floor
+    kept = b > clamped_at
     zero = torch.zeros_like(b)
     kld = torch.where(kept, p * (b - logq), zero).sum(dim=1, dtype=torch.float64) + _bucket(rest_p, rest_q)
     rkld = (q * (logq - b)).sum(dim=1, dtype=torch.float64) + _bucket(rest_q, rest_p)
     m = (rest_p + rest_q) / 2
     m = torch.where(m > 0, m, 1.0)
-    jsd = jsd_terms(b, logq, floor).sum(dim=1, dtype=torch.float64) + 0.5 * (_bucket(rest_p, m) + _bucket(rest_q, m))
+    jsd = jsd_terms(b, logq, clamped_at).sum(dim=1, dtype=torch.float64) + 0.5 * (
+        _bucket(rest_p, m) + _bucket(rest_q, m)
+    )
     nll = big_m - logits.gather(1, targets[:, None])[:, 0]
     nll_base = -(tcode.to(torch.float32) * scale + low)
     dp = torch.exp(-nll) - torch.exp(-nll_base)
@@ -72,6 +74,7 @@ def _block(logits, records, targets, k, floor):
         "top5": top5,
         "top10": top10,
         "ptop_base": p[:, 0],
+        "ptop_q": torch.exp(mx - big_m),  # the compared rows are whole
         "kld_tail": tail,
         "top1_q": top_q[:, 0],
         "top1_base": ids[:, 0],

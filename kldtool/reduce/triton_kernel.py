@@ -35,6 +35,7 @@ import triton
 import triton.language as tl
 
 from kldtool.codec.rows import HEADER_SLOTS
+from kldtool.reduce.records import WHOLE_ROW
 from kldtool.reduce.rowmath import TOP_K
 
 # The fastest launch found for one window's 1,023 bf16 rows of 128,256 on an H100, or within
@@ -43,17 +44,39 @@ TILE = 1024
 NUM_WARPS = 4
 STAGES = 1
 SLOTS = 16  # a row's top-10 ids in a Triton vector, whose length must be a power of two
+# The record table's rows, in the order the kernel stores them (by position: a module global
+# of Triton's constexpr type would be read by vLLM's scan of every loaded module, which breaks
+# on it). The check below holds them to the schema.
+COLUMNS = (
+    "nll",
+    "nll_base",
+    "kld",
+    "dp",
+    "same_top",
+    "rkld",
+    "jsd",
+    "ptop_base",
+    "top1_q",
+    "top1_base",
+    "top5",
+    "top10",
+    "tv",
+    "ptop_q",
+    "unsure",
+)
+if sorted(COLUMNS[:-1]) != sorted(WHOLE_ROW):
+    raise TypeError(f"the Triton reducer's columns are not records.WHOLE_ROW: {sorted(COLUMNS[:-1])}")
 
 
 @triton.jit
-def _step(x, b, offs, floor, m, i_max, b_max, i_bmax, s, s1, p_sum):
+def _step(x, b, offs, clamped_at, m, i_max, b_max, i_bmax, s, s1, p_sum):
     """Fold one tile into every lane's running values."""
     grew = x > m  # strict: within a lane the first maximum wins
     i_max = tl.where(grew, offs, i_max)
     m_new = tl.maximum(m, x)
     s = s * tl.exp(m - m_new) + tl.exp(x - m_new)
     s1 += (m_new - m) * p_sum
-    keep = b > floor
+    keep = b > clamped_at
     p = tl.where(keep, tl.exp(b), 0.0)
     # selected, not multiplied: p = 0 times an -inf logit would be NaN
     s1 += tl.where(keep, p * (b - x + m_new), 0.0)
@@ -79,7 +102,7 @@ def _log1p(y):
 
 
 @triton.jit
-def _extras(x, b, valid, big_m, row_m, inv_s, floor, rk, p_all, js, tv):
+def _extras(x, b, valid, big_m, row_m, inv_s, clamped_at, rk, p_all, js, tv):
     """Fold one tile into the reverse KLD's, the JSD's and the total variation's lane sums
     (rowmath.extras_block)."""
     logq = x - big_m
@@ -90,9 +113,9 @@ def _extras(x, b, valid, big_m, row_m, inv_s, floor, rk, p_all, js, tv):
     p_all += tl.where(valid, p, 0.0).to(tl.float64)
     s = _log1p(em * 0.5)
     g = ((1.0 + em) * d - (2.0 + em) * s) * 0.5
-    js += tl.where(valid, tl.where(b > floor, p * g, tl.exp(logq) * 0.34657359027997264), 0.0).to(tl.float64)
+    js += tl.where(valid, tl.where(b > clamped_at, p * g, tl.exp(logq) * 0.34657359027997264), 0.0).to(tl.float64)
     # q as exp(x - max) / Σ: exp(log q) would carry log q's rounding, eps |log q| relative
-    tv += tl.where(valid, tl.abs(tl.where(b > floor, p, 0.0) - tl.exp(x - row_m) * inv_s), 0.0).to(tl.float64)
+    tv += tl.where(valid, tl.abs(tl.where(b > clamped_at, p, 0.0) - tl.exp(x - row_m) * inv_s), 0.0).to(tl.float64)
     return rk, p_all, js, tv
 
 
@@ -155,7 +178,7 @@ def _reduce_kernel(
     out_ptr,
     n_rows,
     n_vocab,
-    floor,
+    clamped_at,
     TILE: tl.constexpr,
     STAGES: tl.constexpr,
     TOP_A: tl.constexpr,
@@ -186,13 +209,13 @@ def _reduce_kernel(
         offs = start + lanes
         x = tl.load(lrow + offs).to(tl.float32)
         b = tl.load(crow + offs).to(tl.float32) * scale + lowest
-        m, i_max, b_max, i_bmax, s, s1, p_sum = _step(x, b, offs, floor, m, i_max, b_max, i_bmax, s, s1, p_sum)
+        m, i_max, b_max, i_bmax, s, s1, p_sum = _step(x, b, offs, clamped_at, m, i_max, b_max, i_bmax, s, s1, p_sum)
     for start in range(n_full, n_vocab, TILE):
         offs = start + lanes
         valid = offs < n_vocab
         x = tl.load(lrow + offs, mask=valid, other=float("-inf")).to(tl.float32)
         b = tl.where(valid, tl.load(crow + offs, mask=valid, other=0).to(tl.float32) * scale + lowest, float("-inf"))
-        m, i_max, b_max, i_bmax, s, s1, p_sum = _step(x, b, offs, floor, m, i_max, b_max, i_bmax, s, s1, p_sum)
+        m, i_max, b_max, i_bmax, s, s1, p_sum = _step(x, b, offs, clamped_at, m, i_max, b_max, i_bmax, s, s1, p_sum)
 
     # Combine lanes: the first index among the lanes holding the row's maximum, and the sums
     # moved from each lane's max to the row's.
@@ -230,7 +253,7 @@ def _reduce_kernel(
         x = tl.load(lrow + offs).to(tl.float32)
         c = tl.load(crow + offs).to(tl.float32)
         b = c * scale + lowest
-        rk, p_all, js, tv = _extras(x, b, offs < n_vocab, big_m, row_m, inv_s, floor, rk, p_all, js, tv)
+        rk, p_all, js, tv = _extras(x, b, offs < n_vocab, big_m, row_m, inv_s, clamped_at, rk, p_all, js, tv)
         x1, xi1, x2, xi2, x3, xi3 = _top3(x, offs, x1, xi1, x2, xi2, x3, xi3)
         c1, ci1, c2, ci2, c3, ci3 = _top3(c * live, offs, c1, ci1, c2, ci2, c3, ci3)
     for start in range(n_full, n_vocab, TILE):
@@ -239,7 +262,7 @@ def _reduce_kernel(
         x = tl.load(lrow + offs, mask=valid, other=0.0).to(tl.float32)
         c = tl.load(crow + offs, mask=valid, other=0).to(tl.float32)
         b = c * scale + lowest
-        rk, p_all, js, tv = _extras(x, b, valid, big_m, row_m, inv_s, floor, rk, p_all, js, tv)
+        rk, p_all, js, tv = _extras(x, b, valid, big_m, row_m, inv_s, clamped_at, rk, p_all, js, tv)
         x1, xi1, x2, xi2, x3, xi3 = _top3(tl.where(valid, x, none), offs, x1, xi1, x2, xi2, x3, xi3)
         c1, ci1, c2, ci2, c3, ci3 = _top3(tl.where(valid, c * live, none), offs, c1, ci1, c2, ci2, c3, ci3)
     top_q, unsure_q = _top_ids(x1, xi1, x2, xi2, x3, xi3, n_vocab, TOP_B, SLOTS)
@@ -259,15 +282,16 @@ def _reduce_kernel(
     tl.store(out_ptr + 10 * n_rows + r, _overlap(top_q, top_b, TOP_A, SLOTS).to(tl.float64))
     tl.store(out_ptr + 11 * n_rows + r, _overlap(top_q, top_b, TOP_B, SLOTS).to(tl.float64))
     tl.store(out_ptr + 12 * n_rows + r, tl.sum(tv, 0) * 0.5)
-    tl.store(out_ptr + 13 * n_rows + r, (unsure_q.to(tl.int32) + 2 * unsure_b.to(tl.int32)).to(tl.float64))
+    tl.store(out_ptr + 13 * n_rows + r, inv_s.to(tl.float64))  # exp(row max - M)
+    tl.store(out_ptr + 14 * n_rows + r, (unsure_q.to(tl.int32) + 2 * unsure_b.to(tl.int32)).to(tl.float64))
 
 
 def reduce_rows_triton(
-    logits, base_rows, targets, floor: float, tile: int = TILE, num_warps: int = NUM_WARPS, stages: int = STAGES
+    logits, base_rows, targets, clamped_at: float, tile: int = TILE, num_warps: int = NUM_WARPS, stages: int = STAGES
 ):
     """The kernel alone, the contract of ``reduce.reduce_rows`` for int16 ``base_rows`` on the logits' device;
-    returns, on it, the (14, rows) float64 record table: ``COLUMNS`` (nll, nll_base, kld, dp,
-    same_top, rkld, jsd, ptop_base, top1_q, top1_base, top5, top10, tv, unsure). ``unsure`` is 1
+    returns, on it, the (len(COLUMNS), rows) float64 record table, a row per ``COLUMNS`` name
+    (the schema's whole-row columns, then ``unsure``). ``unsure`` is 1
     where the compared top-10 may miss an entry, 2 where the base's may, 3 where both may."""
     import torch
 
@@ -290,7 +314,7 @@ def reduce_rows_triton(
             out,
             n_rows,
             n_vocab,
-            floor,
+            clamped_at,
             TILE=tile,
             STAGES=stages,
             TOP_A=TOP_K[0],
@@ -310,21 +334,3 @@ def _on_device(targets, device):
         return targets.to(torch.int64)
     host = torch.as_tensor(np.asarray(targets, np.int64))
     return host.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else host.to(device)
-
-
-COLUMNS = (
-    "nll",
-    "nll_base",
-    "kld",
-    "dp",
-    "same_top",
-    "rkld",
-    "jsd",
-    "ptop_base",
-    "top1_q",
-    "top1_base",
-    "top5",
-    "top10",
-    "tv",
-    "unsure",
-)

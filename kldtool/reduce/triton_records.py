@@ -14,13 +14,13 @@ from kldtool.reduce.triton_kernel import COLUMNS, reduce_rows_triton
 TOP_ROWS = 256  # rows whose int32 codes exist at once for topk
 
 
-def triton_records(logits, base_rows, targets, floor: float, defer: bool = False, **config):
+def triton_records(logits, base_rows, targets, clamped_at: float, defer: bool = False, **config):
     """The kernel's records, with one copy to the host (rows whose top-10 from the candidates
     may miss an entry go through topk over the whole row); ``defer``: as PendingRecords,
     everything queued on the device and nothing waited for; ``config``: the kernel's tile,
     num_warps and stages (benchmarks/gpu_reducer.py sweeps them)."""
     base_rows = base_rows.to(logits.device)
-    table = reduce_rows_triton(logits, base_rows, targets, floor, **config)
+    table = reduce_rows_triton(logits, base_rows, targets, clamped_at, **config)
     finish = lambda: _on_host(table, logits, base_rows)  # noqa: E731
     return PendingRecords(finish) if defer else finish()
 

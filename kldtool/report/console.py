@@ -105,6 +105,7 @@ def extra_block(stats: dict) -> list[str]:
             f"{cf('%5.3f', 100 * top[k]['uncertainty'])} %"
             for k in ("1", "5", "10")
         ),
+        *_confidence_lines(e.get("confidence")),
         "",
         "Base top-1 p     tokens      mean KLD    99.0% KLD",
     ]
@@ -116,10 +117,10 @@ def extra_block(stats: dict) -> list[str]:
             f"    {shown[0]}   {shown[1]}"
         )
     lines.append("")
-    floor = stats.get("noise_floor")
-    if floor:
+    noise = stats.get("noise_floor")
+    if noise:
         lines += [
-            f"Mean KLD = {floor['multiple']:.1f} x the noise floor ({floor['kld_mean']:.3g}, {floor['source']})",
+            f"Mean KLD = {noise['multiple']:.1f} x the noise floor ({noise['kld_mean']:.3g}, {noise['source']})",
             "",
         ]
     lines += _endpoint_lines(stats.get("endpoint"))
@@ -158,6 +159,17 @@ def _bootstrap_lines(stats: dict) -> list[str]:
             f"   (i.i.d. ± {cf(fmt, scale * pair['uncertainty']).strip()})"
         )
     return lines + [""]
+
+
+def _confidence_lines(c: dict | None) -> list[str]:
+    """Both models' mean top-1 probability and its shift (absent from runs that predate it)."""
+    if not c or c["ptop_q_mean"] is None:
+        return []
+    shift = c["shift"]
+    return [
+        f"Mean    top-1 p    : {cf('%6.3f', 100 * c['ptop_q_mean'])} % (base {cf('%6.3f', 100 * c['ptop_base_mean'])} %),"
+        f" shift {cf('%6.3f', 100 * shift['value'])} ± {cf('%5.3f', 100 * shift['uncertainty'])} %"
+    ]
 
 
 def _tv_lines(tv: dict | None) -> list[str]:

@@ -61,6 +61,9 @@ SUM_OF = {
     "tv2": lambda r: _fsum(_f64(r.tv) ** 2),
     "tv_hi": lambda r: _fsum(_f64(r.tv_hi)),
     "p_out": lambda r: _fsum(_f64(r.p_out)),
+    "ptop_q": lambda r: _fsum(_f64(r.ptop_q)),
+    "ptop_base": lambda r: _fsum(_f64(r.ptop_base)),
+    "dptop2": lambda r: _fsum((_f64(r.ptop_q) - _f64(r.ptop_base)) ** 2),
 }
 SUMS = tuple(SUM_OF)
 N_SAME, COUNT = len(SUMS), len(SUMS) + 1

@@ -74,7 +74,7 @@ def depth_block(records, depths: np.ndarray, bounds) -> np.ndarray:
     block = np.zeros((len(bounds) - 1, DEPTH_LEN), np.float64)
     for b in np.unique(which):
         mask = which == b
-        part = TokenRecords(*(getattr(records, f)[mask] for f in FIELDS))
+        part = TokenRecords(**{f: getattr(records, f)[mask] for f in FIELDS})
         block[b, : len(DEPTH_SUMS)] = [SUM_OF[name](part) for name in DEPTH_SUMS]
         block[b, -2:] = np.count_nonzero(part.same_top), len(part)
     return block

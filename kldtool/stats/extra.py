@@ -1,5 +1,6 @@
 """kldtool's statistics beyond llama.cpp's: reverse KLD, JSD, total variation, top-k
-agreement and KLD by the base's top-1 probability (definitions in docs/metrics.md)."""
+agreement, KLD by the base's top-1 probability and the shift in confidence (definitions in
+docs/metrics.md)."""
 
 from __future__ import annotations
 
@@ -30,6 +31,19 @@ def extra_stats(acc: KldAccumulator, same_top: tuple[float, float]) -> dict:
         },
         "tv": tv_stats(acc),
         "top1_buckets": top1_buckets(acc.per_token("ptop_base"), acc.per_token("kld")),
+        "confidence": confidence(acc),
+    }
+
+
+def confidence(acc: KldAccumulator) -> dict:
+    """Both models' mean top-1 probability and the shift between them, with llama.cpp's ±: a
+    quant that grows over- or under-confident moves it whichever token it picks."""
+    s, n = acc.sums, acc.count
+    shift, unc = mean_unc(s["ptop_q"] - s["ptop_base"], s["dptop2"], n)
+    return {
+        "ptop_q_mean": s["ptop_q"] / n if n else None,
+        "ptop_base_mean": s["ptop_base"] / n if n else None,
+        "shift": {"value": shift, "uncertainty": unc},
     }
 
 

@@ -28,7 +28,9 @@ import numpy as np
 
 from kldtool.errors import TextTooShort, UsageError
 
-PROTOCOLS = ("llamacpp", "exl3", "stride", "documents", "rolling")
+# llama-perplexity's chunks of -c, each scored on its second half (--protocol llamacpp).
+HALF_SCORED_CHUNKS = "llamacpp"
+PROTOCOLS = (HALF_SCORED_CHUNKS, "exl3", "stride", "documents", "rolling")
 
 
 @dataclass(frozen=True)
@@ -67,7 +69,7 @@ class Protocol:
     evaluations' convention); ``prefix`` is rolling's prefix token (None: the model's BOS, else
     its EOS, as lm-eval picks it)."""
 
-    name: str = "llamacpp"
+    name: str = HALF_SCORED_CHUNKS
     n_ctx: int = 512
     stride: int | None = None
     lengths: tuple[int, ...] = ()
@@ -88,7 +90,7 @@ class Protocol:
             raise UsageError(f"--protocol {name!r}: expected one of {', '.join(PROTOCOLS)}")
         if name != "documents" and lengths is not None:
             raise UsageError(f"--lengths: only for --protocol documents, not {name}")
-        if name in ("llamacpp", "documents", "rolling") and stride is not None:
+        if name in (HALF_SCORED_CHUNKS, "documents", "rolling") and stride is not None:
             raise UsageError(f"--stride: only for --protocol exl3 or stride, not {name}")
         if name != "rolling" and prefix is not None:
             raise UsageError(f"--prefix-token: only for --protocol rolling, not {name}")
@@ -105,7 +107,7 @@ class Protocol:
                 raise UsageError("--ctx-size: --protocol documents takes --lengths N,N,... instead")
             return cls(name, 0, None, parse_lengths(lengths), full_only=full_only)
         n_ctx = 512 if ctx_size is None else ctx_size
-        if name == "llamacpp":
+        if name == HALF_SCORED_CHUNKS:
             if n_ctx < 4:
                 raise UsageError(f"--ctx-size {n_ctx}: must be at least 4")
             return cls(name, n_ctx)
@@ -129,8 +131,12 @@ class Protocol:
         )
 
     def describe(self) -> dict:
-        if self.name == "llamacpp":
-            return {"name": "llamacpp", "n_ctx": self.n_ctx, "scored_offsets": [self.n_ctx // 2, self.n_ctx - 2]}
+        if self.name == HALF_SCORED_CHUNKS:
+            return {
+                "name": HALF_SCORED_CHUNKS,
+                "n_ctx": self.n_ctx,
+                "scored_offsets": [self.n_ctx // 2, self.n_ctx - 2],
+            }
         if self.name == "documents":
             out = {"name": "documents", "lengths": list(self.lengths)}
             return out | ({"shorter_documents": "skipped" if self.full_only else "counted"} if self.lengths else {})

@@ -24,6 +24,7 @@ its entry point.
 """
 
 import contextlib
+import dataclasses
 import json
 import os
 import subprocess
@@ -54,6 +55,7 @@ def run_group(jobs: list[dict], out: str, max_ctx: int) -> None:
     from kldtool.cli.app import _run
     from kldtool.engines import EngineOptions
     from kldtool.engines.vllm.offline import VllmEngine
+    from kldtool.engines.vllm.options import VllmOptions
     from vllm_probe import probe
 
     engines = {}
@@ -63,13 +65,15 @@ def run_group(jobs: list[dict], out: str, max_ctx: int) -> None:
     def shared(cls, opts, n_ctx):
         # Keyed by where the weights really are: a hub snapshot's files link to a directory's.
         weights = os.path.realpath(os.path.join(opts.model, "config.json")) if opts.model else None
-        key = (weights, opts.dtype, json.dumps(opts.vllm, sort_keys=True))
+        own = dataclasses.asdict(opts.own or VllmOptions())  # a probe's defaults are the CLI's
+        key = (weights, opts.dtype, json.dumps(own, sort_keys=True, default=str))
         if key not in engines:
             engine = build(cls, opts, max_ctx)
             engine.close, engine.close_at_the_end = (lambda: None), engine.close
             engines[key] = engine
         engine = engines[key]
         engine.model_path = opts.model  # as this command named it
+        engine.facts = dataclasses.replace(engine.facts, model=opts.model)
         engine._windows_per_call = max(4, 65536 // (n_ctx or 2048))  # as the command's own engine
         return engine
 

@@ -230,9 +230,9 @@ class EndpointEngine:
 
         h = source.header
         reduce = (  # a top-K base file: two providers through one reference
-            (lambda rows, *q: reduce_topk_both(rows, h.keep, h.kld_floor, *q))
+            (lambda rows, *q: reduce_topk_both(rows, h.keep, h.clamped_at, *q))
             if h.keep
-            else (lambda rows, *q: reduce_quant_topk(rows, self.n_vocab, h.kld_floor, *q))
+            else (lambda rows, *q: reduce_quant_topk(rows, self.n_vocab, h.clamped_at, *q))
         )
 
         with ThreadPoolExecutor(max_workers=min(len(windows), self.concurrency) or 1) as pool:
@@ -294,7 +294,7 @@ def bounded_facts(described: dict) -> dict | None:
     return {
         "top_k": k,
         "api": described.get("endpoint_api"),
-        "exact": ["ppl", "ln_ppl_ratio", "dp", "rms_dp", "same_top_p", "ptop_base"]
+        "exact": ["ppl", "ln_ppl_ratio", "dp", "rms_dp", "same_top_p", "ptop_base", "ptop_q"]
         + (["top5", "top10"] if k >= 10 else (["top5"] if k >= 5 else [])),
         "lower_bounds": ["kld", "rkld", "jsd"],
         "interval": ["tv"],

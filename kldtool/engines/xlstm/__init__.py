@@ -10,4 +10,13 @@ def _is_run(model: str | None, gguf_file: str | None) -> bool:
     return model is not None and helibrunna.looks_like(model)
 
 
-ENTRIES = (EngineEntry("xlstm", "kldtool.engines.xlstm.engine:XlstmEngine", "a helibrunna run", recognizes=_is_run),)
+ENTRIES = (
+    EngineEntry(
+        "xlstm",
+        "kldtool.engines.xlstm.engine:XlstmEngine",
+        "a helibrunna run",
+        recognizes=_is_run,
+        offers=(("training_runs", "kldtool.engines.xlstm.helibrunna:LAYOUT"),),
+        text_format="tokens",  # its tokenizer reads whitespace tokens, a document per line
+    ),
+)
