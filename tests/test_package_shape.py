@@ -305,3 +305,17 @@ def test_only_an_engines_folder_names_its_modules():
                     if p != own and (n == f"kldtool.engines.{p}" or n.startswith(f"kldtool.engines.{p}.")):
                         offenders.append(f"{name}:{node.lineno}: {n}")
     assert not offenders, f"engine modules named outside their folder: {sorted(set(offenders))}"
+
+
+def test_runs_take_a_job_not_a_list_of_flags():
+    """A run (``run_*`` and ``compare_files`` in pipeline/) takes at most 6 parameters: what
+    the flags ask for travels as one frozen job (BaseJob, CompareJob, PplJob)."""
+    wide = {}
+    for path in (PKG / "pipeline").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.FunctionDef) and (node.name.startswith("run_") or node.name == "compare_files"):
+                a = node.args
+                n = len(a.posonlyargs) + len(a.args) + len(a.kwonlyargs)
+                if n > 6:
+                    wide[f"{path.name}:{node.name}"] = n
+    assert not wide, f"runs with more than 6 parameters: {wide}"

@@ -10,7 +10,7 @@ import typer
 
 from kldtool.cli.app import app
 from kldtool.cli.flag_groups import BOOTSTRAP, ENGINE, PROGRESS, ModelOpt
-from kldtool.cli.options import bootstrap_of, flags, open_engine, start_loading
+from kldtool.cli.options import bootstrap_of, engine_options, flags, open_engine, start_loading
 from kldtool.runtime.progress import choose as choose_progress
 from kldtool.errors import UsageError
 
@@ -105,11 +105,10 @@ def compare(
     """Phase 2: run a model over a base file's tokens and print llama-perplexity's KLD statistics."""
     choose_progress(shown.progress)
     start_loading(run, model)
-    from kldtool.logitsfile import open_base_file
-    from kldtool.pipeline.compare import run_compare
+    from kldtool.cli.compare_flags import checkpoints_of, stopping_of
+    from kldtool.pipeline.compare import compare_files
+    from kldtool.pipeline.compare_inputs import CompareInputs
     from kldtool.pipeline.compare_job import CompareJob
-    from kldtool.cli.compare_flags import check_protocol_flags, checkpoints_of, parse_chunk_range, stopping_of
-    from kldtool.pipeline.noise_floor import load_floor
     from kldtool.stats.depth import parse_depth_bins
 
     del kl_divergence
@@ -119,29 +118,12 @@ def compare(
     resampling = bootstrap_of(boot)
     visit, stopping = stopping_of(order, target_ci, min_chunks)
     parse_depth_bins(depth_bins, 1, 1)  # a malformed spec fails before anything is opened
-    reader = open_base_file(base_file)
-    try:
-        floor_result = load_floor(noise_floor, reader) if noise_floor else None
-        if run.server and head_from:
-            raise UsageError(
-                f"--head-from {head_from}: with --server the server's workers read the output head the base file names"
-            )
-        if not run.server:  # a server's workers read the head themselves: the client loads none
-            reader.use_head(head_from)  # an external head is found and checked now, before the model runs
-        span = parse_chunk_range(chunk_range, chunks, reader.header.n_chunk, base_file)
-        check_protocol_flags(reader, protocol, ctx_size, stride, lengths)
-        if file is not None:
-            print(f"note: -f {file} ignored: the tokens come from {base_file}", file=sys.stderr)
-        eng = open_engine(run, model, reader.header.n_ctx)
-        try:
-            job = CompareJob(
-                force, json_out, span, checkpoints, per_token, resampling, floor_result, visit, stopping, depth_bins
-            )
-            run_compare(eng, reader, job)
-        finally:
-            eng.close()
-    finally:
-        reader.close()
+    if file is not None:
+        print(f"note: -f {file} ignored: the tokens come from {base_file}", file=sys.stderr)
+    given = (noise_floor, head_from, chunks, chunk_range, (protocol, ctx_size, stride, lengths))
+    inputs = CompareInputs(base_file, engine_options(run, model), *given)
+    compare_files(CompareJob(force, json_out, None, checkpoints, per_token, resampling, None, visit, stopping,
+                             depth_bins, inputs))  # fmt: skip
 
 
 @app.command("noise-floor")
@@ -165,7 +147,7 @@ def noise_floor_cmd(
     device or engine): the KLD below which a quant cannot be told from the base."""
     choose_progress(shown.progress)
     from kldtool.logitsfile import open_base_file
-    from kldtool.cli.compare_flags import parse_chunk_range
+    from kldtool.pipeline.compare_inputs import parse_chunk_range
     from kldtool.pipeline.noise_floor import run_noise_floor
 
     if base_file is None:

@@ -1,56 +1,9 @@
-"""compare's own flags that need more than typer's parsing: the chunk range, the checkpoints,
-and the protocol flags a base file already decides."""
+"""compare's own flags that need more than typer's parsing: the checkpoints and the order and
+stopping rule (what is checked against the base file is the run's: pipeline/compare_inputs.py)."""
 
 from __future__ import annotations
 
 from kldtool.errors import UsageError
-
-
-def check_protocol_flags(
-    reader, name: str | None, ctx_size: int | None, stride: int | None, lengths: str | None
-) -> None:
-    """compare takes the protocol from the base file; flags that say otherwise are refused."""
-    from kldtool.pipeline.compat import file_protocol
-    from kldtool.text.protocols import parse_lengths
-
-    stored = file_protocol(reader)
-    given = {
-        "--protocol": (name, stored.get("name")),
-        "-c": (ctx_size, stored.get("n_ctx")),
-        "--stride": (stride, stored.get("stride")),
-    }
-    if lengths is not None:
-        given["--lengths"] = (tuple(parse_lengths(lengths)), tuple(stored.get("lengths", ())))
-    for flag, (want, have) in given.items():
-        if want is not None and want != have:
-            shown = ",".join(map(str, have)) if isinstance(have, tuple) else have
-            raise UsageError(
-                f"{flag} {lengths if flag == '--lengths' else want} contradicts {reader.path}, written with "
-                f"{'no ' + flag if have in (None, ()) else flag + ' ' + str(shown)}"
-                f"{'' if flag == '--protocol' else ' (protocol ' + str(stored.get('name')) + ')'}; "
-                f"drop {flag}: compare takes the protocol from the base file"
-            )
-
-
-def parse_chunk_range(spec: str | None, chunks: int | None, n_chunk: int, where: str) -> tuple[int, int]:
-    """``--chunk-range A:B`` (0-based, end exclusive: chunks printed A+1..B) and ``--chunks N``."""
-    if spec is not None and chunks is not None:
-        raise UsageError("--chunks and --chunk-range contradict each other; give one")
-    if chunks is not None:
-        if chunks < 1:
-            raise UsageError(f"--chunks {chunks}: must be at least 1")
-        return 0, min(chunks, n_chunk)
-    if spec is None:
-        return 0, n_chunk
-    a_s, sep, b_s = spec.partition(":")
-    try:
-        a = int(a_s) if a_s.strip() else 0
-        b = int(b_s) if b_s.strip() else n_chunk
-    except ValueError:
-        a = b = -1
-    if not sep or not 0 <= a < b or b > n_chunk:
-        raise UsageError(f"--chunk-range {spec}: expected A:B with 0 <= A < B <= {n_chunk} (the chunks of {where})")
-    return a, b
 
 
 def checkpoints_of(path: str | None, every: str | None, resume: bool):

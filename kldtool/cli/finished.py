@@ -73,7 +73,7 @@ def report(
     """One table (and plots) for many quants compared against one base file, sorted by size."""
     from kldtool.report import table
     from kldtool.analysis.ordering import ordering
-    from kldtool.pipeline.noise_floor import read_floor
+    from kldtool.pipeline.floor_file import read_floor
     from kldtool.analysis.results import load_results
     from kldtool.runtime.small_files import write_text
 

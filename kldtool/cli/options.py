@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import functools
 import inspect
-import sys
 from types import SimpleNamespace
 
 from kldtool.errors import UsageError
@@ -46,21 +45,24 @@ def start_loading(opts: SimpleNamespace, model: str | None) -> None:
     start(vars(opts), model)
 
 
-def open_engine(opts: SimpleNamespace, model: str | None, n_ctx: int):
-    """The engine a command's ENGINE flags describe, for windows of ``n_ctx`` tokens."""
-    from kldtool.engines import make_engine, options_from_flags
-    from kldtool.runtime.memory import for_window
+def engine_options(opts: SimpleNamespace, model: str | None):
+    """The engine options a command's ENGINE flags describe, checked (nothing is opened)."""
+    from kldtool.engines import options_from_flags
 
     if opts.threads is not None and opts.threads < 1:
         raise UsageError(f"--threads {opts.threads}: must be at least 1")
     if opts.batch < 1:
         raise UsageError(f"--batch-size {opts.batch}: must be at least 1")
-    engine = make_engine(options_from_flags(vars(opts), model), n_ctx)
-    if for_window(n_ctx):  # once the engine is made: a refused flag is the only line printed
-        print(
-            f"note: windows of {n_ctx} tokens: freed buffers go back to the system (KLDTOOL_MALLOC=mmap)",
-            file=sys.stderr,
-        )
+    return options_from_flags(vars(opts), model)
+
+
+def open_engine(opts: SimpleNamespace, model: str | None, n_ctx: int):
+    """The engine a command's ENGINE flags describe, for windows of ``n_ctx`` tokens."""
+    from kldtool.engines import make_engine
+    from kldtool.runtime.memory import note_long_window
+
+    engine = make_engine(engine_options(opts, model), n_ctx)
+    note_long_window(n_ctx)
     return engine
 
 

@@ -162,6 +162,7 @@ def ppl(
     choose_progress(shown.progress)
     start_loading(run, (models or [None])[0])
     from kldtool.pipeline.ppl import run_ppl
+    from kldtool.pipeline.ppl_job import PplJob
     from kldtool.runtime.small_files import write_json, write_text
 
     spec = protocol_of(scoring)
@@ -176,7 +177,7 @@ def ppl(
     def score(model: str | None) -> dict:
         eng = open_engine(run, model, longest(spec))
         try:
-            return run_ppl(eng, text, spec, scoring.chunks, force=scoring.force)
+            return run_ppl(eng, text, PplJob(spec, scoring.chunks, scoring.force))
         finally:
             eng.close()
 

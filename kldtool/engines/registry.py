@@ -40,6 +40,7 @@ class EngineEntry:
     listed: bool = True  # a value of --engine
     weights: bool = True  # -m names weights (a path or hub id to resolve), not code
     served: bool = False  # its model runs on a server: -m names only the tokenizer
+    reads_base_there: bool = False  # its server's workers read the base file (and its head) themselves
 
     def load(self):
         module, _, name = self.engine.partition(":")

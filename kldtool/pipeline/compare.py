@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import time
+from contextlib import ExitStack
 
 from kldtool.analysis.per_token import PerTokenWriter
 from kldtool.engines.contract import BOUNDED
@@ -21,11 +22,13 @@ from kldtool.provenance.manifest import run_manifest, run_metadata
 from kldtool.pipeline.batching import batch_ends, groups, last_end
 from kldtool.pipeline.checkpoints import Checkpoints, start_state
 from kldtool.pipeline.early_stop import stop_line
+from kldtool.pipeline.compare_inputs import against_file
 from kldtool.pipeline.compare_job import CompareJob
 from kldtool.pipeline.compat import base_windows, check_compatible, file_protocol
 from kldtool.pipeline.final_report import final_report, replay
 from kldtool.pipeline.routing_compare import compare_routing
 from kldtool.pipeline.sinks import Sinks
+from kldtool.runtime.memory import note_long_window
 from kldtool.runtime.progress import Progress
 from kldtool.analysis.state_file import save_state
 from kldtool.report.console import TABLE_HEADER, chunk_line
@@ -34,6 +37,23 @@ from kldtool.runtime.small_files import write_json
 from kldtool.stats import summarize
 from kldtool.stats.bootstrap import Bootstrap
 from kldtool.stats.depth import depth_block, parse_depth_bins, window_depths
+
+
+def compare_files(job: CompareJob, sinks: Sinks | None = None) -> dict:
+    """The compare of ``job.inputs``: the base file and then the engine opened, and closed in one
+    ExitStack however the run ends; every flag that must agree with the file is checked once
+    it is open, before the model loads."""
+    from kldtool.engines import make_engine
+    from kldtool.logitsfile import open_base_file
+
+    with ExitStack() as opened:
+        reader = open_base_file(job.inputs.base_path)
+        opened.callback(reader.close)
+        job = against_file(job, reader)
+        engine = make_engine(job.inputs.engine, reader.header.n_ctx)
+        opened.callback(engine.close)
+        note_long_window(reader.header.n_ctx)
+        return run_compare(engine, reader, job, sinks)
 
 
 def run_compare(engine, reader, job: CompareJob = CompareJob(), sinks: Sinks | None = None) -> dict:

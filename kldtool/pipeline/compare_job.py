@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from kldtool.pipeline.checkpoints import Checkpoints
+from kldtool.pipeline.compare_inputs import CompareInputs
 from kldtool.pipeline.early_stop import Stopping
 from kldtool.stats.bootstrap import Bootstrap
 from kldtool.text.window_order import FILE_ORDER, Order
@@ -23,3 +24,4 @@ class CompareJob:
     order: Order = FILE_ORDER
     stopping: Stopping = Stopping()
     depth_bins: str | None = None  # --depth-bins (the depth table is kept in any case, printed when given)
+    inputs: CompareInputs | None = None  # what compare_files opens (None: the caller opened them)

@@ -23,7 +23,7 @@ from kldtool.runtime.progress import Progress
 from kldtool.pipeline.batching import groups
 from kldtool.provenance.manifest import run_manifest, run_metadata
 from kldtool.pipeline.plan import counts_at, make_plan
-from kldtool.text.protocols import Protocol
+from kldtool.pipeline.ppl_job import PplJob
 from kldtool.report.console import final_estimate, ppl_progress
 from kldtool.stats import PplAccumulator
 
@@ -83,17 +83,11 @@ def _length_rows(per_length: dict, plan, sinks: Sinks) -> list[dict]:
     return rows
 
 
-def run_ppl(
-    engine: Engine,
-    corpus: Corpus,
-    protocol: Protocol,
-    chunks: int | None = None,
-    sinks: Sinks | None = None,
-    force: bool = False,
-) -> dict:
+def run_ppl(engine: Engine, corpus: Corpus, job: PplJob, sinks: Sinks | None = None) -> dict:
     sinks = sinks or Sinks()
     t0 = time.time()
-    plan = make_plan(engine, corpus, protocol, chunks, force)
+    protocol = job.protocol
+    plan = make_plan(engine, corpus, protocol, job.chunks, job.force)
     schedule = engine_modes.schedule(engine, list(groups(plan.windows, engine.windows_per_call(plan.n_ctx))))
     sinks.info(
         f"ppl: protocol {protocol.name}, {len(plan.windows)} windows of up to {plan.n_ctx} tokens "

@@ -63,6 +63,16 @@ def set_malloc_policy(policy: str | None = None) -> str | None:
 LONG_WINDOW = 16_384
 
 
+def note_long_window(n_ctx: int) -> None:
+    """for_window, and a note on stderr where it switched (after the engine is made, so that a
+    refused flag is the only line a failed command prints)."""
+    if for_window(n_ctx):
+        print(
+            f"note: windows of {n_ctx} tokens: freed buffers go back to the system (KLDTOOL_MALLOC=mmap)",
+            file=sys.stderr,
+        )
+
+
 def for_window(n_ctx: int) -> str | None:
     """Switch to the mmap policy for windows of LONG_WINDOW tokens or more where the user chose
     none; the policy switched to, or None where nothing changed."""

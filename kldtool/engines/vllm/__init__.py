@@ -41,5 +41,6 @@ ENTRIES = (
         server_note=" (give them to `vllm serve`), not kldtool's with --server",
         listed=False,
         served=True,
+        reads_base_there=True,
     ),
 )
