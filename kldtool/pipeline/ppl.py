@@ -84,54 +84,72 @@ def _length_rows(per_length: dict, plan, sinks: Sinks) -> list[dict]:
 
 
 def run_ppl(engine: Engine, corpus: Corpus, job: PplJob, sinks: Sinks | None = None) -> dict:
-    sinks = sinks or Sinks()
-    t0 = time.time()
-    protocol = job.protocol
-    plan = make_plan(engine, corpus, protocol, job.chunks, job.force)
-    schedule = engine_modes.schedule(engine, list(groups(plan.windows, engine.windows_per_call(plan.n_ctx))))
-    sinks.info(
-        f"ppl: protocol {protocol.name}, {len(plan.windows)} windows of up to {plan.n_ctx} tokens "
-        f"({plan.n_source_tokens} tokens in {corpus.name}), engine {engine.facts.name}{schedule.note}"
-    )
-    total = PplAccumulator()
-    per_length = {n: PplAccumulator() for n in protocol.lengths}
-    masked = 0
-    with closing(engine_modes.nlls(schedule)) as scored, Progress("ppl", len(plan.windows)) as shown:
-        for group, nlls in scored:
-            for w, nll in zip(group, nlls):
-                keep = np.asarray(w.targets) != engine.facts.pad_id if engine.facts.pad_id is not None else None
-                masked += 0 if keep is None else int((~keep).sum())
-                total.add(nll if keep is None else nll[keep])
-                for n, acc in per_length.items():
-                    if counts_at(plan.protocol, w, n):
-                        acc.add(nll[: n - 1] if keep is None else nll[: n - 1][keep[: n - 1]])
-                sinks.out(ppl_progress(w.index + 1, total.ppl))
-                shown.advance(tokens=len(nll))
-    sinks.line()
-    value, unc = total.estimate()
-    sinks.info(final_estimate(value, unc))
-    result = run_metadata("ppl") | {
-        "protocol": plan.describe(engine.facts.bos_id),
-        "corpus": {"path": corpus.name, "format": corpus.format},
-        "model": engine.describe(),
-        "manifest": run_manifest(engine),
-        "ppl": value,
-        "ppl_uncertainty": unc,
-        "ln_ppl": total.nll / total.count,
-        "nll_sum": total.nll,
-        "scored_tokens": total.count,
-        "windows": len(plan.windows),
-    }
-    if engine.facts.pad_id is not None:
-        result["pad_id"], result["masked_tokens"] = engine.facts.pad_id, masked
-    if per_length:
-        result["per_length"] = _length_rows(per_length, plan, sinks)
-    if plan.text_size:
-        result["text"] = text_measures(total.nll, plan.text_size)
-        t = result["text"]
-        sinks.info(
-            f"bits per byte = {t['bits_per_byte']:.5f}, byte perplexity = {t['byte_perplexity']:.5f}, "
-            f"word perplexity = {t['word_perplexity']:.4f} ({t['bytes']} bytes, {t['words']} words)"
+    run = PplRun(engine, corpus, job, sinks or Sinks())
+    run.start()
+    run.loop()
+    return run.result()
+
+
+class PplRun:
+    """A ppl run in compare's three steps: ``start`` (the plan and the engine's schedule),
+    ``loop`` (each window's NLLs into the accumulators, a line each) and ``result``."""
+
+    def __init__(self, engine: Engine, corpus: Corpus, job: PplJob, sinks: Sinks):
+        self.engine, self.corpus, self.job, self.sinks = engine, corpus, job, sinks
+        self.t0 = time.time()
+
+    def start(self) -> None:
+        engine, protocol = self.engine, self.job.protocol
+        self.plan = plan = make_plan(engine, self.corpus, protocol, self.job.chunks, self.job.force)
+        self.schedule = engine_modes.schedule(engine, list(groups(plan.windows, engine.windows_per_call(plan.n_ctx))))
+        self.sinks.info(
+            f"ppl: protocol {protocol.name}, {len(plan.windows)} windows of up to {plan.n_ctx} tokens "
+            f"({plan.n_source_tokens} tokens in {self.corpus.name}), engine {engine.facts.name}{self.schedule.note}"
         )
-    result["wall_time_s"] = round(time.time() - t0, 3)
-    return result
+        self.total = PplAccumulator()
+        self.per_length = {n: PplAccumulator() for n in protocol.lengths}
+        self.masked = 0
+
+    def loop(self) -> None:
+        pad, plan, total = self.engine.facts.pad_id, self.plan, self.total
+        with closing(engine_modes.nlls(self.schedule)) as scored, Progress("ppl", len(plan.windows)) as shown:
+            for group, nlls in scored:
+                for w, nll in zip(group, nlls):
+                    keep = np.asarray(w.targets) != pad if pad is not None else None
+                    self.masked += 0 if keep is None else int((~keep).sum())
+                    total.add(nll if keep is None else nll[keep])
+                    for n, acc in self.per_length.items():
+                        if counts_at(plan.protocol, w, n):
+                            acc.add(nll[: n - 1] if keep is None else nll[: n - 1][keep[: n - 1]])
+                    self.sinks.out(ppl_progress(w.index + 1, total.ppl))
+                    shown.advance(tokens=len(nll))
+        self.sinks.line()
+
+    def result(self) -> dict:
+        engine, plan, total, sinks = self.engine, self.plan, self.total, self.sinks
+        value, unc = total.estimate()
+        sinks.info(final_estimate(value, unc))
+        result = run_metadata("ppl") | {
+            "protocol": plan.describe(engine.facts.bos_id),
+            "corpus": {"path": self.corpus.name, "format": self.corpus.format},
+            "model": engine.describe(),
+            "manifest": run_manifest(engine),
+            "ppl": value,
+            "ppl_uncertainty": unc,
+            "ln_ppl": total.nll / total.count,
+            "nll_sum": total.nll,
+            "scored_tokens": total.count,
+            "windows": len(plan.windows),
+        }
+        if engine.facts.pad_id is not None:
+            result["pad_id"], result["masked_tokens"] = engine.facts.pad_id, self.masked
+        if self.per_length:
+            result["per_length"] = _length_rows(self.per_length, plan, sinks)
+        if plan.text_size:
+            result["text"] = t = text_measures(total.nll, plan.text_size)
+            sinks.info(
+                f"bits per byte = {t['bits_per_byte']:.5f}, byte perplexity = {t['byte_perplexity']:.5f}, "
+                f"word perplexity = {t['word_perplexity']:.4f} ({t['bytes']} bytes, {t['words']} words)"
+            )
+        result["wall_time_s"] = round(time.time() - self.t0, 3)
+        return result
