@@ -21,7 +21,8 @@ from kldtool.text.window_order import Order, order_of
 from kldtool.stats import KldAccumulator
 
 KIND = "kldtool-compare-state"
-VERSION = 3  # 2: the extra metrics' sums and the base top-1 probabilities; 3: total variation and P_out
+VERSION = 4  # 2: the extra metrics' sums and the base top-1 probabilities; 3: total variation and P_out;
+# 4: both models' top-1 probabilities (the confidence shift)
 
 
 @dataclass
@@ -91,7 +92,10 @@ def load_state(path: str) -> RunState:
     if not isinstance(meta, dict) or meta.get("kind") != KIND:
         fail("not a kldtool state file")
     if meta.get("version") != VERSION:
-        fail(f"state version {meta.get('version')} is not supported (this kldtool reads {VERSION})")
+        fail(
+            f"state version {meta.get('version')} is not supported (this kldtool reads {VERSION}; the sums per "
+            f"chunk differ between versions: rerun that shard or run with this kldtool)"
+        )
     routing = arrays.pop("routing_windows", None)
     try:
         acc = KldAccumulator.from_arrays(arrays)
