@@ -130,9 +130,7 @@ def toy_package(monkeypatch):
         EngineEntry(
             "toy",
             f"{__name__}:ToyEngine",
-            "a toy",
             options=f"{__name__}:ToyOptions",
-            takes=("toy_scale",),
             recognizes=lambda model, gguf: str(model).endswith(".toy"),
         ),
     )

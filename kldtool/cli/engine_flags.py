@@ -11,11 +11,7 @@ from kldtool.errors import UsageError
 
 def engine_flags() -> dict:
     """Every engine's flags, in the registry's order: name -> (type, typer option)."""
-    out: dict = {}
-    for e in registry.entries():
-        for name, flag in registry.flag_group(e).items():
-            out.setdefault(name, flag)
-    return out
+    return registry.all_flags()
 
 
 def selectors() -> list[str]:
@@ -47,7 +43,8 @@ def _chosen_takes(argv: list[str]) -> set[str]:
     given = {"engine": _value(argv, "--engine"), "model": _value(argv, "-m", "--model")}
     for e in registry.entries():
         for f in e.selected_by:
-            given[f] = "--" + f.replace("_", "-") in argv or None
+            flag = "--" + f.replace("_", "-")
+            given[f] = flag in argv or _value(argv, flag) is not None or None
     if not any(given.values()):
         return set()
     try:

@@ -60,15 +60,9 @@ def start_loading(given: dict, model: str | None) -> None:
         if e.preload is None:
             return
         ref = _model_ref(model, given.get("revision"), given.get("gguf_file"))
-        registry.start_preload(e, ref.path if ref else _default_path(e))
+        registry.start_preload(e, ref.path if ref else None)  # None: the engine's built-in model
     except (EngineError, UsageError):
         pass
-
-
-def _default_path(e: registry.EngineEntry) -> str:
-    from kldtool.engines import defaults
-
-    return defaults.default_gguf() if e.name == "llamacpp" else defaults.default_transformers_model()
 
 
 def _model_ref(model: str | None, revision: str | None, gguf_file: str | None) -> model_ref.ModelRef | None:

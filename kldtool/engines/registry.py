@@ -13,6 +13,7 @@ import importlib
 from dataclasses import dataclass
 from typing import Callable
 
+from kldtool.engines.contract import BOUNDED
 from kldtool.errors import UsageError
 
 PACKAGES = ("transformers", "llamacpp", "vllm", "python", "xlstm", "endpoint")
@@ -22,10 +23,9 @@ PACKAGES = ("transformers", "llamacpp", "vllm", "python", "xlstm", "endpoint")
 class EngineEntry:
     name: str
     engine: str  # "module:Class"
-    summary: str  # what --engine's help says of it
     can: frozenset[str] = frozenset()  # contract.py's capabilities
     options: str | None = None  # "module:Class" of its options; the class's FLAGS are its flag group
-    takes: tuple[str, ...] = ()  # the engine-specific flags it takes (its own and others')
+    also_takes: tuple[str, ...] = ()  # flags of other engines' groups it takes besides its own
     recognizes: Callable[[str | None, str | None], bool] | None = None  # (model, gguf_file) -> its
     default: bool = False  # the engine of a model no other entry recognises
     selected_by: tuple[str, ...] = ()  # flags that choose it without --engine
@@ -43,14 +43,22 @@ class EngineEntry:
     reads_base_there: bool = False  # its server's workers read the base file (and its head) themselves
 
     def load(self):
-        module, _, name = self.engine.partition(":")
-        return getattr(importlib.import_module(module), name)
+        return _load(self.engine)
 
     def options_class(self):
-        if self.options is None:
-            return None
-        module, _, name = self.options.partition(":")
-        return getattr(importlib.import_module(module), name)
+        return _load(self.options) if self.options is not None else None
+
+    @property
+    def takes(self) -> tuple[str, ...]:
+        """The engine-specific flags it takes: its own group's (but those that select it) and
+        ``also_takes``."""
+        return (*(f for f in flag_group(self) if f not in self.selected_by), *self.also_takes)
+
+
+def _load(target: str):
+    """The object a ``"module:name"`` target names (its module imported on first use)."""
+    module, _, name = target.partition(":")
+    return getattr(importlib.import_module(module), name)
 
 
 def offered(part: str, name: str | None = None):
@@ -59,8 +67,7 @@ def offered(part: str, name: str | None = None):
     for e in entries():
         target = dict(e.offers).get(part)
         if target and name in (None, e.name):
-            module, _, attr = target.partition(":")
-            return getattr(importlib.import_module(module), attr)
+            return _load(target)
     raise UsageError(f"no engine{' ' + name if name else ''} offers {part}")
 
 
@@ -68,12 +75,12 @@ def bounds_of(described: dict) -> dict | None:
     """For a run's engine record (``describe()``, as a file keeps it): what a run of an engine
     whose KLD is a bound knows exactly and only as a bound; None for any other engine."""
     name = described.get("engine")
-    if name not in with_capability("bounded"):
+    if name not in with_capability(BOUNDED):
         return None
     return offered("bounds", name)(described)
 
 
-def start_preload(e: EngineEntry, path: str) -> None:
+def start_preload(e: EngineEntry, path: str | None) -> None:
     if e.preload is not None:
         importlib.import_module(e.preload).start(path)
 
@@ -127,14 +134,18 @@ def recognise(model: str | None, gguf_file: str | None = None) -> str:
     return (found or fallback)[0].name
 
 
-def flag_names() -> list[str]:
-    """Every engine-specific flag, in the order their groups define them."""
-    out: list[str] = []
+def all_flags() -> dict:
+    """Every engine-specific flag, in the order the entries' groups define them: name ->
+    (type, typer option)."""
+    out: dict = {}
     for e in entries():
-        for name in flag_group(e):
-            if name not in out:
-                out.append(name)
+        for name, flag in flag_group(e).items():
+            out.setdefault(name, flag)
     return out
+
+
+def flag_names() -> list[str]:
+    return list(all_flags())
 
 
 def flag_group(e: EngineEntry) -> dict:
@@ -168,15 +179,14 @@ def chosen(engine: str | None, model: str | None, gguf_file: str | None, given: 
 def refuse_others(e: EngineEntry, given: dict) -> None:
     """A one-line error for the first kind of engine-specific flag ``given`` (name -> value,
     unset ones None or False) that ``e`` does not take."""
-    shown = [f for f in flag_names() if _set(given.get(f)) and f not in e.takes and f not in e.selected_by]
     server = [f for f in server_settings(e) if _set(given.get(f))]
     if server:
         raise UsageError(f"{', '.join(_flag(f) for f in server)}: the server's own settings{e.server_note}")
-    for f in shown:
-        also = [o for o in owners(f)] or [o for o in entries() if f in o.selected_by]
-        where = _where(also)
+    f = next((f for f in flag_names() if _set(given.get(f)) and f not in e.takes and f not in e.selected_by), None)
+    if f is not None:
+        also = owners(f) or [o for o in entries() if f in o.selected_by]
         why = next((w for o in also for k, w in o.refusal_notes if k == f), "")
-        raise UsageError(f"{_flag(f, given[f])}: only {where}{why.format(engine=e.name)}")
+        raise UsageError(f"{_flag(f, given[f])}: only {_where(also)}{why.format(engine=e.name)}")
 
 
 def server_settings(e: EngineEntry) -> list[str]:

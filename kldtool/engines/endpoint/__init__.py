@@ -10,10 +10,8 @@ ENTRIES = (
     EngineEntry(
         "endpoint",
         "kldtool.engines.endpoint.engine:EndpointEngine",
-        "any OpenAI-compatible server",
         can=frozenset({SCORES, BOUNDED}),
         options="kldtool.engines.endpoint.options:EndpointOptions",
-        takes=("endpoint_model", "endpoint_api", "top_k", "concurrency"),
         selected_by=("endpoint",),
         server_side=("dtype", "device", "threads"),
         server_side_of=("vllm",),

@@ -17,10 +17,9 @@ ENTRIES = (
     EngineEntry(
         "llamacpp",
         "kldtool.engines.llamacpp.engine:LlamaCppEngine",
-        "a .gguf file",
         can=frozenset({HIDDEN, ROUTING, SCHEDULE}),
         options="kldtool.engines.llamacpp.options:LlamaCppOptions",
-        takes=("contexts", "flash_attn", "kv_cache_dtype"),
+        also_takes=("kv_cache_dtype",),
         recognizes=_is_gguf,
         refusal_notes=(("contexts", " (the {engine} engine spreads one batch over its device itself)"),),
         preload="kldtool.engines.llamacpp.load",

@@ -60,8 +60,13 @@ class _Load:
         self.model = None
 
 
-def start(path: str) -> None:
-    """Begin loading the GGUF at ``path`` on a thread (once; nothing for a path that is no file)."""
+def start(path: str | None) -> None:
+    """Begin loading the GGUF at ``path`` (None: the built-in one) on a thread (once; nothing
+    for a path that is no file)."""
+    if path is None:
+        from kldtool.engines import defaults
+
+        path = defaults.default_gguf()
     if not os.path.isfile(path):
         return
     with _lock:

@@ -15,7 +15,6 @@ ENTRIES = (
     EngineEntry(
         "python",
         "kldtool.engines.python.engine:PythonEngine",
-        "package.module:factory or file.py:factory",
         can=frozenset({HIDDEN}),
         recognizes=_is_factory,
         weights=False,

@@ -9,7 +9,6 @@ ENTRIES = (
     EngineEntry(
         "transformers",
         "kldtool.engines.transformers.engine:TransformersEngine",
-        "a checkpoint directory or hub id",
         can=frozenset({HIDDEN, ROUTING}),
         default=True,
         offers=(("decoder", "kldtool.engines.hf_tokenizer:vocab_decoder"),),

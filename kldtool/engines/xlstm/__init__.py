@@ -14,7 +14,6 @@ ENTRIES = (
     EngineEntry(
         "xlstm",
         "kldtool.engines.xlstm.engine:XlstmEngine",
-        "a helibrunna run",
         recognizes=_is_run,
         offers=(("training_runs", "kldtool.engines.xlstm.helibrunna:LAYOUT"),),
         text_format="tokens",  # its tokenizer reads whitespace tokens, a document per line
