@@ -2,6 +2,10 @@
 at what precision), or the benchmark that measured it, and the date and machine of that
 measurement. A row with no entry here, or an entry naming a file that is not there, is an error.
 
+A claim's stated precision lives in one table, tests/helpers/claimed.py: its test asserts with
+``claimed("name")`` and its headline row states the table's value. A test that asserts with a
+literal of its own instead (a looser one, say), or a row that states another value, is an error.
+
     python scripts/claims.py          # every row and its backing
     python scripts/claims.py --check  # only the errors (exit 1 where there is one)
 """
@@ -12,6 +16,9 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+from helpers.claimed import TOLERANCES, rendered  # noqa: E402
+
 TABLE = ROOT / "docs" / "benchmarks.md"
 HEADING = "## Headline numbers"
 
@@ -149,11 +156,42 @@ CLAIMS = {
 }
 
 
+# The first words of a row -> the tolerances (tests/helpers/claimed.py) its figure rests on.
+HELD_TO = {
+    "parity with llama-perplexity": [],
+    "kldtool's container vs llama.cpp's raw": ["container.ratio"],
+    "`base --store hidden`": ["hidden.kld", "hidden.floor"],
+    "`ppl --protocol rolling` vs lm-evaluation-harness": ["rolling.nll_sum", "rolling.text"],
+    "`attribute`": ["attribute.unit"],
+    "one window of 131,072 tokens": ["long.f16_depth_kld"],
+    "xLSTM": ["xlstm.ppl"],
+}
+
+
+def held(key: str) -> str:
+    """What the table says a claim's tests assert, for the listing."""
+
+    def one(t: str) -> str:
+        where = (
+            f" ({rendered(t, True)} on a CPU whose float32 rows depend on the batch)"
+            if TOLERANCES[t].batch_dependent is not None
+            else ""
+        )
+        return f"{TOLERANCES[t].says} within {rendered(t)}{where} ({t})"
+
+    return "; ".join(one(t) for t in HELD_TO.get(key, []))
+
+
 def headline_rows(text: str) -> list[str]:
     """The "what" cells of the headline table, in order."""
+    return list(headline_texts(text))
+
+
+def headline_texts(text: str) -> dict[str, str]:
+    """Each headline row's "what" cell -> the whole row."""
     section = text.split(HEADING, 1)[1].split("\n## ", 1)[0]
     rows = [line for line in section.splitlines() if line.startswith("| ")]
-    return [row.split("|")[1].strip() for row in rows[2:]]  # after the header and its rule
+    return {row.split("|")[1].strip(): row for row in rows[2:]}  # after the header and its rule
 
 
 def backing(row: str):
@@ -161,7 +199,24 @@ def backing(row: str):
     return CLAIMS[matches[0]] if len(matches) == 1 else None
 
 
-def problems(rows: list[str]) -> list[str]:
+def tolerance_problems(key: str, row_text: str, tests: list[str]) -> list[str]:
+    """A claim's tolerances: asserted with the table's value by their test, stated in its row."""
+    out = []
+    for name in HELD_TO.get(key, []):
+        claim = TOLERANCES[name]
+        path = ROOT / claim.test
+        if claim.test not in tests:
+            out.append(f"scripts/claims.py: {key!r}: {name}'s test {claim.test} is not among its tests")
+        elif f'claimed("{name}")' not in path.read_text(encoding="utf-8"):
+            out.append(f"{claim.test}: no longer asserts with claimed({name!r}) ({claim.says}, {rendered(name)})")
+        values = [rendered(name)] + ([rendered(name, True)] if claim.batch_dependent is not None else [])
+        for v in values:
+            if v not in row_text:
+                out.append(f"{TABLE.name}: the row {key!r} does not state {name}'s {v}")
+    return out
+
+
+def problems(rows: list[str], texts: dict[str, str] | None = None) -> list[str]:
     out = []
     for row in rows:
         entry = backing(row)
@@ -171,14 +226,17 @@ def problems(rows: list[str]) -> list[str]:
         for path in entry[0] + entry[1]:
             if not (ROOT / path).is_file():
                 out.append(f"scripts/claims.py: {row!r} names {path}, which is not there")
+        key = next(k for k in CLAIMS if row.startswith(k))
+        out += tolerance_problems(key, (texts or {}).get(row, row), entry[0])
     unused = [key for key in CLAIMS if not any(row.startswith(key) for row in rows)]
     out += [f"scripts/claims.py: {key!r} matches no headline row of {TABLE.name}" for key in unused]
     return out
 
 
 def main(argv: list[str]) -> int:
-    rows = headline_rows(TABLE.read_text(encoding="utf-8"))
-    errors = problems(rows)
+    texts = headline_texts(TABLE.read_text(encoding="utf-8"))
+    rows = list(texts)
+    errors = problems(rows, texts)
     if "--check" not in argv:
         for row in rows:
             entry = backing(row)
@@ -188,7 +246,8 @@ def main(argv: list[str]) -> int:
             print(row)
             print(f"  tests:      {', '.join(tests) or 'none'}")
             print(f"  benchmarks: {', '.join(benches) or 'none'}")
-            print(f"  asserted:   {asserts}")
+            key = next(k for k in CLAIMS if row.startswith(k))
+            print(f"  asserted:   {asserts}" + (f" [held: {held(key)}]" if held(key) else ""))
             print(f"  measured:   {measured}")
     for e in errors:
         print(f"claims: {e}", file=sys.stderr)

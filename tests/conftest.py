@@ -80,38 +80,16 @@ def pytest_configure(config):
     wrong = misconfigured()
     if wrong:
         raise pytest.UsageError(wrong)
+    # Where shared/ is present (as in CI) a skip fails the run, a whole module's at collection
+    # too (helpers/skip_rule.py).
+    import helpers.skip_rule
+
+    config.pluginmanager.register(helpers.skip_rule, "kldtool-skip-rule")
 
 
 def pytest_runtest_setup(item):
     if item.get_closest_marker("needs_shared") and not HAVE_SHARED:
         pytest.skip(NEEDS_SHARED)
-
-
-# Where shared/ is present (as in CI) every test must run: a skip there means a test silently
-# stopped checking something. KLDTOOL_EXPECTED_SKIPS names the skips a machine may have
-# (comma-separated pieces of their reasons or test ids).
-EXPECTED_SKIPS = [s.strip() for s in os.environ.get("KLDTOOL_EXPECTED_SKIPS", "").split(",") if s.strip()]
-UNEXPECTED_SKIPS: list[str] = []
-
-
-def pytest_runtest_logreport(report):
-    if not (HAVE_SHARED and report.skipped) or hasattr(report, "wasxfail"):
-        return
-    reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
-    if not any(s in reason or s in report.nodeid for s in EXPECTED_SKIPS):
-        UNEXPECTED_SKIPS.append(f"{report.nodeid}: {reason}")
-
-
-def pytest_terminal_summary(terminalreporter, config):
-    if UNEXPECTED_SKIPS and not hasattr(config, "workerinput"):
-        terminalreporter.section("skips that fail this run (shared/ is present)", red=True)
-        for line in UNEXPECTED_SKIPS:
-            terminalreporter.line(line)
-
-
-def pytest_sessionfinish(session, exitstatus):
-    if UNEXPECTED_SKIPS and exitstatus == 0 and not hasattr(session.config, "workerinput"):
-        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def pytest_collection_modifyitems(items):

@@ -64,6 +64,37 @@ def test_every_headline_figure_names_what_backs_it():
     assert p.stdout.count("\n  asserted:") == len(p.stdout.split("\n  tests:")) - 1 >= 18
 
 
+def test_a_claim_whose_test_asserts_a_looser_literal_fails_the_check(tmp_path, monkeypatch):
+    """Issue 78: a test that stops asserting with its claim's table value (here the rolling
+    protocol's, loosened to a literal 1e-6) fails ``claims.py --check``, as does a table value
+    the headline row does not state."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("claims", ROOT / "scripts" / "claims.py")
+    claims = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(claims)
+    texts = claims.headline_texts((ROOT / "docs" / "benchmarks.md").read_text(encoding="utf-8"))
+    assert claims.problems(list(texts), texts) == []
+    loose = tmp_path / "tests" / "test_rolling_protocol.py"
+    loose.parent.mkdir()
+    text = (ROOT / "tests" / "test_rolling_protocol.py").read_text(encoding="utf-8")
+    loose.write_text(text.replace('claimed("rolling.text")', "1e-6"), encoding="utf-8")
+    monkeypatch.setattr(claims, "ROOT", tmp_path)
+    row = next(r for r in texts if r.startswith("`ppl --protocol rolling`"))
+    found = claims.tolerance_problems(
+        "`ppl --protocol rolling` vs lm-evaluation-harness", texts[row], ["tests/test_rolling_protocol.py"]
+    )
+    assert any("no longer asserts with claimed('rolling.text')" in f for f in found), found
+    stated = texts[row].replace("1e-7", "1e-6")
+    monkeypatch.setattr(claims, "ROOT", ROOT)
+    found = claims.tolerance_problems(
+        "`ppl --protocol rolling` vs lm-evaluation-harness", stated, ["tests/test_rolling_protocol.py"]
+    )
+    assert found == [
+        "benchmarks.md: the row '`ppl --protocol rolling` vs lm-evaluation-harness' does not state rolling.text's 1e-7"
+    ]
+
+
 # A path of ours as code and documents cite it: from the repository's root, from kldtool/ (or
 # one of its packages), or from the citing file's own directory. vLLM's, llama.cpp's and the
 # shared fixtures' paths are theirs.

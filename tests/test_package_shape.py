@@ -319,3 +319,40 @@ def test_runs_take_a_job_not_a_list_of_flags():
                 if n > 6:
                     wide[f"{path.name}:{node.name}"] = n
     assert not wide, f"runs with more than 6 parameters: {wide}"
+
+
+# The served hook's modules: what a vLLM worker runs for a request from the network.
+HOOK_MODULES = ("worker.py", "delivery.py", "base_feeds.py", "policy.py", "plugin.py", "request_memory.py")
+# Calls that open, create, rename or remove a file by its path name: os's, the builtin open,
+# pathlib's methods and the atomic writer.
+OS_PATH_CALLS = {"open", "replace", "rename", "renames", "unlink", "remove", "rmdir", "mkdir", "makedirs", "link",
+                 "symlink", "mkfifo", "truncate"}  # fmt: skip
+PATH_METHODS = {"open", "write_bytes", "write_text", "touch", "mkdir", "unlink", "rename", "symlink_to", "hardlink_to"}
+
+
+def _path_calls(path: Path) -> list[str]:
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if not isinstance(node, ast.Call):
+            continue
+        f = node.func
+        if isinstance(f, ast.Name):
+            bad = f.id in ("open", "AtomicFile", "PartialFile")
+        elif isinstance(f, ast.Attribute):
+            of_os = isinstance(f.value, ast.Name) and f.value.id == "os"
+            bad = f.attr in OS_PATH_CALLS if of_os else f.attr in PATH_METHODS
+        else:
+            bad = False
+        if bad:
+            found.append(f"{path.name}:{node.lineno} {ast.unparse(f)}(...)")
+    return found
+
+
+def test_the_served_hook_touches_files_only_through_its_descriptors():
+    """Issue 78: a path the hook checked is never resolved again. Its modules open, create,
+    rename and remove files only through engines/vllm/confined.py, which does so relative to
+    descriptors it holds (dir_fd=, O_NOFOLLOW, O_EXCL)."""
+    vllm = PKG / "engines" / "vllm"
+    assert _path_calls(vllm / "confined.py"), "the rule reads calls: confined.py makes them"
+    found = [c for name in HOOK_MODULES for c in _path_calls(vllm / name)]
+    assert not found, f"file calls by path in the served hook's modules: {found}"

@@ -249,6 +249,49 @@ def test_a_sharded_container_differs_from_the_single_one_only_in_its_time(cluste
         b.close()
 
 
+def test_two_drivers_of_one_output_never_mix_their_shards(cluster, single_bases, tmp_path):
+    """Issue 78: two `base --ray --shards 2` started at once on the same output. Each run's parts
+    carry its own id and plan, so each driver either finishes with the single run's bytes or
+    stops with a one-line error (the output is written by one of them at a time); never a mixed
+    file, and no part of either is left behind."""
+    path, _ = single_bases["llamacpp"]
+    out = tmp_path / "both.kld"
+    args = [*map(str, BASE), "--format", "llamacpp", "--kl-divergence-base", str(out)]
+    drivers = [
+        subprocess.Popen(
+            [sys.executable, "-m", "kldtool", *args, "--ray", cluster["address"], "--shards", "2"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=dict(os.environ, **LOOPBACK),
+        )  # fmt: skip
+        for _ in range(2)
+    ]
+    ends = [(d.wait(timeout=600), d.stderr.read()) for d in drivers]
+    finished = [rc for rc, _ in ends if rc == 0]
+    for rc, err in ends:
+        if rc:
+            lines = [x for x in err.strip().splitlines() if x.startswith("kldtool: error:")]
+            assert len(lines) == 1 and "Traceback" not in err, err[-2000:]
+    assert finished, ends
+    assert out.read_bytes() == path.read_bytes()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["both.kld"]  # no part, temporary or partial left
+
+
+def test_a_part_of_another_plan_is_refused_in_one_line(tmp_path):
+    from kldtool.cluster.base_shards import PartBlocks, _part_record
+    from kldtool.errors import EngineError
+
+    part = tmp_path / ".b.kld.abc-1.shard-1-of-1"
+    with open(part, "wb") as f:
+        np.lib.format.write_array(f, _part_record("1" * 64, 0, 4), allow_pickle=False)
+    with pytest.raises(EngineError) as e:
+        PartBlocks([str(part)], 4, "2" * 64, [(0, 4)])
+    assert "holds windows [0, 4] of plan 111111111111, this run expects [0, 4] of plan 222222222222" in str(e.value)
+    with pytest.raises(EngineError, match="of plan 111111111111, this run expects \\[0, 8\\]"):
+        PartBlocks([str(part)], 4, "1" * 64, [(0, 8)])
+
+
 @pytest.mark.parametrize(
     "extra, words",
     [

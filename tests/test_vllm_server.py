@@ -7,6 +7,7 @@ The references are outside the served path: the offline vLLM engine's printed ou
 and transformers fp32 (the served fp32 model's base file read back by another engine).
 """
 
+import contextlib
 import json
 import os
 import shutil
@@ -508,3 +509,106 @@ def test_hostile_specs_are_refused_where_the_operator_allows_and_the_server_serv
         secrets = [box.secret_bytes, f.read(8), TOKEN.encode()]
     readable = [body for _, _, body in answers] + [p.read_bytes() for p in results] + [log.encode()]
     assert not [s for s in secrets for text in readable if s in text]
+
+
+def _server_pids() -> list[int]:
+    """Every process whose command line names vLLM (the server and its engine core)."""
+    pids = []
+    for d in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{d}/cmdline", "rb") as f:
+                if d.isdigit() and b"vllm" in f.read():
+                    pids.append(int(d))
+        except OSError:
+            continue
+    return pids
+
+
+def test_a_client_racing_the_hooks_writes_changes_nothing_outside(fp32_server):
+    """Issue 78 on a real server: for a bounded time (RACE_S), four threads send probe and nll
+    requests into one exchange directory while another swaps that directory for a symlink to a
+    directory outside the exchange root and back, over and over, and plants symlinks to an
+    outside sentinel at every name a result could take (``KEY.kind`` and the old
+    ``.KEY.kind.partial-PID`` for each vLLM process). The sentinel and the outside directory are
+    unchanged, results land only in the checked directory, and the server serves on."""
+    import httpx
+
+    race_s = 20.0
+    box = fp32_server.box
+    race, moved, outside = box.exchange / "race", box.exchange / "race.moved", box.root / "race-outside"
+    race.mkdir()
+    outside.mkdir()
+    sentinel = outside / "sentinel"
+    sentinel.write_bytes(b"the operator's file\n")
+    model = httpx.get(fp32_server.url + "/v1/models", timeout=30).json()["data"][0]["id"]
+    run, pids, stop = os.urandom(6).hex(), _server_pids(), threading.Event()
+    keys: list[str] = []
+    counts = {"sent": 0, "swaps": 0, "links": 0}
+
+    def plant(directory: Path, key: str) -> None:
+        names = [f"{key}.{k}" for k in ("json", "npz", "err")] + [
+            f".{key}.{k}.partial-{pid}" for k in ("json", "npz", "err") for pid in pids
+        ]
+        for n in names:
+            with contextlib.suppress(OSError):
+                (directory / n).symlink_to(sentinel)
+                counts["links"] += 1
+
+    def swapper():
+        while not stop.is_set():
+            with contextlib.suppress(OSError):
+                os.rename(race, moved)
+                race.symlink_to(outside, target_is_directory=True)
+                for key in keys[-8:]:
+                    plant(outside, key)
+                time.sleep(0.002)
+                race.unlink()
+                os.rename(moved, race)
+                counts["swaps"] += 1
+            for key in keys[-8:]:
+                plant(race, key)
+            time.sleep(0.001)
+
+    def sender(i: int):
+        with httpx.Client(timeout=httpx.Timeout(60.0)) as client:
+            n = 0
+            while not stop.is_set():
+                key = f"{run}-{i * 100000 + n}"
+                n += 1
+                keys.append(key)
+                plant(race, key)
+                mode = (
+                    {"mode": "probe"}
+                    if n % 2
+                    else {"mode": "nll", "first": 0, "n_scored": 31, "chunk": 0, "after": 7, "logits_block": 64}
+                )
+                spec = {"v": 2, "key": key, "out": str(race), "token": TOKEN, **mode}
+                body = {"model": model, "prompt": list(range(100, 132)), "max_tokens": 1, "temperature": 0.0,
+                        "cache_salt": key, "vllm_xargs": {"kldtool": json.dumps(spec)}}  # fmt: skip
+                r = client.post(fp32_server.url + "/v1/completions", json=body)
+                assert r.status_code == 200, r.text[:300]
+                counts["sent"] += 1
+
+    threads = [threading.Thread(target=swapper)] + [threading.Thread(target=sender, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    time.sleep(race_s)
+    stop.set()
+    for t in threads:
+        t.join(timeout=120)
+    try:
+        print(f"{counts['sent']} requests raced {counts['swaps']} directory swaps and {counts['links']} planted links")
+        assert counts["sent"] >= 20 and counts["swaps"] >= 100
+        assert sentinel.read_bytes() == b"the operator's file\n" and not sentinel.is_symlink()
+        assert all(p.is_symlink() for p in outside.iterdir() if p != sentinel), "a file written outside"
+        landed = [p for p in race.iterdir() if not p.is_symlink()]
+        assert landed and all(p.suffix in (".json", ".npz", ".err") for p in landed), landed[:5]
+        # the server serves on
+        p = fp32_server.cli("compare", "--server", fp32_server.url, "--kl-divergence-base", box.base)
+        assert "Mean    KLD" in p.stdout
+    finally:
+        shutil.rmtree(race, ignore_errors=True)
+        shutil.rmtree(moved, ignore_errors=True)
+        if race.is_symlink():
+            race.unlink()
+        shutil.rmtree(outside, ignore_errors=True)

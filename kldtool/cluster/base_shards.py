@@ -10,12 +10,20 @@ part file beside the output, atomically. The driver then streams the parts, in o
 the same writer a single run uses: the same file (for llama.cpp's layout, the same bytes; the
 container differs only in what it records of the run, its time and shards) and the same lines.
 A shard whose worker dies is run again from its start; the parts are removed once joined.
+
+Two drivers may write the same output at once. Their parts never meet: each run has an id (its
+plan's digest and a random suffix) that names its parts, every part is written under a
+temporary name of its own and opens with a record of the plan and windows it holds, the join
+refuses a part of another plan or other windows in one line, and a driver removes only its own
+parts. The output itself is written as a single run writes it (one writer at a time).
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
+import secrets
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -61,11 +69,13 @@ def plan_task(job: ShardedBase) -> tuple[BaseSetup, str, str, str]:
 
 
 def shard_task(job: ShardedBase, digest: str, first: int, stop: int, part: str) -> dict:
-    """On a worker: windows ``first .. stop-1`` scored, their blocks written to ``part``."""
+    """On a worker: windows ``first .. stop-1`` scored, their blocks written to ``part``,
+    which opens with the plan's digest and the windows it holds."""
     from kldtool.pipeline.batching import groups
 
     t = time.time()
     engine = job.engine_for()
+    tmp = f"{part}.{secrets.token_hex(8)}.tmp"  # of this attempt alone: a retried shard never shares it
     try:
         setup = job.setup(engine, job.corpus_for())
         if _digest(setup) != digest:
@@ -73,34 +83,55 @@ def shard_task(job: ShardedBase, digest: str, first: int, stop: int, part: str) 
                 f"shard of windows {first + 1}..{stop}: this node planned other windows than the first "
                 f"task did (another tokenizer or text?)"
             )
-        with open(part + ".tmp", "wb") as f:
+        with open(tmp, "xb") as f:
+            np.lib.format.write_array(f, _part_record(digest, first, stop), allow_pickle=False)
             for gi, group in enumerate(groups(setup.plan.windows[first:stop], setup.n_seq)):
                 for i, rows, nll in engine_modes.encode(engine, group, setup.coding):
                     for a in (np.array([first // setup.n_seq + gi, i], np.int64), rows, nll):
                         np.lib.format.write_array(f, np.ascontiguousarray(a), allow_pickle=False)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(part + ".tmp", part)
+        os.replace(tmp, part)
     finally:
         engine.close()
+        if os.path.exists(tmp):
+            os.unlink(tmp)
     return {"windows": [first, stop], "node": node_name(), "wall_time_s": round(time.time() - t, 3)}
 
 
-class PartBlocks:
-    """The parts' blocks, handed out group by group as write_run asks for them."""
+def _part_record(digest: str, first: int, stop: int) -> np.ndarray:
+    return np.frombuffer(json.dumps({"plan": digest, "windows": [first, stop]}).encode(), np.uint8)
 
-    def __init__(self, parts: list[str], n_seq: int):
-        self.parts, self.n_seq = parts, n_seq
+
+class PartBlocks:
+    """The parts' blocks, handed out group by group as write_run asks for them; each part is
+    first checked to be of this run's plan and to hold the windows its shard was given."""
+
+    def __init__(self, parts: list[str], n_seq: int, digest: str, ranges: list[tuple[int, int]]):
+        self.parts, self.n_seq, self.digest, self.ranges = parts, n_seq, digest, ranges
         self._stream = self._blocks()
         self._next = next(self._stream, None)
 
     def _blocks(self):
-        for path in self.parts:
+        for path, (first, stop) in zip(self.parts, self.ranges):
             with open(path, "rb") as f:
                 size = os.fstat(f.fileno()).st_size
+                self._check(path, f, first, stop)
                 while f.tell() < size:
                     where, rows, nll = (np.lib.format.read_array(f, allow_pickle=False) for _ in range(3))
                     yield int(where[0]), int(where[1]), rows, nll
+
+    def _check(self, path: str, f, first: int, stop: int) -> None:
+        try:
+            record = json.loads(np.lib.format.read_array(f, allow_pickle=False).tobytes())
+            plan, windows = record["plan"], record["windows"]
+        except (ValueError, KeyError, TypeError):
+            raise EngineError(f"base: {os.path.basename(path)} is not a shard's part file") from None
+        if plan != self.digest or windows != [first, stop]:
+            raise EngineError(
+                f"base: {os.path.basename(path)} holds windows {windows} of plan {str(plan)[:12]}, this run "
+                f"expects {[first, stop]} of plan {self.digest[:12]}: another driver's part"
+            )
 
     def __call__(self, group):
         g = group[0].index // self.n_seq
@@ -125,7 +156,9 @@ class Scored:
     """What the cluster hands back: the run's setup and each shard's part file and facts."""
 
     setup: BaseSetup
+    digest: str
     parts: list[str]
+    ranges: list[tuple[int, int]]
     facts: list[dict]
     t0: float
 
@@ -133,17 +166,30 @@ class Scored:
         """The base file from the parts (run after disconnecting: it prints the results), the
         parts removed whatever happens."""
         try:
-            result = write_run(self.setup, job, PartBlocks(self.parts, self.setup.n_seq), sinks or Sinks(), t0=self.t0)
+            blocks = PartBlocks(self.parts, self.setup.n_seq, self.digest, self.ranges)
+            result = write_run(self.setup, job, blocks, sinks or Sinks(), t0=self.t0)
         finally:
             remove_parts(self.parts)
         return result | {"shards": self.facts}
 
 
 def remove_parts(parts: list[str]) -> None:
+    """This run's parts and what its killed attempts left of them (names only this run uses)."""
     for p in parts:
-        for leftover in (p, p + ".tmp"):
-            if os.path.exists(leftover):
-                os.unlink(leftover)
+        directory, name = os.path.split(p)
+        for n in _listed(directory):
+            if n == name or (n.startswith(name + ".") and n.endswith(".tmp")):
+                try:
+                    os.unlink(os.path.join(directory, n))
+                except FileNotFoundError:
+                    pass
+
+
+def _listed(directory: str) -> list[str]:
+    try:
+        return os.listdir(directory)
+    except OSError:
+        return []
 
 
 def score_shards(ray, job: ShardedBase, shape, shards: int, sinks: Sinks | None = None) -> Scored:
@@ -155,7 +201,8 @@ def score_shards(ray, job: ShardedBase, shape, shards: int, sinks: Sinks | None 
     ranges = cuts(len(setup.plan.windows), setup.n_seq, shards)
     out_path = os.path.abspath(job.job.out_path)
     stem = os.path.join(os.path.dirname(out_path), "." + os.path.basename(out_path))
-    parts = [f"{stem}.shard-{k + 1}-of-{len(ranges)}" for k in range(len(ranges))]
+    run_id = f"{digest[:12]}-{secrets.token_hex(4)}"  # two drivers of one output never share a name
+    parts = [f"{stem}.{run_id}.shard-{k + 1}-of-{len(ranges)}" for k in range(len(ranges))]
     sinks.info(f"base: {len(ranges)} shards on the Ray cluster: " + ", ".join(f"{a + 1}..{b}" for a, b in ranges))
     task = ray.remote(shard_task).options(**options)
     refs = [task.remote(job, digest, a, b, part) for (a, b), part in zip(ranges, parts)]
@@ -164,7 +211,7 @@ def score_shards(ray, job: ShardedBase, shape, shards: int, sinks: Sinks | None 
     except BaseException:
         remove_parts(parts)
         raise
-    return Scored(setup, parts, facts, t0)
+    return Scored(setup, digest, parts, ranges, facts, t0)
 
 
 def _gathered(ray, refs, ranges) -> list[dict]:

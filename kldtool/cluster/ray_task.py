@@ -3,13 +3,15 @@ built from the sweep's flags, and the turn played from the quant's state file.
 
 Each attempt first appends a line to ``<label>.turns`` in the sweep directory (the round, the
 node, the process), so the driver can tell a retried turn and where the live one runs. The
-quant's lock file is held for the turn: a worker of an earlier attempt that has not died yet
-(its driver was killed, its node is going down) finishes writing before this one reads.
+quant's lease (``<label>.lease``, runtime/lease.py) is held for the turn: a worker of an earlier
+attempt that has not died yet (its driver was killed, its node is going down) finishes writing
+before this one reads, and one that died leaves a lease the next attempt takes over (at once
+on the same machine, after KLDTOOL_LEASE_STALE_S of no heartbeat elsewhere). It is a file, not
+an ``flock``: that is node-local on NFSv3 and missing on some file systems.
 """
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import socket
@@ -18,6 +20,7 @@ from typing import Callable
 
 from kldtool.errors import KldError
 from kldtool.pipeline.sweep_play import Outcome, Play, Quant, play_quant
+from kldtool.runtime.lease import Lease
 
 
 def turns_path(q: Quant) -> str:
@@ -54,8 +57,7 @@ def run_turn(play: Play, base, engine_for: Callable[..., object], q: Quant, look
         f.write(json.dumps({"round": look, "node": node, "host": socket.gethostname(), "pid": os.getpid()}) + "\n")
     tried = len(attempts(q, look))
     t = time.time()
-    with open(os.path.join(q.directory, q.label + ".lock"), "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with Lease(os.path.join(q.directory, q.label + ".lease")):
         try:
             reader = open_base_file(base if isinstance(base, str) else _fetched(base, play, q, look))
         except (KldError, OSError) as e:

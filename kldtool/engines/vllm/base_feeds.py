@@ -28,7 +28,7 @@ class BaseFeeds:
     def __len__(self) -> int:
         return len(self._open)
 
-    def open(self, path: str, reading: set) -> tuple:
+    def admit(self, path: str, reading: set) -> tuple:
         """The identity of the feed of the base file ``path`` names, opened through the
         policy's checks; ``reading``: the identities running requests read (kept open)."""
         from kldtool.logitsfile import container, open_base_file, raw

@@ -13,7 +13,9 @@ exchange directory, and the hook reads and writes nothing outside the directorie
 
 Paths are resolved (symlinks followed) before they are checked. A base file is then opened
 once, without following a last symlink and without blocking, and checked again through the open
-descriptor, which every later read of the request goes through (``open_base``). The offline
+descriptor, which every later read of the request goes through (``open_base``). An exchange
+directory is opened from the exchange root's descriptor, component by component, following no
+symlink, and results are written only through that descriptor (confined.py). The offline
 engine runs its own vLLM in the user's process: its hook reads the base file the user named and
 writes nothing.
 """
@@ -25,6 +27,7 @@ import os
 import stat
 from dataclasses import dataclass
 
+from kldtool.engines.vllm.confined import ExchangeDir, NotConfined, open_regular
 from kldtool.engines.vllm.request_memory import MAX_REQUEST_BYTES, parse_bytes
 from kldtool.engines.vllm.wire import EXCHANGE_ROOT, TOKEN, is_text
 
@@ -101,8 +104,10 @@ class Policy:
         # Text that cannot be a token (a lone surrogate, NUL, megabytes) is a wrong token, not an error.
         return is_text(given, max(len(self.token), 1024)) and hmac.compare_digest(given.encode(), self.token.encode())
 
-    def exchange_dir(self, out: str) -> str:
-        """The client's exchange directory, resolved, if it lies inside the exchange root."""
+    def exchange_dir(self, out: str) -> ExchangeDir:
+        """The client's exchange directory, if it lies inside the exchange root, opened from the
+        root's descriptor without following a symlink (confined.py): the caller keeps it open
+        for the request's life and closes it."""
         if not self.served or self.exchange_root is None:
             raise Refused("no exchange directory is allowed here")
         if not is_text(out):
@@ -112,7 +117,10 @@ class Policy:
             raise Refused(f"exchange directory {out} is outside {EXCHANGE_ROOT}")
         if not os.path.isdir(resolved):
             raise Refused(f"exchange directory {out} is not a directory")
-        return resolved
+        try:
+            return ExchangeDir.below(self.exchange_root, resolved, out)
+        except OSError as e:  # NotConfined included: swapped between the check and the walk
+            raise Refused(str(e) if isinstance(e, NotConfined) else f"exchange directory {out}: {e.strerror}") from None
 
     def base_file(self, path: str) -> str:
         """The base file's resolved path, if it is a regular file the operator allows."""
@@ -136,9 +144,8 @@ class Policy:
         Whatever replaces the path afterwards (a symlink out of the roots, a FIFO, another
         file) is not what this descriptor reads."""
         resolved = self.base_file(path)
-        flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
         try:
-            fd = os.open(resolved, flags)
+            fd = open_regular(resolved)
         except OSError as e:  # ELOOP: the path became a symlink after it was resolved
             raise Refused(f"base file {path}: {e.strerror}") from None
         try:

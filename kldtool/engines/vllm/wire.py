@@ -67,12 +67,17 @@ def probe_key(run: str) -> str:
     return f"{run}-probe"
 
 
-def exchange_path(directory: str, key: str, kind: str) -> str:
-    """Where a served request's result lands: ``KEY.npz`` (arrays), ``KEY.err`` (one line of
+def exchange_name(key: str, kind: str) -> str:
+    """A served request's result's file name: ``KEY.npz`` (arrays), ``KEY.err`` (one line of
     text) or ``KEY.json`` (a probe's answer)."""
     if not _KEY.match(key) or kind not in KINDS:
         raise SpecError(f"not an exchange file: {key!r}.{kind!r}")
-    return os.path.join(directory, f"{key}.{kind}")
+    return f"{key}.{kind}"
+
+
+def exchange_path(directory: str, key: str, kind: str) -> str:
+    """Where the client looks for a result (the hook writes through a descriptor instead)."""
+    return os.path.join(directory, exchange_name(key, kind))
 
 
 def logits_block_rows(n_vocab: int, itemsize: int, budget: int = LOGITS_BUDGET) -> int:

@@ -14,11 +14,9 @@ error, written where the operator allows, else logged, and vLLM answers it as a 
 Whether a request is taken on depends only on its spec, its prompt and the server's settings,
 which every tensor-parallel rank sees alike, so all ranks ask for the same logits; file checks
 and allocations happen on the one rank that keeps results and can only fail that request.
-Each phase of a request (admission, each block, completion) has its own guard, so a failure
-anywhere in it is that request's error and the other requests of the step go on.
-
-A compare request's base file is read only through the descriptor its checks opened
-(base_feeds.py).
+Each phase of a request (admission, each block, completion) has its own guard. Files are only
+touched through the descriptors admission opened: the base file's (base_feeds.py) and the
+exchange directory's (confined.py).
 """
 
 from __future__ import annotations
@@ -31,7 +29,8 @@ import numpy as np
 
 from kldtool.engines.vllm import request_memory, seam, wire
 from kldtool.engines.vllm.base_feeds import BaseFeeds
-from kldtool.engines.vllm.delivery import npz, pack, publish
+from kldtool.engines.vllm.confined import ExchangeDir
+from kldtool.engines.vllm.delivery import head_shard, npz, pack, publish
 from kldtool.engines.vllm.policy import Policy, Refused
 
 log = seam.log
@@ -47,13 +46,19 @@ class _Request:
     """What the hook holds for one of vLLM's requests until it leaves the runner."""
 
     key: str | None = None  # a valid key (the result's file name stem)
-    where: str | None = None  # the resolved exchange directory a served result may be written to
+    where: ExchangeDir | None = None  # served: the exchange directory admission opened, until delivery
     feed: tuple | None = None  # compare: the identity of its base file's feed in WorkerState.feeds
     spec: wire.Spec | None = None  # None: refused, no logits are asked for it
     arrays: dict | None = None
     filled: np.ndarray | None = None
     error: str | None = None
     done: bool = False
+
+    def release(self) -> None:
+        """Close its exchange directory: a request delivers once (or is dropped)."""
+        if self.where is not None:
+            self.where.close()
+            self.where = None
 
 
 def _arrays(spec: wire.Spec, n_vocab: int) -> dict[str, np.ndarray]:
@@ -129,6 +134,7 @@ class WorkerState:
         """Forget requests vLLM no longer holds: finished, or aborted before their last position."""
         for req_id in [r for r in self.requests if not alive(r)]:
             req = self.requests.pop(req_id)
+            req.release()
             if not req.done and req.spec is not None and self.keeps:
                 log.warning("kldtool: request %s ended before its last scored position; its result is dropped", req.key)
 
@@ -137,14 +143,15 @@ class WorkerState:
     def _admitted(self, raw_spec, prompt_len: int) -> _Request:
         """_admit's request, or a refused one where admission itself failed. What decides
         whether logits are asked for is the same on every rank, so a failure there is too."""
+        req = _Request()
         try:
-            return self._admit(raw_spec, prompt_len)
+            return self._admit(req, raw_spec, prompt_len)
         except Exception as e:
             self._log_refusal(None, _reason(e))
+            req.release()
             return _Request(done=True)
 
-    def _admit(self, raw_spec, prompt_len: int) -> _Request:
-        req = _Request()
+    def _admit(self, req: _Request, raw_spec, prompt_len: int) -> _Request:
         try:
             spec = wire.decode(raw_spec)
         except wire.SpecError as e:
@@ -185,7 +192,7 @@ class WorkerState:
                     raise Refused("its result could not be written (see the log above)")
                 if req.spec.mode == "compare":
                     reading = {r.feed for r in self.requests.values() if r.feed is not None and not r.done}
-                    req.feed = self.feeds.open(req.spec.base, reading)
+                    req.feed = self.feeds.admit(req.spec.base, reading)
                     self._check_base(req.spec, self.feeds.get(req.feed, req.spec.base))
                 req.arrays = _arrays(req.spec, self.model.n_vocab)
                 req.filled = np.zeros(req.spec.n_scored, np.int32)
@@ -263,13 +270,16 @@ class WorkerState:
             return
         if req.where is None or req.key is None:
             return  # logged: at admission (where) or just above (error)
-        if "arrays" in result:
-            kind, payload = "npz", npz(result["arrays"])
-        elif "info" in result:
-            kind, payload = "json", json.dumps(result["info"]).encode()
-        else:
-            kind, payload = "err", result["error"].encode()
-        publish(req.where, req.key, kind, payload)
+        try:
+            if "arrays" in result:
+                kind, payload = "npz", npz(result["arrays"])
+            elif "info" in result:
+                kind, payload = "json", json.dumps(result["info"]).encode()
+            else:
+                kind, payload = "err", result["error"].encode()
+            publish(req.where, req.key, kind, payload)
+        finally:
+            req.release()
 
     def pop(self, keys: list[str]) -> dict:
         """Offline: the results of ``keys`` (and nothing older stays behind)."""
@@ -296,24 +306,6 @@ def install(worker, policy: Policy) -> str:
     state.info["hook"] = kind
     stage = "" if state.first_stage and state.last_stage else (":last-stage" if state.last_stage else ":early-stage")
     return f"rank{state.rank}:{runner}:{kind}{stage}"
-
-
-def head_shard(worker) -> dict | None:
-    """This rank's rows of the output head (seam.head_rows), packed for the driver; None off
-    the pipeline's last stage, which holds no head."""
-    if not seam.attached(worker).last_stage:
-        return None
-    from kldtool.logitsfile.hidden import raw_array
-
-    try:
-        part = seam.worker_head(worker)
-    except seam.HookUnavailable as e:
-        return {"error": str(e)}
-    tensors = {k: part.pop(k) for k in ("weight", "bias")}
-    return part | {
-        "dtype": str(tensors["weight"].dtype).removeprefix("torch."),
-        "arrays": pack({k: raw_array(t) for k, t in tensors.items() if t is not None}),
-    }
 
 
 class KldtoolWorker:
