@@ -133,3 +133,9 @@ class ReplayMismatch(EngineError):
     """A hidden-state base file would not reproduce the engine's logits: no file is written."""
 
     exit_code = 60
+
+
+class AccessDenied(EngineError):
+    """A server refused the request's key (HTTP 401 or 403)."""
+
+    exit_code = 61

@@ -124,6 +124,7 @@ def test_exact_statistics_equal_the_offline_compare(runs):
     for q in off["dp_quantiles"]:
         assert ep["dp_quantiles"][q] == pytest.approx(off["dp_quantiles"][q], abs=1e-4), q
     e = ep["endpoint"]
+    assert e["ambiguous_positions"] == 0 and e["exactness"]["same_top_p"] == "exact"  # ids, not texts: issue 79
     assert e["top_k"] == 20 and e["lower_bounds"] == ["kld", "rkld", "jsd"] and 0 < e["p_out_mean"] < 1
 
 

@@ -135,3 +135,85 @@ def test_a_top_k_server_against_a_top_k_base_file(keep, k):
     np.testing.assert_allclose(got.nll_base, -logp[t], atol=2e-4)
     assert (got.p_out >= 0).all() and (got.p_out <= 1 + 1e-6).all()
     print(f"keep {keep}, K {k}: bound / full KLD {got.kld.sum() / kld.sum():.3f}, P_out {got.p_out.mean():.3f}")
+
+
+def _completions(b: np.ndarray, s_ids: list[int], s_q: list[float], hidden: list[float], cap: float, rng) -> list:
+    """Distributions q over the vocabulary consistent with an answer: ``s_q`` on ``s_ids``, the
+    ``hidden`` values (entries the answer named by no sure id) on some outside ids, the rest of
+    the mass on the other outside ids with none above ``cap`` (they are not in the top K).
+    Adversarial ways to place it: on the base's most likely outside ids, its least likely, in
+    proportion to the base, evenly, and at random."""
+    outside = [i for i in range(V) if i not in set(s_ids)]
+    out = []
+    for how in ("high", "low", "proportional", "even", "random"):
+        q = np.zeros(V)
+        q[s_ids] = s_q
+        order = {
+            "high": sorted(outside, key=lambda i: -b[i]),
+            "low": sorted(outside, key=lambda i: b[i]),
+        }.get(how, list(rng.permutation(outside)))
+        for v, i in zip(hidden, order):
+            q[i] = v
+        free = order[len(hidden) :]
+        rest = max(1.0 - q.sum(), 0.0)
+        if how in ("high", "low", "random"):  # as much as the cap allows on each, in that order
+            for i in free:
+                q[i] = min(cap, rest)
+                rest -= q[i]
+        else:
+            w = np.exp(b[free]) if how == "proportional" else np.ones(len(free))
+            q[free] = np.minimum(rest * w / w.sum(), cap)
+        if abs(q.sum() - 1.0) < 1e-9:  # the cap may leave no room for a completion of that shape
+            out.append(q)
+    return out
+
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 2**31), k=st.integers(1, 12), blur=st.integers(0, 3), sharp=st.floats(0.5, 4.0))
+def test_every_printed_bound_holds_for_every_distribution_an_accepted_answer_allows(seed, k, blur, sharp):
+    """Issue 79: for any answer the checks accept (engines/endpoint/forms.py's position and
+    agrees), KLD, reverse KLD and JSD are at most the divergence of every completion of the
+    missing mass consistent with it, and the total variation's interval is ordered and holds
+    each completion's. Answers are drawn from a distribution, then up to ``blur`` of their
+    entries lose their id (a text several tokens print as)."""
+    from kldtool.engines.endpoint.forms import agrees, position
+
+    rng = np.random.default_rng(seed)
+    base = rng.normal(0, sharp, (1, V)).astype(np.float32)
+    rows, _ = encode_np(base)
+    b = decode_np(rows, V).astype(np.float64)[0]
+    logq = rng.normal(0, sharp, V)
+    logq -= np.logaddexp.reduce(logq)
+    ids = np.argsort(-logq, kind="stable")[:k]
+    lps = logq[ids]
+    target = int(rng.integers(0, V))
+    shown_ids = ids.copy()
+    shown_ids[rng.permutation(k)[: min(blur, k - 1)]] = -1
+    ranked = [(int(i), float(v)) for i, v in zip(shown_ids, lps)]
+    pos = position(float(logq[target]), ranked, k, "test")  # accepted, or this raises
+    agrees(pos, target, k, "test")
+    rec = reduce_quant_topk(rows, V, FLOOR, shown_ids[None], lps[None], logq[target : target + 1], [target])
+    known = [int(i) for i in shown_ids if i >= 0]
+    s_ids = known + ([target] if target not in known else [])  # the target's own log-prob is given
+    s_q = [float(np.exp(logq[i])) for i in s_ids]
+    hidden = [float(np.exp(lps[j])) for j in range(k) if shown_ids[j] < 0 and ids[j] != target]
+    cap = float(np.exp(lps[-1]))
+    p = np.where(b > FLOOR, np.exp(b), 0.0)
+    slack = 1e-9
+    assert rec.tv[0] <= rec.tv_hi[0] + slack
+    completions = _completions(b, s_ids, s_q, hidden, cap, rng)
+    assert completions  # "high" always fits: the outside ids hold at least K-th's mass each
+    for q in completions:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            lq = np.log(q)
+            kld = np.where(p > 0, p * (np.log(np.maximum(p, 1e-300)) - lq), 0.0).sum()
+            rkld = np.where(q > 0, q * (lq - b), 0.0).sum()
+            m = (p + q) / 2
+            jsd = 0.5 * (np.where(p > 0, p * np.log(p / m), 0.0) + np.where(q > 0, q * np.log(q / m), 0.0)).sum()
+        tv = 0.5 * np.abs(p - q).sum()
+        assert rec.kld[0] <= kld + slack and rec.rkld[0] <= rkld + slack and rec.jsd[0] <= jsd + slack
+        assert rec.tv[0] <= tv + slack and tv <= rec.tv_hi[0] + slack

@@ -1,93 +1,57 @@
-"""`compare --endpoint` against servers that answer wrongly: a stand-in HTTP server on 127.0.0.1
-(a remote host that misbehaves cannot be had here otherwise) answering what a broken or hostile
-server could. Each run ends in one line naming the server, exit 6, no traceback and no file."""
-
-import contextlib
-import http.server
-import json
-import threading
+"""`compare --endpoint` and `base --endpoint` against servers that answer wrongly: a stand-in HTTP
+server on 127.0.0.1 (a remote host that misbehaves cannot be had here otherwise) answering what
+a broken or hostile server could. Each run ends in one line naming the server (and the window
+and position where an answer is at fault), exit 6 (a refused key: 61), no traceback, no file,
+the key never printed and no control byte on the terminal (issue 79)."""
 
 import pytest
 
-from conftest import run_cli
+from conftest import WIKI, run_cli
+from helpers.endpoint_stand import KEY, stand_in
 
 pytestmark = pytest.mark.quick
 
-K = 20
 
-
-def _row(want: int, bad: str) -> dict:
-    """One position's prompt log-probs: the top K (ids 0..K-1) and the prompt's own token."""
-    row = {str(t): {"logprob": -1.0 - 0.1 * t, "rank": t + 1} for t in range(K)}
-    row.setdefault(str(want), {"logprob": -9.0, "rank": 500})
-    if bad == "nan":
-        row["0"]["logprob"] = float("nan")
-    elif bad == "positive":
-        row["1"]["logprob"] = 3.0
-    elif bad == "ids":
-        row["1000000"] = row.pop("1")
-    return row
-
-
-class Stand(http.server.BaseHTTPRequestHandler):
-    def log_message(self, *args):
-        pass
-
-    def _send(self, body: bytes, status: int = 200):
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def do_GET(self):
-        bad, model = self.server.bad, self.server.model
-        self._send(
-            b'{"data": "none"}' if bad == "models" else json.dumps({"data": [{"id": "m", "root": model}]}).encode()
-        )
-
-    def do_POST(self):
-        req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        prompt, k, bad = req["prompt"], req["prompt_logprobs"], self.server.bad
-        if k > K:
-            return self._send(json.dumps({"error": {"message": f"max allowed: {K}"}}).encode(), 400)
-        window = len(prompt) > 16  # the client's probes are a few tokens; its windows 128
-        if bad == "deep" and window:
-            return self._send(b"[" * 100000 + b"]" * 100000)
-        rows = [None] + [_row(t, bad) for t in prompt[1:]]
-        if bad == "short" and window:
-            rows = rows[: len(rows) // 2]
-        self._send(json.dumps({"choices": [{"prompt_logprobs": rows}]}).encode())
-
-
-@contextlib.contextmanager
-def stand_in(bad: str, model: str):
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Stand)
-    server.bad, server.model = bad, model
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+WRONG = [
+    ("models", "/v1/models: no model list (not an OpenAI-compatible server?)"),
+    ("nan", "the answer holds values that are not log-probs"),
+    ("positive", "the answer holds values that are not log-probs"),
+    ("ids", "the answer names token ids outside the vocabulary"),
+    ("deep", "the answer is not JSON"),
+    ("short", "prompt log-probs for a prompt of 128 tokens (truncated?)"),
+    ("dup", "position 1: the answer names token 0 more than once"),
+    ("mass", "position 1: the top"),  # ... K log-probs sum to a probability of K, above 1
+    ("huge", "position 1: the answer holds a number too large for a log-prob"),
+    ("disagree", "is outside the top "),  # ... K with a log-prob above the Kth's
+    ("auth", "HTTP 401: Incorrect API key provided: *** \\x1b[31mdenied\\x1b[0m"),
+]
+# base --endpoint reads answers through the same client and checks: the answers whose checks are new
+BASE_WRONG = ("nan", "dup", "mass", "huge", "disagree", "auth")
 
 
 @pytest.mark.parametrize(
-    "bad, says",
-    [
-        ("models", "/v1/models: no model list (not an OpenAI-compatible server?)"),
-        ("nan", "the answer holds values that are not log-probs"),
-        ("positive", "the answer holds values that are not log-probs"),
-        ("ids", "the answer names token ids outside the vocabulary"),
-        ("deep", "the answer is not JSON"),
-        ("short", "prompt log-probs for a prompt of 128 tokens (truncated?)"),
-    ],
+    "command, bad, says",
+    [("compare", b, w) for b, w in WRONG] + [("base", b, w) for b, w in WRONG if b in BASE_WRONG],
 )
-def test_a_server_that_answers_wrongly_is_one_line(fp32_dir, hf_base, tmp_path, bad, says):
+def test_a_server_that_answers_wrongly_is_one_line(fp32_dir, hf_base, tmp_path, command, bad, says):
+    out = tmp_path / "out"
+    out.mkdir()
     with stand_in(bad, str(fp32_dir)) as url:
-        args = ("--kl-divergence-base", hf_base, "--chunks", 1, "--json", tmp_path / "r.json")
-        p = run_cli("compare", "--endpoint", url, *args, check_rc=6)
-    lines = [line for line in p.stderr.strip().splitlines() if not line.startswith("compare:")]
+        if command == "compare":
+            args = ("compare", "--kl-divergence-base", hf_base, "--chunks", 1, "--json", out / "r.json")
+        else:
+            args = ("base", "-f", WIKI, "-c", 128, "--chunks", 1, "--keep", "top-16", "--kl-divergence-base",
+                    out / "b.kldt", "-m", fp32_dir)  # fmt: skip
+        p = run_cli(
+            *args, "--endpoint", url, check_rc=61 if bad == "auth" else 6, env_extra={"KLDTOOL_ENDPOINT_KEY": KEY}
+        )
+    lines = [line for line in p.stderr.strip().splitlines() if not line.startswith(f"{command}:")]
     assert len(lines) == 1 and lines[0].startswith(f"kldtool: error: {url}") and says in lines[0], lines
-    assert "Traceback" not in p.stderr and not list(tmp_path.iterdir())
+    if bad == "mass":
+        assert "log-probs sum to a probability of 16.0000, above 1" in lines[0] or "of 20.0000, above 1" in lines[0]
+    if bad == "disagree":
+        assert "with a log-prob above the 16th's" in lines[0] or "above the 20th's" in lines[0]
+    if bad not in ("models", "deep", "auth"):
+        assert "window 0" in lines[0] or bad == "short", lines[0]
+    assert "Traceback" not in p.stderr and not list(out.iterdir())
+    assert KEY not in p.stdout + p.stderr and "\x1b" not in p.stdout + p.stderr

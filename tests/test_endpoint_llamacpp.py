@@ -81,6 +81,11 @@ def test_exact_statistics_equal_the_llamacpp_compare(runs):
     # broken character) name no id: such a top-1 counts as a miss, never as a hit.
     assert ep["same_top_p"]["value"] <= off["same_top_p"]["value"]
     assert ep["endpoint"]["api"] == "openai-echo"
+    # ... and the JSON says so (issue 79): those statistics are labelled lower bounds in this run
+    e = ep["endpoint"]
+    print("positions with an ambiguous text in their top 10:", e["ambiguous_positions"])
+    assert e["ambiguous_positions"] > 0 and e["exactness"]["same_top_p"] == e["exactness"]["top10"] == "lower_bound"
+    assert e["exactness"]["ppl"] == "exact" and e["exactness"]["kld"] == "lower_bound" and "same_top_p" not in e["exact"]
 
 
 def test_bounds_and_the_total_variation_interval_at_every_position(runs):

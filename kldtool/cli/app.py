@@ -109,9 +109,19 @@ def _command(argv: list[str] | None) -> int:
         print("kldtool: interrupted; no output file was completed", file=sys.stderr)
         return 130
     except KldError as e:
-        print(f"kldtool: error: {e}", file=sys.stderr)
+        print(f"kldtool: error: {_without_secrets(str(e))}", file=sys.stderr)
         return e.exit_code
     return rv if isinstance(rv, int) else 0
+
+
+def _without_secrets(line: str) -> str:
+    """The last guard of the terminal: a key or token from the environment never printed, and no
+    control character (an escape sequence a server sent) reaches it."""
+    for name in ("KLDTOOL_ENDPOINT_KEY", "OPENAI_API_KEY", "KLDTOOL_VLLM_TOKEN"):
+        secret = os.environ.get(name)
+        if secret and len(secret) >= 4:
+            line = line.replace(secret, "***")
+    return "".join(c if c.isprintable() or c == "\n" else f"\\x{ord(c):02x}" if ord(c) < 256 else "?" for c in line)
 
 
 def _leave(code: int) -> None:

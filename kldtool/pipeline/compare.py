@@ -273,7 +273,7 @@ class CompareRun:
             self.bootstrap,
             h.keep,
             noise_floor,
-            bounded() if bounded else None,
+            bounded(resumed=bool(self.state.meta.get("resumed"))) if bounded else None,
             show_depth=meta["depth_shown"],
         )
         if self.routing:

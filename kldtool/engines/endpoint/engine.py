@@ -20,11 +20,11 @@ import numpy as np
 from kldtool.engines import hf_tokenizer
 from kldtool.engines.contract import Facts
 from kldtool.engines.endpoint import ENTRIES
-from kldtool.engines.endpoint.client import Client, HttpError
+from kldtool.engines.endpoint.client import TIMEOUT_S, Client, HttpError
 from kldtool.engines.endpoint.forms import EchoForm, SglangForm, VllmForm
 from kldtool.engines.endpoint.options import EndpointOptions
 from kldtool.engines.endpoint.pieces import Pieces
-from kldtool.errors import EngineError, UsageError
+from kldtool.errors import AccessDenied, EngineError, UsageError
 from kldtool.text.protocols import Window
 
 DEFAULT_MAX_K = 256  # where a server allows any K: more costs bandwidth, and S's mass hardly grows
@@ -43,7 +43,10 @@ class EndpointEngine:
     @classmethod
     def from_options(cls, opts, n_ctx: int) -> "EndpointEngine":
         own = opts.own or EndpointOptions()
-        return cls(own.url, opts.model, n_ctx, own.model, own.top_k, own.concurrency, own.api)
+        return cls(
+            own.url, opts.model, n_ctx, own.model, own.top_k, own.concurrency, own.api, own.timeout,
+            own.follow_redirects,
+        )  # fmt: skip
 
     def __init__(
         self,
@@ -54,9 +57,12 @@ class EndpointEngine:
         top_k: int | None = None,
         concurrency: int = 4,
         api: str = "auto",
+        timeout: float = TIMEOUT_S,
+        follow_redirects: bool = False,
     ):
-        self.client = Client(url)
+        self.client = Client(url, timeout=timeout, follow_redirects=follow_redirects)
         self.url = self.client.url
+        self.ambiguous = 0  # positions whose top 10 held an entry no id was sure of (text keys)
         self.concurrency = concurrency
         listed = self.client.get("/v1/models").get("data")
         if not isinstance(listed, list) or not listed or not all(isinstance(m, dict) and "id" in m for m in listed):
@@ -81,6 +87,7 @@ class EndpointEngine:
         self.pieces = Pieces(self.tokenizer, self.n_vocab)
         self.probe = [int(t) for t in self.tokenize(b"The probe of a server")]
         self.form = self._pick_form(api)
+        self.text_keys = isinstance(self.form, EchoForm) and _text_keyed(self._probed)
         self.k = self._top_k(top_k)
         self.header_note = f" ({self.form.name}{', text prompts' if self.form.text else ''}, top {self.k})"
         self.facts = Facts(
@@ -97,7 +104,7 @@ class EndpointEngine:
     def _pick_form(self, api: str):
         """The form asked for, or the first the server answers (probed once, never retried: a
         refusal is an answer)."""
-        probe = Client(self.url, retries=0)
+        probe = Client(self.url, timeout=self.client.timeout, retries=0, follow_redirects=self.client._http.follow)
         tried = []
         for form in [VllmForm(), SglangForm(), EchoForm(), EchoForm(text=True)]:
             if api != "auto" and form.name != api:
@@ -106,9 +113,12 @@ class EndpointEngine:
             try:
                 answer = probe.post(form.path, body)
                 form.read(answer, self.probe, 1, self.url, self.pieces)
+                self._probed = answer
                 if form.text:
                     self._take_servers_bos(answer)
                 return form
+            except AccessDenied:
+                raise
             except EngineError as e:
                 tried.append(f"{form.name}{' (text)' if form.text else ''}: {str(e)[:120]}")
         raise EngineError(
@@ -181,6 +191,8 @@ class EndpointEngine:
             target[j] = row.own
             for i, (t, v) in enumerate(row.ranked[:k]):
                 ids[j, i], lps[j, i] = t, v
+            if any(t < 0 for t, _ in row.ranked[:10]):
+                self.ambiguous += 1  # the same top and top-5/10 counted here are then lower bounds
         if (ids >= self.n_vocab).any():
             raise EngineError(f"{self.url}: {where}: the answer names token ids outside the vocabulary")
         return ids, lps, target
@@ -264,10 +276,12 @@ class EndpointEngine:
                 f"llama-cpp-python's echo without a BOS token does this); kldtool does not realign them"
             )
 
-    def bounded(self) -> dict:
+    def bounded(self, resumed: bool = False) -> dict:
         """What a run of this engine knows exactly and only as a bound (P_out, the total
-        variation's interval and the tail estimate come from the run's sums)."""
-        return bounded_facts(self.describe()) | {"retries": self.client.retried}
+        variation's interval and the tail estimate come from the run's sums). A resumed run
+        does not know what the sessions before it met: their ambiguity counts as unknown."""
+        seen = None if resumed else self.ambiguous
+        return bounded_facts(self.describe() | {"ambiguous_positions": seen}) | {"retries": self.client.retried}
 
     def describe(self) -> dict:
         return {
@@ -278,24 +292,46 @@ class EndpointEngine:
             "tokenizer": self.tokenizer_path,
             "top_k": self.k,
             "endpoint_api": self.form.name,
+            "text_keys": self.text_keys,
             "models_answer": self.models_answer,
         }
 
     def close(self) -> None:
-        pass  # one request at a time holds a connection; none is left open
+        self.client.close()
+
+
+def _text_keyed(answer) -> bool:
+    """Whether an echo answer's top log-probs are keyed by text (llama-cpp-python), where an
+    entry may name no sure id, rather than by ``token_id:N`` (vLLM)."""
+    try:
+        tops = answer["choices"][0]["logprobs"]["top_logprobs"]
+        keys = [key for row in tops if isinstance(row, dict) for key in row]
+    except (KeyError, IndexError, TypeError):
+        return True
+    return not all(str(key).startswith("token_id:") for key in keys)
 
 
 def bounded_facts(described: dict) -> dict | None:
     """From an engine's description (a run's, a state file's): for an endpoint run, what it
-    knows exactly, as lower bounds and as intervals; None for any other engine."""
+    knows exactly, as lower bounds and as intervals, and each statistic's label in ``exactness``;
+    None for any other engine. Where a text-keyed answer left an entry of a top 10 without a sure
+    id (``ambiguous_positions``), the same top, the compared top-1 p and top-5/10 agreement count
+    it as a disagreement: lower bounds, so labelled; where that count is not known (a merge of
+    shards, a resumed run) a text-keyed run's are labelled lower bounds."""
     if described.get("engine") != EndpointEngine.name:
         return None
     k = int(described["top_k"])
+    counted = described.get("ambiguous_positions")
+    ambiguous = int(counted) if counted is not None else int(bool(described.get("text_keys")))
+    tops = ["same_top_p", "ptop_q"] + (["top5", "top10"] if k >= 10 else (["top5"] if k >= 5 else []))
+    exact = ["ppl", "ln_ppl_ratio", "dp", "rms_dp", "ptop_base"] + ([] if ambiguous else tops)
+    lower = ["kld", "rkld", "jsd"] + (tops if ambiguous else [])
     return {
         "top_k": k,
         "api": described.get("endpoint_api"),
-        "exact": ["ppl", "ln_ppl_ratio", "dp", "rms_dp", "same_top_p", "ptop_base", "ptop_q"]
-        + (["top5", "top10"] if k >= 10 else (["top5"] if k >= 5 else [])),
-        "lower_bounds": ["kld", "rkld", "jsd"],
+        "exact": exact,
+        "lower_bounds": lower,
         "interval": ["tv"],
+        "ambiguous_positions": ambiguous,
+        "exactness": {**dict.fromkeys(exact, "exact"), **dict.fromkeys(lower, "lower_bound"), "tv": "interval"},
     }

@@ -11,17 +11,26 @@ pairs, best first.
   which the server tokenizes itself: its tokens are then checked against the window's, and the
   first difference refuses the run. Top log-probs come keyed by text (engines/endpoint/pieces.py).
 
-A server's answer is checked as it is read: the shapes, and that every value is a log-prob.
+A server's answer is checked as a whole before anything is computed from it or written: its
+shapes; every value a finite log-prob (no NaN, no infinity, no integer too large for a float);
+per position, ids unique once normalised ("0" and "00" are one id, and twice is a refusal, not a
+merge), the top K in order and summing to at most 1 + MASS_SLACK, and the prompt's own token's
+log-prob equal to its entry in the top K where it has one, and no greater than the K-th where it
+has none. Each refusal is one line naming the server, the window and the position.
 """
 
 from __future__ import annotations
 
 import math
+import re
 
 from kldtool.errors import EngineError
 
 APIS = ("vllm", "sglang", "openai-echo")
 LOGPROB_SLACK = 1e-4  # a log-prob above 0 by more than float32 rounding is no log-prob
+MASS_SLACK = 1e-3  # servers round their log-probs: a top K may sum to a little over 1
+AGREE_SLACK = 1e-3  # the same token's log-prob given twice (own and in the top K), or out of order
+_ID = re.compile(r"[0-9]{1,12}\Z")
 
 
 class Position:
@@ -34,9 +43,53 @@ class Position:
 
 
 def _logprob(v, where: str) -> float:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or math.isnan(v) or v > LOGPROB_SLACK:
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
         raise EngineError(f"{where}: the answer holds values that are not log-probs")
-    return float(v)
+    try:
+        f = float(v)
+    except OverflowError:
+        raise EngineError(f"{where}: the answer holds a number too large for a log-prob") from None
+    if not math.isfinite(f) or f > LOGPROB_SLACK:
+        raise EngineError(f"{where}: the answer holds values that are not log-probs ({'NaN' if f != f else f})")
+    return f
+
+
+def _token_id(t, where: str) -> int:
+    """A token id as a server names it: an int, or a string of digits (vLLM's dict keys)."""
+    if isinstance(t, str) and _ID.match(t):
+        return int(t)
+    if isinstance(t, int) and not isinstance(t, bool) and 0 <= t < 1 << 40:
+        return t
+    raise EngineError(f"{where}: not a token id ({t!r:.40})")
+
+
+def position(own: float, ranked: list[tuple[int, float]], k: int, where: str) -> Position:
+    """One position's answer checked as a whole (the module's docstring says what); ``ranked``
+    in the server's order, -1 for an entry no id is sure of (a text several tokens print as)."""
+    known = [t for t, _ in ranked if t >= 0]
+    if len(set(known)) != len(known):
+        twice = next(t for t in known if known.count(t) > 1)
+        raise EngineError(f"{where}: the answer names token {twice} more than once")
+    values = [v for _, v in ranked]
+    if any(b > a + AGREE_SLACK for a, b in zip(values, values[1:])):
+        raise EngineError(f"{where}: the top log-probs are not in order, best first")
+    mass = math.fsum(math.exp(v) for v in values)
+    if mass > 1 + MASS_SLACK:
+        raise EngineError(f"{where}: the top {len(values)} log-probs sum to a probability of {mass:.4f}, above 1")
+    return Position(own, ranked)
+
+
+def agrees(pos: Position, target: int, k: int, where: str) -> None:
+    """The prompt's token's own log-prob against the top K: equal to its entry there, else (a
+    full top K, every id sure) no greater than the K-th."""
+    mine = [v for t, v in pos.ranked if t == target]
+    if mine and abs(mine[0] - pos.own) > AGREE_SLACK:
+        raise EngineError(
+            f"{where}: token {target}'s log-prob is {pos.own:.6g} and, in the top K, {mine[0]:.6g}: not one answer"
+        )
+    full = len(pos.ranked) >= k > 0 and all(t >= 0 for t, _ in pos.ranked)
+    if not mine and full and pos.own > pos.ranked[k - 1][1] + AGREE_SLACK:
+        raise EngineError(f"{where}: token {target} is outside the top {k} with a log-prob above the {k}th's")
 
 
 class VllmForm:
@@ -60,15 +113,26 @@ class VllmForm:
             raise EngineError(f"{where}: {got} prompt log-probs for a prompt of {len(prompt)} tokens (truncated?)")
         out: list[Position | None] = [None]
         for pos in range(1, len(prompt)):
-            row = rows[pos]
+            row, at = rows[pos], f"{where}, position {pos}"
+            if not isinstance(row, dict):
+                raise EngineError(f"{at}: not a log-prob entry")
             try:
-                entries = {int(t): _logprob(v["logprob"], where) for t, v in row.items()}
-                ranked = sorted((v["rank"], int(t)) for t, v in row.items() if v["rank"] <= k)
+                listed = [(_token_id(t, at), v["logprob"], v["rank"]) for t, v in row.items()]
+                entries = {t: _logprob(lp, at) for t, lp, _ in listed}
+                if len(entries) < len(listed):
+                    twice = next(t for t, _, _ in listed if sum(1 for x in listed if x[0] == t) > 1)
+                    raise EngineError(f"{at}: the answer names token {twice} more than once")
+                ranks = [r for _, _, r in listed]
+                if not all(isinstance(r, int) and not isinstance(r, bool) for r in ranks):
+                    raise TypeError
+                ranked = sorted((r, t) for t, _, r in listed if r <= k)
             except (AttributeError, KeyError, TypeError, ValueError):
-                raise EngineError(f"{where}, position {pos}: not a log-prob entry") from None
+                raise EngineError(f"{at}: not a log-prob entry") from None
             if prompt[pos] not in entries:
-                raise EngineError(f"{where}, position {pos}: the answer lacks the prompt's token {prompt[pos]}")
-            out.append(Position(entries[prompt[pos]], [(t, entries[t]) for _, t in ranked[:k]]))
+                raise EngineError(f"{at}: the answer lacks the prompt's token {prompt[pos]}")
+            checked = position(entries[prompt[pos]], [(t, entries[t]) for _, t in ranked[:k]], k, at)
+            agrees(checked, prompt[pos], k, at)
+            out.append(checked)
         return out
 
 
@@ -97,16 +161,17 @@ class SglangForm:
             raise EngineError(f"{where}: {got} input log-probs for a prompt of {len(prompt)} tokens (truncated?)")
         out: list[Position | None] = [None]
         for pos in range(1, len(prompt)):
+            at = f"{where}, position {pos}"
             try:
-                lp, token = own[pos][0], int(own[pos][1])
-                ranked = [(int(e[1]), _logprob(e[0], where)) for e in (tops[pos] or [])[:k]]
+                lp, token = own[pos][0], _token_id(own[pos][1], at)
+                ranked = [(_token_id(e[1], at), _logprob(e[0], at)) for e in (tops[pos] or [])[:k]]
             except (IndexError, KeyError, TypeError, ValueError):
-                raise EngineError(f"{where}, position {pos}: not a log-prob entry") from None
+                raise EngineError(f"{at}: not a log-prob entry") from None
             if token != prompt[pos]:
-                raise EngineError(
-                    f"{where}, position {pos}: the server scored token {token} where the prompt has {prompt[pos]}"
-                )
-            out.append(Position(_logprob(lp, where), ranked))
+                raise EngineError(f"{at}: the server scored token {token} where the prompt has {prompt[pos]}")
+            checked = position(_logprob(lp, at), ranked, k, at)
+            agrees(checked, token, k, at)
+            out.append(checked)
         return out
 
 
@@ -152,12 +217,15 @@ class EchoForm:
                 )
             if pos == 0 or own[j] is None or tops[j] is None:
                 continue  # the first position has none
+            at = f"{where}, position {pos}"
             if not isinstance(tops[j], dict):
-                raise EngineError(f"{where}, position {pos}: not a log-prob entry")
+                raise EngineError(f"{at}: not a log-prob entry")
             ranked = sorted(
-                ((_logprob(v, where), pieces.id_of(str(key))) for key, v in tops[j].items()), key=lambda e: -e[0]
+                ((_logprob(v, at), pieces.id_of(str(key))) for key, v in tops[j].items()), key=lambda e: -e[0]
             )
-            out[pos] = Position(_logprob(own[j], where), [(i, v) for v, i in ranked[:k]])
+            checked = position(_logprob(own[j], at), [(i, v) for v, i in ranked[:k]], k, at)
+            agrees(checked, prompt[pos], k, at)
+            out[pos] = checked
         return out
 
 

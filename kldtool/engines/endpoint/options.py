@@ -7,6 +7,7 @@ from typing import ClassVar, Optional
 
 import typer
 
+from kldtool.engines.endpoint.client import TIMEOUT_S
 from kldtool.engines.endpoint.forms import APIS
 from kldtool.errors import UsageError
 
@@ -47,6 +48,24 @@ FLAGS = {
         Optional[int],
         typer.Option(None, "--concurrency", min=1, help="--endpoint: requests in flight at once (default 4)."),
     ),
+    "endpoint_timeout": (
+        Optional[float],
+        typer.Option(
+            None,
+            "--endpoint-timeout",
+            min=0.1,
+            help=f"--endpoint: seconds a request may take in all, its retries included (default {TIMEOUT_S:g}).",
+        ),
+    ),
+    "endpoint_follow_redirects": (
+        bool,
+        typer.Option(
+            False,
+            "--endpoint-follow-redirects",
+            help="--endpoint: follow a server's redirects (the key still goes only to its own origin, never "
+            "from https to http).",
+        ),
+    ),
 }
 
 
@@ -58,6 +77,8 @@ class EndpointOptions:
     api: str = "auto"
     top_k: int | None = None  # None: the most the server allows
     concurrency: int = 4
+    timeout: float = TIMEOUT_S  # a request's deadline, retries included
+    follow_redirects: bool = False
 
     @classmethod
     def from_flags(cls, given: dict) -> "EndpointOptions":
@@ -65,4 +86,12 @@ class EndpointOptions:
         if api not in (*APIS, "auto"):
             raise UsageError(f"--endpoint-api {api}: one of {', '.join(APIS)}, auto")
         concurrency = given.get("concurrency")
-        return cls(given["endpoint"], given.get("endpoint_model"), api, given.get("top_k"), concurrency or 4)
+        return cls(
+            url=given["endpoint"],
+            model=given.get("endpoint_model"),
+            api=api,
+            top_k=given.get("top_k"),
+            concurrency=concurrency or 4,
+            timeout=given.get("endpoint_timeout") or TIMEOUT_S,
+            follow_redirects=bool(given.get("endpoint_follow_redirects")),
+        )

@@ -21,10 +21,9 @@ import os
 import shutil
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
+import httpx
 import numpy as np
 
 from kldtool.engines import hf_tokenizer
@@ -35,6 +34,7 @@ from kldtool.engines.vllm.options import ServedOptions
 from kldtool.engines.vllm.served_floor import ServedFloor, server_note
 from kldtool.errors import EngineError, UsageError
 from kldtool.logitsfile.hidden import DTYPES
+from kldtool.runtime import http
 from kldtool.text.protocols import Window
 
 # A result written on another node may take a moment to show on a shared filesystem.
@@ -70,8 +70,12 @@ class VllmServerEngine(HookedEngine):
         logits_block: int | None = None,
         timeout: float = 3600.0,
     ):
-        self.url = url.rstrip("/").removesuffix("/v1")
+        self.url = http.checked_url(url, "--server").rstrip("/").removesuffix("/v1")
         self.timeout = timeout
+        # Never redirected: a request's body carries the operator's token, which comes from the
+        # environment (a flag would show in ps).
+        self._http = http.Http(follow_redirects=False)
+        self.token = os.environ.get(wire.TOKEN) or None
         self._windows_per_call = windows_per_call
         models = self._request("/v1/models").get("data") or []
         if not models:
@@ -84,8 +88,6 @@ class VllmServerEngine(HookedEngine):
                 f"a window needs -c + 1 (restart the server with --max-model-len {n_ctx + 1} or more)"
             )
         self._load_tokenizer(hf_tokenizer.served_tokenizer(tokenizer, models[0]))
-        # The operator's shared secret, from the environment (a flag would show in ps).
-        self.token = os.environ.get(wire.TOKEN) or None
         self._own_exchange = exchange_dir is None
         if exchange_dir is None:
             # A fresh directory of this run's inside the server's exchange root, when that is
@@ -150,15 +152,24 @@ class VllmServerEngine(HookedEngine):
         self.bos_id, self.prefix_id = loaded.bos_id, loaded.prefix_id
 
     def _request(self, path: str, body: dict | None = None) -> dict:
+        """One request under a total deadline of ``timeout`` seconds; its answer's JSON."""
         data = None if body is None else json.dumps(body).encode()
-        req = urllib.request.Request(self.url + path, data=data, headers={"Content-Type": "application/json"})
         try:
-            with urllib.request.urlopen(req, timeout=self.timeout) as r:
-                return json.loads(r.read())
-        except urllib.error.HTTPError as e:
-            raise EngineError(f"{self.url}{path}: HTTP {e.code}: {_server_message(e)}") from None
-        except (urllib.error.URLError, OSError) as e:
-            raise EngineError(f"{self.url}: cannot reach the vLLM server ({getattr(e, 'reason', e)})") from None
+            answer = self._http.request("GET" if data is None else "POST", self.url + path, data, self.timeout)
+        except http.TooLarge as e:
+            raise EngineError(str(e)) from None
+        except http.TIMEOUTS:
+            raise EngineError(f"{self.url}{path}: no complete answer within {self.timeout:g} s") from None
+        except httpx.TransportError as e:
+            raise EngineError(
+                f"{self.url}: cannot reach the vLLM server ({http.shown(str(e) or type(e).__name__, self.token)})"
+            ) from None
+        if answer.status >= 300:
+            raise EngineError(f"{self.url}{path}: HTTP {answer.status}: {_server_message(answer.body, self.token)}")
+        try:
+            return json.loads(answer.body)
+        except (ValueError, RecursionError):
+            raise EngineError(f"{self.url}{path}: the answer is not JSON (not a vLLM server?)") from None
 
     def _complete(self, key: str, prompt: list[int], spec: dict) -> None:
         self._request(
@@ -271,14 +282,17 @@ class VllmServerEngine(HookedEngine):
         }
 
     def close(self) -> None:
+        self._http.close()
         if self._own_exchange and os.path.isdir(self.exchange):
             shutil.rmtree(self.exchange, ignore_errors=True)
 
 
-def _server_message(e: urllib.error.HTTPError) -> str:
+def _server_message(body: bytes, token: str | None) -> str:
+    """The server's one-line reason, made safe to print."""
     try:
-        body = json.loads(e.read())
-        err = body.get("error", body)
-        return str(err.get("message", err) if isinstance(err, dict) else err).splitlines()[0]
+        parsed = json.loads(body[: 64 << 10])
+        err = parsed.get("error", parsed) if isinstance(parsed, dict) else parsed
+        text = str(err.get("message", err) if isinstance(err, dict) else err)
     except Exception:
-        return e.reason
+        text = body[:300].decode("utf-8", "replace")
+    return http.shown(text or "(no message)", token)
