@@ -1,14 +1,18 @@
 #!/usr/bin/env bash
-# Set up .venv (see setup.sh) and run the whole test suite; --quick (first) runs only the quick
-# tier: no vLLM start, no server, no model build beyond the setup (docs/testing.md). Other
-# arguments go to pytest.
+# Set up .venv (see setup.sh) and run the whole test suite; --quick runs only the quick tier: no
+# vLLM start, no server, no model build beyond the setup (docs/testing.md); --timings writes each
+# test file's seconds to test-timings.json (every run's summary names files over 5 minutes).
+# Other arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tier=()
-if [ "${1:-}" = "--quick" ]; then
-  shift
-  tier=(-m quick)
-fi
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --quick) tier=(-m "quick and not full_tier"); shift ;;
+    --timings) export KLDTOOL_TIMINGS="$PWD/test-timings.json"; shift ;;
+    *) break ;;
+  esac
+done
 bash scripts/setup.sh
 # The quantized checkpoints the vLLM tests load are built once per machine and cached; their
 # llm-compressor environment (scripts/quant/setup.sh) is set up by the tests only when one is missing.

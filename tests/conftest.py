@@ -81,10 +81,13 @@ def pytest_configure(config):
     if wrong:
         raise pytest.UsageError(wrong)
     # Where shared/ is present (as in CI) a skip fails the run, a whole module's at collection
-    # too (helpers/skip_rule.py).
+    # too (helpers/skip_rule.py); every run's summary names the test files over their time
+    # budget (helpers/timings.py).
     import helpers.skip_rule
+    import helpers.timings
 
     config.pluginmanager.register(helpers.skip_rule, "kldtool-skip-rule")
+    config.pluginmanager.register(helpers.timings, "kldtool-timings")
 
 
 def pytest_runtest_setup(item):
@@ -111,13 +114,31 @@ def machine_lock(path: Path):
 
 @pytest.fixture(scope="session")
 def artefacts(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("artefacts")
+    """A directory every test worker of this run shares (xdist gives each worker a temporary
+    directory below the run's): what one worker builds there, the other reads (``built``)."""
+    base = tmp_path_factory.getbasetemp()
+    shared = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "artefacts"
+    shared.mkdir(exist_ok=True)
+    return shared
+
+
+def built(path: Path, build) -> Path:
+    """``path``, made by ``build(temporary path)`` by the first worker (of the run, or of the
+    machine for a cache) that takes its lock, renamed into place whole; the rest wait and read it."""
+    with machine_lock(path.with_name(f".{path.name}.lock")):
+        if not path.exists():
+            tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp{path.suffix}")
+            build(tmp)
+            os.replace(tmp, path)
+    return path
 
 
 def _unzstd(src: Path, dst: Path, expected_sha: str) -> Path:
-    if not dst.exists():
-        with open(src, "rb") as fi, open(dst, "wb") as fo:
+    def unpack(tmp: Path) -> None:
+        with open(src, "rb") as fi, open(tmp, "wb") as fo:
             zstandard.ZstdDecompressor().copy_stream(fi, fo)
+
+    built(dst, unpack)
     assert sha256(dst) == expected_sha, f"{dst}: not the documented fixture"
     return dst
 
@@ -128,11 +149,8 @@ def _llamacpp_base(artefacts: Path, name: str, sha_key: str, model: Path) -> Pat
     the tests that need a base file rather than llama.cpp's own bytes."""
     if HAVE_SHARED:
         return _unzstd(llamacpp_reference(f"{name}.kld.zst"), artefacts / f"{name}.kld", SHA[sha_key])
-    out = artefacts / f"{name}-kldtool.kld"
-    if not out.exists():
-        args = ("-m", model, "-f", WIKI, "-c", 128, "--chunks", 8, "--format", "llamacpp")
-        run_cli("base", *args, "--kl-divergence-base", out)
-    return out
+    args = ("-m", model, "-f", WIKI, "-c", 128, "--chunks", 8, "--format", "llamacpp")
+    return built(artefacts / f"{name}-kldtool.kld", lambda tmp: run_cli("base", *args, "--kl-divergence-base", tmp))
 
 
 @pytest.fixture(scope="session")
@@ -158,22 +176,33 @@ def q4_1_gguf() -> Path:
 def q4_1_bos_gguf(q4_1_gguf, artefacts) -> Path:
     from helpers.gguf_edit import copy_with_add_bos
 
-    dst = artefacts / "q4_1-bos.gguf"
-    copy_with_add_bos(str(q4_1_gguf), str(dst))
+    dst = built(artefacts / "q4_1-bos.gguf", lambda tmp: copy_with_add_bos(str(q4_1_gguf), str(tmp)))
     assert sha256(dst) == SHA["q4_1-bos"]
     return dst
 
 
+def requants_dir() -> Path:
+    """Where this machine keeps llama.cpp's requants of the built-in GGUF: llama-quantize's
+    output depends only on its input and on llama.cpp's version, so both name the directory."""
+    import llama_cpp
+
+    from kldtool.engines.defaults import cache_dir
+
+    d = cache_dir() / "test-requants" / f"{SHA['q4_1'][:16]}-llama-cpp-python-{llama_cpp.__version__}"
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
 @pytest.fixture(scope="session")
-def requant(q4_1_gguf, artefacts):
-    """requant("Q2_K") -> path of the Q4_1 model requantized as llama-quantize would."""
+def requant(q4_1_gguf):
+    """requant("Q2_K") -> path of the Q4_1 model requantized as llama-quantize would, made once
+    per machine (requants_dir)."""
     from kldtool.engines.llamacpp.quantize import quantize
 
     def build(type_name: str) -> Path:
-        dst = artefacts / f"requant-{type_name}.gguf"
-        if not dst.exists():
-            quantize(str(q4_1_gguf), str(dst), type_name)
-        return dst
+        return built(
+            requants_dir() / f"requant-{type_name}.gguf", lambda tmp: quantize(str(q4_1_gguf), str(tmp), type_name)
+        )
 
     return build
 
@@ -181,27 +210,13 @@ def requant(q4_1_gguf, artefacts):
 @pytest.fixture(scope="session")
 def hf_base(artefacts) -> Path:
     """Base file of the fp32 SmolLM2 through transformers: 8 chunks of 128 wikitext tokens."""
-    out = artefacts / "hf-f32-c128.kldt"
-    if not out.exists():
-        p = run_cli(
-            "base",
-            "--engine",
-            "transformers",
-            "--dtype",
-            "float32",
-            "-f",
-            WIKI,
-            "-c",
-            128,
-            "--chunks",
-            8,
-            "--kl-divergence-base",
-            out,
-            "--json",
-            artefacts / "hf-f32-c128.json",
-        )
+
+    def write(tmp: Path) -> None:
+        flags = ("--engine", "transformers", "--dtype", "float32", "-f", WIKI, "-c", 128, "--chunks", 8)
+        p = run_cli("base", *flags, "--kl-divergence-base", tmp)
         assert "Final estimate: PPL = " in p.stderr
-    return out
+
+    return built(artefacts / "hf-f32-c128.kldt", write)
 
 
 def final_block_lines(text: str) -> list[str]:

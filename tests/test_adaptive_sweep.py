@@ -70,6 +70,7 @@ def test_a_rerun_with_other_flags_is_refused(swept):
         (("--bootstrap", "10"), "at least 100 resamples"),
     ],
 )
+@pytest.mark.quick
 def test_bad_sweep_flags_are_one_line_usage_errors(requant, fixture_base, tmp_path, extra, words):
     p = run_cli(
         "sweep", "--kl-divergence-base", fixture_base, "-m", requant("Q2_K"), "-o", tmp_path / "o", *extra, check_rc=2
@@ -78,6 +79,7 @@ def test_bad_sweep_flags_are_one_line_usage_errors(requant, fixture_base, tmp_pa
     assert words in line
 
 
+@pytest.mark.quick
 def test_two_quants_of_one_name_are_refused(requant, fixture_base, tmp_path):
     q = requant("Q2_K")
     p = run_cli("sweep", "--kl-divergence-base", fixture_base, "-m", q, "-m", q, "-o", tmp_path / "o", check_rc=2)

@@ -227,6 +227,7 @@ def test_a_compressed_tensors_checkpoint_is_read_decompressed(fp32_dir, w8a8_dir
     assert packed["model.layers.0.mlp.down_proj.weight"].dtype == torch.int8  # stored compressed
 
 
+@pytest.mark.quick
 def test_bad_inputs_are_one_line(fp32_dir, fixture_base, tmp_path):
     p = run_cli("attribute", fp32_dir, fp32_dir, "--kl-divergence-base", fixture_base, check_rc=2)
     assert "equal the base model's; nothing to attribute" in p.stderr

@@ -48,6 +48,7 @@ def _check(row: dict, want: dict) -> None:
     assert row["rms_dp"] == pytest.approx(want["rms_dp"], rel=1e-6)  # dp squared in float32, as llama.cpp
 
 
+@pytest.mark.full_tier
 def test_depth_buckets_partition_the_run_and_equal_numpy(run):
     d, cols = run
     run_cli("worst", d / "q2.h5", "--by", "depth", "--json", d / "depth.json")

@@ -108,6 +108,7 @@ def test_cli_refuses_windows_it_cannot_store(tmp_path):
 # WikiText-2's rare tokens lie more than 16 nats down often enough to move PPL(base) by 0.1 %;
 # the stand-in text of a clone without shared/ has too few of them to show it.
 @pytest.mark.needs_shared
+@pytest.mark.full_tier
 def test_smollm2_through_a_24_nat_file(tmp_path, q4_1_gguf, requant):
     """The real model against itself through a 24-nat file: the divergence stays at rounding
     level (a floor or step out of step with the file would show). Against Q4_K_M: PPL(base)

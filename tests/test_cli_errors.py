@@ -275,6 +275,7 @@ def test_bad_flags(tmp_path):
         assert p.returncode == 2 and "Traceback" not in p.stderr
 
 
+@pytest.mark.full_tier
 def test_llama_cpp_attention_flags(small_raw, tmp_path, q4_1_gguf):
     """--kv-cache-dtype and --flash-attn reach llama.cpp (its -ctk/-ctv and -fa) and are refused
     in one line elsewhere or with a value llama.cpp has no type for."""

@@ -82,6 +82,7 @@ def test_bad_corpora_get_one_line_errors(gguf, tmp_path, name, content, args, rc
     assert not (tmp_path / "r.json").exists()
 
 
+@pytest.mark.full_tier
 def test_ppl_reproduces_llama_perplexity_final_estimate(gguf):
     p = run_cli("ppl", "-m", gguf, "-f", WIKI, "--protocol", "llamacpp", "-c", "128", "--chunks", "8")
     theirs = [l for l in llamacpp_reference("base.txt").read_text().splitlines() if "Final estimate" in l][0]

@@ -1,5 +1,7 @@
 """A base written by transformers (fp32 SmolLM2), compared by llama.cpp and by transformers."""
 
+import pytest
+
 from conftest import compare_json as _stats
 
 
@@ -13,6 +15,7 @@ def test_llamacpp_q4_1_against_transformers_f32_base(hf_base, q4_1_gguf, tmp_pat
     assert s["same_top_p"]["value"] > 0.95
 
 
+@pytest.mark.quick
 def test_transformers_against_its_own_base(hf_base, tmp_path):
     s = _stats(hf_base, tmp_path, "--engine", "transformers")["statistics"]
     assert abs(s["kld_mean"]["value"]) < 1e-4

@@ -82,6 +82,7 @@ def diff_json(a, b, tmp_path) -> tuple[dict, str]:
     return json.loads((tmp_path / "d.json").read_text()), p.stdout
 
 
+@pytest.mark.full_tier
 def test_q8_0_against_q2_k_is_significant_and_equals_numpy(runs, tmp_path):
     got, text = diff_json(runs["Q8_0"], runs["Q2_K"], tmp_path)
     print(text)
@@ -134,6 +135,7 @@ def test_report_pairs_adjacent_rows_as_numpy_does(runs, tmp_path):
         assert interval == pytest.approx(list(ref["interval_95"]), abs=1e-6)
 
 
+@pytest.mark.full_tier
 def test_report_labels_differences_below_the_noise_floor(runs, fixture_base, q4_1_gguf, tmp_path):
     floor = tmp_path / "floor.json"
     run_cli("noise-floor", "--kl-divergence-base", fixture_base, "-m", q4_1_gguf, "-b", 512, "--json", floor)

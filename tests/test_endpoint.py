@@ -7,6 +7,7 @@ the bounded ones never exceed it at any position."""
 
 import contextlib
 import json
+import time
 import os
 import signal
 
@@ -18,6 +19,7 @@ from conftest import WIKI, run_cli
 from helpers.interrupt import run_until
 from helpers.proxy import flaky
 from helpers.vllm_serve import IN_PROCESS, served
+from helpers.cpu_kernels import float32_rows_depend_on_the_batch
 
 pytest.importorskip("vllm")
 pytestmark = [pytest.mark.filterwarnings("ignore"), pytest.mark.long_module]
@@ -63,6 +65,13 @@ def runs(w8a8_dir, fp32_dir, hf_base, tmp_path_factory):
         out["base"] = run_cli("base", *ppl, "--keep", "top-20", *topk[:2], "--json", d / "served-base.json")
         out["info"] = run_cli("info", d / "served.kldt")
         out["ep_topk"] = run_cli("compare", "--endpoint", url, *topk, "--json", d / "ep-topk.json")
+        # --server against this stock server, which has no kldtool plugin (one server less to start)
+        t = time.monotonic()
+        grace = {"KLDTOOL_RESULT_GRACE_S": "2"}  # the hook's answer never comes: not 10 s of waiting
+        out["no_plugin"] = run_cli(
+            "compare", "--server", url, "--kl-divergence-base", hf_base, check_rc=6, env_extra=grace
+        )
+        out["no_plugin_s"] = time.monotonic() - t
         # One request at a time: W8A8's kernels give a window's logits by what its batch holds.
         one = ("--concurrency", 1, "--json")
         out["direct"] = run_cli(
@@ -134,10 +143,14 @@ def test_the_float32_model_on_a_stock_server(runs):
     and the full TV inside the interval at every position."""
     off, ep = _stats(runs["dir"], "off32"), _stats(runs["dir"], "ep32")
     print("fp32: offline", off["kld_mean"], off["ppl_q"], "endpoint", ep["kld_mean"], ep["ppl_q"])
+    # The server batches the windows as they arrive, offline vLLM as its call holds them: where
+    # float32 rows do not depend on the batch (Intel Xeon: PPL(Q) 7e-6 apart) the two agree to
+    # 1e-5; where they do (AMD EPYC: 1.5e-5 measured on one, under 1e-5 in two runs on Zen 4), to 3e-5.
+    tol = 3e-5 if float32_rows_depend_on_the_batch() else 1e-5
     for key in ("ppl_q", "ppl_base", "ppl_ratio"):
-        assert ep[key]["value"] == pytest.approx(off[key]["value"], rel=1e-5), key
+        assert ep[key]["value"] == pytest.approx(off[key]["value"], rel=tol), key
     for key in ("ln_ppl_ratio", "dp_mean", "rms_dp"):
-        assert ep[key]["value"] == pytest.approx(off[key]["value"], abs=1e-5), key
+        assert ep[key]["value"] == pytest.approx(off[key]["value"], abs=tol), key
     assert ep["same_top_p"]["value"] == off["same_top_p"]["value"]
     for q in off["dp_quantiles"]:
         assert ep["dp_quantiles"][q] == pytest.approx(off["dp_quantiles"][q], abs=1e-5), q
@@ -207,7 +220,21 @@ def test_killed_and_resumed_through_the_proxy_changes_nothing(runs):
         assert cut["endpoint"][key] == direct["endpoint"][key], key
     assert cut["extra"]["tv"] == direct["extra"]["tv"]
     with h5py.File(runs["dir"] / "cut.h5") as f, h5py.File(runs["dir"] / "direct.h5") as g:
-        assert all((f[k][:] == g[k][:]).all() for k in g), "per-token columns"
+        if not float32_rows_depend_on_the_batch():
+            assert all((f[k][:] == g[k][:]).all() for k in g), "per-token columns"
+            return
+        # On a CPU whose float32 rows depend on the batch (AMD EPYC Zen 4), the killed client's
+        # last request may still share the server's step with the resumed one's first: those
+        # windows' numbers move in their last bits. Printed lines stay equal (asserted above);
+        # each float column within W8A8's batch noise (docs/endpoint.md: 7e-6 nats of mean
+        # NLL), every other column equal.
+        for k in g:
+            a, b = f[k][:], g[k][:]
+            if a.dtype.kind == "f":
+                print(k, "max |Δ|", float(np.nanmax(np.abs(a - b))) if len(a) else 0.0)
+                np.testing.assert_allclose(a, b, atol=1e-4, rtol=1e-4, err_msg=k)
+            else:
+                assert (a == b).all(), k
 
 
 def test_the_exact_total_variation_lies_in_the_endpoints_interval(runs):
@@ -268,3 +295,31 @@ def test_report_and_diff_refuse_to_mix_a_bound_with_a_full_kld(runs):
         assert len(lines) == 1 and "its KLD is a lower bound (compare --endpoint" in lines[0], lines
         assert "--mix allows it" in lines[0]
     assert "ep" in run_cli("report", d / "ep.json", d / "off.json", "--mix").stdout
+
+
+@pytest.mark.quick
+def test_exactness_labels_follow_the_form_and_the_run():
+    """What statistics.endpoint says of each statistic (issue 79): ids (vLLM's forms) leave the
+    top statistics exact; a text-keyed run that met an entry no id was sure of labels them lower
+    bounds; one whose count is unknown (a merge, a resumed run) is labelled as if it had."""
+    from kldtool.engines.endpoint.engine import bounded_facts
+
+    run = {"engine": "endpoint", "top_k": 20, "endpoint_api": "openai-echo"}
+    ids, texts = run | {"text_keys": False}, run | {"text_keys": True}
+    label = lambda d: bounded_facts(d)["exactness"]  # noqa: E731
+    assert label(ids | {"ambiguous_positions": 0})["same_top_p"] == "exact"
+    assert label(ids)["top10"] == "exact"  # ids: nothing can be ambiguous, counted or not
+    assert label(texts | {"ambiguous_positions": 0})["ptop_q"] == "exact"
+    assert label(texts | {"ambiguous_positions": 3})["same_top_p"] == "lower_bound"
+    assert label(texts)["top5"] == label(texts)["kld"] == "lower_bound" and label(texts)["tv"] == "interval"
+    assert set(bounded_facts(run | {"top_k": 4})["exactness"]) >= {"ppl", "dp", "kld", "jsd"}
+    assert "top5" not in bounded_facts(run | {"top_k": 4})["exactness"]
+    assert bounded_facts({"engine": "llamacpp"}) is None
+
+
+def test_a_server_without_the_plugin_is_a_one_line_error(runs):
+    """`--server` against a stock vLLM server (no kldtool plugin): one line naming the plugin's
+    switch, not a hang (test_vllm_server.py's servers all have the plugin)."""
+    lines = runs["no_plugin"].stderr.strip().splitlines()
+    assert len(lines) == 1 and "KLDTOOL_VLLM_HOOK=1" in lines[0], lines
+    assert runs["no_plugin_s"] < 60  # not a hang

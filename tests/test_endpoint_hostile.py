@@ -31,7 +31,8 @@ BASE_WRONG = ("nan", "dup", "mass", "huge", "disagree", "auth")
 
 @pytest.mark.parametrize(
     "command, bad, says",
-    [("compare", b, w) for b, w in WRONG] + [("base", b, w) for b, w in WRONG if b in BASE_WRONG],
+    [("compare", b, w) for b, w in WRONG]
+    + [pytest.param("base", b, w, marks=pytest.mark.full_tier) for b, w in WRONG if b in BASE_WRONG],
 )
 def test_a_server_that_answers_wrongly_is_one_line(fp32_dir, hf_base, tmp_path, command, bad, says):
     out = tmp_path / "out"

@@ -14,7 +14,7 @@ import h5py
 import numpy as np
 import pytest
 
-from conftest import run_cli
+from conftest import built, run_cli
 from helpers.llamacpp_serve import served_gguf
 from helpers.proxy import proxied
 
@@ -40,9 +40,7 @@ def runs(q4_1_bos_gguf, q4_1_gguf, fixture_base_bos, fixture_base, artefacts, tm
     # logits however a prompt is split into batches: the server evaluates only what its cache
     # of the last prompt does not hold, and on this build a K-quant's logits then move by up to
     # 1.4 nats (Q6_K, Q4_K_M; Q4_0, Q5_1, Q8_0 not at all). docs/endpoint.md has the measurements.
-    quant = artefacts / "requant-bos-Q8_0.gguf"
-    if not quant.exists():
-        quantize(str(q4_1_bos_gguf), str(quant), "Q8_0")
+    quant = built(artefacts / "requant-bos-Q8_0.gguf", lambda tmp: quantize(str(q4_1_bos_gguf), str(tmp), "Q8_0"))
     args = ("-m", quant, "--kl-divergence-base", fixture_base_bos, "--chunks", CHUNKS)
     out = {"dir": d}
     out["offline"] = run_cli(
@@ -85,7 +83,9 @@ def test_exact_statistics_equal_the_llamacpp_compare(runs):
     e = ep["endpoint"]
     print("positions with an ambiguous text in their top 10:", e["ambiguous_positions"])
     assert e["ambiguous_positions"] > 0 and e["exactness"]["same_top_p"] == e["exactness"]["top10"] == "lower_bound"
-    assert e["exactness"]["ppl"] == "exact" and e["exactness"]["kld"] == "lower_bound" and "same_top_p" not in e["exact"]
+    assert (
+        e["exactness"]["ppl"] == "exact" and e["exactness"]["kld"] == "lower_bound" and "same_top_p" not in e["exact"]
+    )
 
 
 def test_bounds_and_the_total_variation_interval_at_every_position(runs):
@@ -110,3 +110,31 @@ def test_one_line_refusals(runs):
         assert says in lines[-1] and "Traceback" not in runs[key].stderr, (key, lines)
     assert "where the base file has token " in runs["retokenized"].stderr
     assert ", position " in runs["retokenized"].stderr and "window " in runs["retokenized"].stderr
+
+
+@pytest.mark.quick
+def test_text_keys_that_several_tokens_print_name_no_id(fp32_dir):
+    """llama-cpp-python keys its top log-probs by text. Against the built-in model's own
+    vocabulary, a text exactly one token prints names that token, ``token_id:N`` names N, and
+    a text several tokens print alike names none (-1: its mass goes to the bucket, and the
+    statistics that need its id are labelled lower bounds)."""
+    from transformers import AutoTokenizer
+
+    from kldtool.engines.endpoint.pieces import Pieces
+
+    tok = AutoTokenizer.from_pretrained(fp32_dir)
+    pieces = Pieces(tok, len(tok))
+    the = tok.convert_tokens_to_ids("Ġthe")
+    assert pieces.id_of(" the") == the and pieces.prints_as(the, " the")
+    assert pieces.id_of("token_id:42") == 42 and pieces.id_of("token_id:x") == -1
+    shared = [t for t, n in _texts(pieces).items() if n > 1]
+    assert shared and all(pieces.id_of(t) == -1 for t in shared[:20]), shared[:5]
+
+
+def _texts(pieces) -> dict:
+    """How many tokens print as each text (under either of the two rules servers use)."""
+    count: dict = {}
+    for raw in pieces.bytes:
+        for text in {raw.decode("utf-8", "ignore"), raw.decode("utf-8", "replace")}:
+            count[text] = count.get(text, 0) + 1
+    return count

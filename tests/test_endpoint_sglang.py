@@ -7,6 +7,7 @@ is `compare --engine llamacpp --flash-attn off` of the same GGUF."""
 
 import http.server
 import json
+import re
 import threading
 
 import h5py
@@ -100,3 +101,33 @@ def test_the_sglang_form_gives_the_llamacpp_compare(runs):
             assert (g[key][:] <= f[key][:] + 2e-6).all(), key
         tv = f["tv"][:]
         assert (g["tv"][:] <= tv + 1e-5).all() and (tv <= g["tv_hi"][:] + 1e-5).all()
+
+
+@pytest.mark.quick
+def test_an_sglang_answer_is_checked_as_a_whole():
+    """SGLang's (log-prob, id, text) triples: a good answer reads into positions; a repeated id
+    in a top list, a top list summing above 1, or the scored token named differently is refused
+    in one line naming the position (issue 79)."""
+    from kldtool.engines.endpoint.forms import SglangForm
+    from kldtool.errors import EngineError
+
+    prompt = [5, 7, 9]
+
+    def answer(tops, own=None):
+        own = own or [[None, 5, "a"], [-0.5, 7, "b"], [-1.5, 9, "c"]]
+        return {"meta_info": {"input_token_logprobs": own, "input_top_logprobs": tops}}
+
+    good = [None, [[-0.5, 7, "b"], [-2.0, 3, "x"]], [[-0.3, 4, "d"], [-1.5, 9, "c"]]]
+    read = SglangForm().read(answer(good), prompt, 2, "srv")
+    assert read[1].own == -0.5 and read[1].ranked == [(7, -0.5), (3, -2.0)] and read[2].ranked[1] == (9, -1.5)
+    cases = [
+        ([None, [[-0.5, 7, "b"], [-0.6, 7, "b"]], good[2]], "position 1: the answer names token 7 more than once"),
+        ([None, [[-0.1, 7, "b"], [-0.2, 3, "x"]], good[2]], "position 1: the top 2 log-probs sum to a probability"),
+        (
+            [None, good[1], [[-0.9, 4, "d"], [-1.0, 9, "c"]]],
+            "position 2: token 9's log-prob is -1.5 and, in the top K, -1",
+        ),
+    ]
+    for tops, says in cases:
+        with pytest.raises(EngineError, match=re.escape(says)):
+            SglangForm().read(answer(tops), prompt, 2, "srv")

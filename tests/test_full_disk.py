@@ -30,6 +30,7 @@ def last_line(p):
     return p.stderr.strip().splitlines()[-1]
 
 
+@pytest.mark.full_tier
 def test_file_size_limit(q4_1_gguf, tmp_path):
     def limit():
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # make the write fail with EFBIG instead

@@ -41,3 +41,20 @@ def test_the_gpu_check_runs_every_step_at_toy_sizes(tmp_path):
     # The kernel's records agree with float64 and with the torch reducer at these sizes too.
     assert "equal to the torch reducer's: same_top, top5, top10, top1_q, top1_base" in p.stdout
     assert "(target < 0.05)" in rows and "(target >= 0.50)" in rows
+
+
+@pytest.mark.quick
+def test_every_flag_the_gpu_check_passes_is_one_its_scripts_take():
+    """The quick tier's guard against the GPU script rotting: every benchmark script it calls
+    exists and its --help lists each flag the script passes it, in both modes."""
+    import re
+
+    script = (ROOT / "benchmarks" / "gpu_check.sh").read_text()
+    calls = re.findall(r'"\$PY" (benchmarks/\w+\.py)((?:[^\n]|\\\n)*)', script)
+    assert len(calls) == 4, calls
+    for path, args in calls:
+        flags = set(re.findall(r"(?<![\w-])(--[a-z][a-z0-9-]*)", args))
+        p = subprocess.run([sys.executable, str(ROOT / path), "--help"], capture_output=True, text=True, timeout=120)
+        assert p.returncode == 0, p.stderr[-2000:]
+        missing = [f for f in flags if f not in p.stdout]
+        assert not missing, (path, missing)

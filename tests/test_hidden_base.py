@@ -90,6 +90,7 @@ def test_bytes_per_token_and_bf16_replayed_as_computed(hidden8, tmp_path):
     assert per_token["float32"] <= RAW_ROW / 40 and per_token["bfloat16"] <= RAW_ROW / 80
 
 
+@pytest.mark.quick
 def test_a_replay_above_tolerance_writes_no_file(tmp_path):
     """A float64 reference run is stored at float32, so its replay is close but not exact: a
     tolerance below that floor stops the run, naming the floor, with no file at all."""

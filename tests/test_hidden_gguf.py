@@ -184,6 +184,7 @@ def test_an_f16_gguf_head_replays_with_fp16_activations(requant, tmp_path):
     assert info["replay_floor_kld_mean"] < 1e-9
 
 
+@pytest.mark.quick
 def test_a_python_factory_with_hidden_and_head(tmp_path):
     """tests/helpers/tiny_lm.py's GRU offers hidden(ids), its Linear head and a logit
     multiplier: its hidden file compares exactly like its row file. A factory without them, and

@@ -14,7 +14,7 @@ from conftest import run_cli
 
 CHROMIUM, DRIVER = shutil.which("chromium"), shutil.which("chromedriver")
 webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed (pip install -e '.[test]')")
-pytestmark = pytest.mark.skipif(
+needs_browser = pytest.mark.skipif(
     not (CHROMIUM and DRIVER),
     reason="no chromium/chromedriver on this machine (scripts/setup.sh installs Debian's as root)",
 )
@@ -29,6 +29,14 @@ def page(fixture_base, requant, tmp_path_factory):
     html = (d / "report.html").read_text()
     assert "http://" not in html and "https://" not in html and "<script" not in html  # self-contained
     return d / "report.html"
+
+
+@pytest.mark.quick
+def test_the_page_stands_alone_and_names_each_quant(page):
+    """Before any browser: the page the fixture wrote holds its table's two quants and nothing
+    that fetches (asserted as it is written: no http(s) address, no script)."""
+    html = page.read_text()
+    assert "Q8_0" in html and "Q2_K" in html and "SmolLM2 quants" in html
 
 
 @pytest.fixture(scope="module")
@@ -51,6 +59,7 @@ def browser():
     drv.quit()
 
 
+@needs_browser
 def test_report_page_in_a_real_browser(page, browser, tmp_path):
     from selenium.webdriver.common.action_chains import ActionChains
     from selenium.webdriver.common.by import By
@@ -103,6 +112,7 @@ def rolling_page(q4_1_gguf, requant, tmp_path_factory):
     return d
 
 
+@needs_browser
 def test_depth_and_kind_splits_of_a_rolling_run_in_a_real_browser(rolling_page, browser):
     import h5py
     from selenium.webdriver.common.by import By

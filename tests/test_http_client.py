@@ -155,6 +155,7 @@ def test_the_cli_cuts_a_trickling_server_at_endpoint_timeout(fp32_dir, hf_base, 
     assert not list(tmp_path.glob("r.json"))
 
 
+@pytest.mark.full_tier
 def test_the_cli_never_sends_the_key_across_origins(fp32_dir, hf_base, tmp_path):
     """A server whose every path redirects to another port's real stand-in: without the flag one
     line naming the redirect; with it, the run completes against the second server, whose own

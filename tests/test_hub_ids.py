@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from conftest import WIKI, compare_json, run_cli
 from helpers.hub_cache import GGUF_REPO, GGUF_SNAPSHOT, MODEL, SNAPSHOTS
 
@@ -83,6 +85,7 @@ def test_a_gguf_in_a_hub_repository(hub_env, q4_1_gguf, fixture_base, tmp_path):
     assert flag["ppl"] == ppl_of(tmp_path, hub_env, "-m", q4_1_gguf)["ppl"]
 
 
+@pytest.mark.quick
 def test_what_cannot_be_found_is_one_line_naming_what_was_tried(hub_env, fp32_dir, tmp_path):
     cache = hub_env["HF_HUB_CACHE"]
     line = one_line_error(hub_env, "ppl", "-m", "someorg/missing", *WINDOWS)

@@ -53,6 +53,7 @@ def _windows(n_windows: int, n_ctx: int) -> list[Window]:
         (5, 384, 512, False),
     ],
 )
+@pytest.mark.quick
 def test_which_batches_keep_their_kernels(n_windows, n_ctx, ubatch, same):
     """llama.cpp's equal split as perplexity's context makes it (a KV stream per sequence)."""
     assert same_kernels(_windows(n_windows, n_ctx), ubatch) is same
@@ -112,6 +113,7 @@ def test_a_lanes_damaged_frame_is_one_line(small_container, tmp_path):  # noqa: 
     assert "Mean    KLD" not in p.stdout
 
 
+@pytest.mark.quick
 def test_contexts_only_for_llamacpp(tmp_path):
     p = fail("ppl", "--engine", "transformers", "--contexts", 2, "-f", WIKI, "--chunks", 1)
     one_line_error(p, errors.UsageError, "--contexts 2", "only for --engine llamacpp")

@@ -38,6 +38,7 @@ def last_line(p) -> str:
     return p.stderr.strip().splitlines()[-1]
 
 
+@pytest.mark.full_tier
 def test_base_files_and_results_record_their_manifest(runs, q4_1_gguf, tmp_path):
     base = tmp_path / "b.kldt"
     run_cli("base", "-m", q4_1_gguf, "-f", WIKI, "-c", 128, "--chunks", 2, "--kl-divergence-base", base)
@@ -66,6 +67,7 @@ def test_report_and_diff_refuse_two_instruction_sets(runs, tmp_path):
     run_cli("diff", runs / "Q8_0.h5", h5, "--mix")
 
 
+@pytest.mark.full_tier
 def test_report_refuses_two_dtypes(hf_base, fp32_dir, tmp_path):
     for dtype in ("float32", "bfloat16"):
         run_cli(

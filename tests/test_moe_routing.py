@@ -11,9 +11,10 @@ import json
 import numpy as np
 import pytest
 import torch
-from conftest import compare_json, run_cli
+from conftest import WIKI, compare_json, run_cli
 from helpers import moe_models
 from helpers.vocab_gguf import write_gguf
+from helpers.cpu_kernels import float32_rows_depend_on_the_batch
 from kldtool import errors
 
 CTX, CHUNKS = 128, 6
@@ -142,11 +143,6 @@ def test_info_and_the_flags_that_turn_routing_off(moe):
     assert "routing" not in json.loads(run_cli("info", plain, "--json").stdout)["metadata"]
     p = run_cli("base", *args, "--routing", "--format", "llamacpp", "--save-all-logits", root / "r.bin", check_rc=2)
     assert "no room for routing" in p.stderr and not (root / "r.bin").exists()
-    # A dense model (the built-in SmolLM2) has no routers to record: one line, no file.
-    dense = root / "dense.kldt"
-    p = run_cli("base", "--engine", "transformers", "--routing", "-f", text, "-c", CTX, "--chunks", 1,
-                "--save-all-logits", dense, check_rc=2)  # fmt: skip
-    assert "reads no mixture-of-experts routers" in p.stderr and "Traceback" not in p.stderr and not dense.exists()
     # A base file without routing: compare says nothing of routing.
     assert "routing" not in compare_json(plain, root, "-m", model_dir, "--engine", "transformers")["statistics"]
 
@@ -328,6 +324,17 @@ def test_a_run_in_turns_keeps_its_routing_in_the_checkpoint(moe, tmp_path):
     assert turns["windows"] == CHUNKS and turns["positions"] == whole["positions"]
     assert turns["layers"] == whole["layers"] and turns["first_departing_layer"] == whole["first_departing_layer"]
     assert turns["kld_split"]["changed"]["tokens"] == whole["kld_split"]["changed"]["tokens"]
-    assert turns["kld_split"]["changed"]["kld_sum"] == pytest.approx(
-        whole["kld_split"]["changed"]["kld_sum"], rel=1e-12
-    )
+    # The turns score their windows in other batches than the whole run. Where float32 rows do
+    # not depend on the batch (Intel Xeon) the sums are equal to 1e-12; where they do (AMD EPYC
+    # Zen 4: 2.1e-6 relative measured) the windows' logits move in their last bits.
+    rel = 1e-5 if float32_rows_depend_on_the_batch() else 1e-12
+    assert turns["kld_split"]["changed"]["kld_sum"] == pytest.approx(whole["kld_split"]["changed"]["kld_sum"], rel=rel)
+
+
+@pytest.mark.quick
+def test_routing_asked_of_a_dense_model_is_one_line(tmp_path):
+    """A dense model (the built-in SmolLM2) has no routers to record: one line, no file."""
+    dense = tmp_path / "dense.kldt"
+    p = run_cli("base", "--engine", "transformers", "--routing", "-f", WIKI, "-c", CTX, "--chunks", 1,
+                "--save-all-logits", dense, check_rc=2)  # fmt: skip
+    assert "reads no mixture-of-experts routers" in p.stderr and "Traceback" not in p.stderr and not dense.exists()

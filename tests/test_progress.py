@@ -39,6 +39,7 @@ def _fresh(args, tmp_path, **env) -> tuple[subprocess.CompletedProcess, bytes]:
     return p, err.read_bytes()
 
 
+@pytest.mark.full_tier
 def test_stderr_in_a_file_holds_plain_lines_and_stdout_is_unchanged(small_base, q4_1_gguf, tmp_path):
     args = _compare_args(small_base, q4_1_gguf)
     p, err = _fresh(args, tmp_path, KLDTOOL_PROGRESS_SECONDS="0")

@@ -130,6 +130,7 @@ def _docs_base(fp32_dir, tmp_path, *protocol):
 
 
 @pytest.mark.parametrize("full_only", [False, True])
+@pytest.mark.quick
 def test_documents_scores_each_document_from_its_start(fp32_dir, tmp_path, full_only):
     # Lengths 4 and 8: the 3- and 1-token documents are shorter than 4. By default every document
     # of 2 tokens or more counts whole up to 8 (the 1-token one has nothing to score); with

@@ -278,6 +278,7 @@ def test_two_drivers_of_one_output_never_mix_their_shards(cluster, single_bases,
     assert sorted(p.name for p in tmp_path.iterdir()) == ["both.kld"]  # no part, temporary or partial left
 
 
+@pytest.mark.quick
 def test_a_part_of_another_plan_is_refused_in_one_line(tmp_path):
     from kldtool.cluster.base_shards import PartBlocks, _part_record
     from kldtool.errors import EngineError

@@ -40,24 +40,13 @@ VARIANTS = {
 }
 
 
-@pytest.mark.parametrize("name", VARIANTS)
-def test_reference_suites_through(name):
-    env, skipped, least = VARIANTS[name]
+def _suites(env: dict, args: list[str]) -> str:
+    """The reference suites run again in a fresh process under ``env``; their output."""
+    # what the records feed (percentiles, sums merged, summaries, bootstrap) is the same code
+    # whichever reducer made them: only the reducers' own tests run again
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=", "-k"]
     p = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "-q",
-            "-p",
-            "no:cacheprovider",
-            "-k",
-            # what the records feed (percentiles, sums merged, summaries, bootstrap) is the same
-            # code whichever reducer made them: only the reducers' own tests run again
-            "not percentile and not bootstrap and not summaries and not shards",
-            *(str(HERE / f) for f in SUITES),
-            *(f"--deselect=tests/{node}" for node in skipped),
-        ],
+        [*cmd, "not percentile and not bootstrap and not summaries and not shards", *args],
         env=os.environ | env,
         capture_output=True,
         text=True,
@@ -65,5 +54,21 @@ def test_reference_suites_through(name):
         timeout=900,
     )
     assert p.returncode == 0, p.stdout[-4000:]
-    passed = re.search(r"(\d+) passed", p.stdout)
-    assert passed and int(passed.group(1)) >= least and "skipped" not in p.stdout, p.stdout[-2000:]
+    return p.stdout
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+def test_reference_suites_through(name):
+    env, skipped, least = VARIANTS[name]
+    out = _suites(env, [*(str(HERE / f) for f in SUITES), *(f"--deselect=tests/{node}" for node in skipped)])
+    passed = re.search(r"(\d+) passed", out)
+    assert passed and int(passed.group(1)) >= least and "skipped" not in out, out[-2000:]
+
+
+@pytest.mark.quick
+def test_the_torch_reducer_on_the_adversarial_rows():
+    """The quick tier's taste of the above: the torch reducer (what a GPU without Triton runs)
+    named as the one under test, and on both suites' adversarial rows against float64."""
+    out = _suites({"KLDTOOL_REDUCER": "torch"}, [str(HERE / f) + "::test_adversarial_rows" for f in SUITES] + [
+        str(HERE / "test_stats_reference.py::test_the_reducer_under_test")])  # fmt: skip
+    assert "3 passed" in out and "skipped" not in out, out[-2000:]

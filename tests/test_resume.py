@@ -161,3 +161,13 @@ def test_compare_resume_refuses_another_model(uninterrupted, requant, q4_1_gguf,
         check_rc=8,
     )
     assert "s.state" in p.stderr and "written for model" in p.stderr and "Traceback" not in p.stderr
+
+
+@pytest.mark.quick
+def test_resume_without_a_state_file_is_one_line(fixture_base, q4_1_gguf, tmp_path):
+    out = tmp_path / "r.json"
+    p = run_cli("compare", "--kl-divergence-base", fixture_base, "-m", q4_1_gguf, "--resume", "--json", out, check_rc=2)
+    assert p.stderr.strip().splitlines() == [
+        "kldtool: error: --resume needs --state FILE (the checkpoint to continue from)"
+    ]
+    assert not out.exists()

@@ -28,7 +28,7 @@ from kldtool.text.protocols import Protocol, rolling_windows
 from kldtool.errors import UsageError
 
 # lm-eval's wikitext task pages WikiText-2's own articles.
-pytestmark = [pytest.mark.long_module, pytest.mark.needs_shared]
+pytestmark = pytest.mark.long_module
 LENGTH = 256
 TITLE = re.compile(r"^ = [^=].* = \r?$")  # " = Robert Boulter = ", not " = = Career = = "
 
@@ -99,12 +99,14 @@ def lmeval(fp32_dir, pages, tmp_path_factory) -> dict:
     return json.loads(kept.read_text())
 
 
+@pytest.mark.needs_shared
 def test_paging_and_detokenizer_are_lmevals(pages, lmeval):
     assert wikitext.pages(WIKI.read_text(encoding="utf-8")) == articles()
     assert len(articles()) == 62
     assert [wikitext.detokenize(p) for p in pages["wikitext"]] == lmeval["runs"]["wikitext"]["texts"]
 
 
+@pytest.mark.needs_shared
 def test_window_layout_is_lmevals(lmeval):
     prefix = lmeval["prefix_token_id"]
     for n, theirs in lmeval["synthetic_layouts"].items():
@@ -121,6 +123,7 @@ def test_window_layout_is_lmevals(lmeval):
 
 
 @pytest.mark.parametrize("run", ["wikitext", "plain"])
+@pytest.mark.needs_shared
 def test_ppl_rolling_reproduces_lmeval(fp32_dir, pages, lmeval, run, tmp_path):
     theirs = lmeval["runs"][run]
     if run == "wikitext":
@@ -145,6 +148,7 @@ def test_ppl_rolling_reproduces_lmeval(fp32_dir, pages, lmeval, run, tmp_path):
     assert ours["protocol"] | {"prefix_id": lmeval["prefix_token_id"], "n_ctx": LENGTH} == ours["protocol"]
 
 
+@pytest.mark.needs_shared
 def test_compare_over_lmevals_tokens(fp32_dir, q4_1_gguf, pages, lmeval, tmp_path):
     """A rolling base file stores lm-eval's scored tokens; a quant (the built-in Q4_1 GGUF,
     through llama.cpp) is compared over exactly those."""
@@ -180,6 +184,7 @@ def test_compare_over_lmevals_tokens(fp32_dir, q4_1_gguf, pages, lmeval, tmp_pat
     assert info["protocol"] == "rolling"
 
 
+@pytest.mark.quick
 def test_rolling_flags_refused():
     with pytest.raises(UsageError, match="--stride"):
         Protocol.from_flags("rolling", 256, 64, None)

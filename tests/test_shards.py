@@ -26,6 +26,7 @@ def shards(requant, fixture_base, tmp_path_factory):
     return d, states, single
 
 
+@pytest.mark.full_tier
 def test_merge_of_three_shards_prints_every_line_of_one_run(shards):
     d, states, single = shards
     merged = run_cli("merge", *states, "--json", d / "merged.json")
@@ -69,6 +70,7 @@ def test_merge_refuses_an_unfinished_shard(shards, tmp_path):
     assert "half.state" in line and "unfinished (holds chunks 3:4)" in line and "--resume" in line
 
 
+@pytest.mark.full_tier
 def test_merge_refuses_shards_of_another_base(shards, requant, fixture_base_bos, tmp_path):
     _, states, _ = shards
     other = tmp_path / "other.state"

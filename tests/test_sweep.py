@@ -189,3 +189,9 @@ def test_sweep_writes_a_missing_base_first(q4_1_gguf, tmp_path):
     r = json.loads((tmp_path / "out" / "Q8_0.json").read_text())
     assert r["scored_tokens"] == 2 * (N_CTX - 1 - N_CTX // 2)
     assert r["model_size"]["bpw_linear"] == 8.5  # Q8_0: 34 bytes per block of 32
+
+
+@pytest.mark.quick
+def test_a_sweep_of_no_model_or_a_missing_base_is_one_line(fixture_base, tmp_path):
+    p = run_cli("sweep", "--kl-divergence-base", fixture_base, "-o", tmp_path / "o", check_rc=2)
+    assert len(p.stderr.strip().splitlines()) == 1 and "Traceback" not in p.stderr

@@ -75,6 +75,7 @@ def test_records_and_reducer_match_float64_reference(seed, k):
     assert (got.tv_hi > got.tv).all() and np.allclose(got.p_out, ref["rest"], rtol=1e-6, atol=1e-12)
 
 
+@pytest.mark.full_tier
 def test_topk_and_full_base_files_of_one_run(tmp_path, requant):
     """The same base run stored whole and as top-64: identical PPL, Δp and top agreement; a
     smaller KLD (the lower bound); the full KLD within the reported interval."""

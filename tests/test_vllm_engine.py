@@ -446,3 +446,12 @@ def test_vllm_compare_on_a_rolling_base_file(fp32_runs):
     # The same targets: PPL(Q) against the base run's own (unclamped) PPL; PPL(base) here
     # reads the stored rows, clamped at -16 nats as llama.cpp's are.
     assert s["ppl_q"]["value"] == pytest.approx(made["ppl"], rel=1e-6)  # measured 2.5e-8
+
+
+@pytest.mark.quick
+def test_a_malformed_vllm_arg_is_refused_before_vllm_starts(fixture_base, tmp_path):
+    out = tmp_path / "r.json"
+    p = run_cli("compare", "--engine", "vllm", "--vllm-arg", "nonsense", "--kl-divergence-base", fixture_base,
+                "--json", out, check_rc=2)  # fmt: skip
+    assert p.stderr.strip().splitlines() == ["kldtool: error: --vllm-arg 'nonsense': expected KEY=VALUE"]
+    assert not out.exists()

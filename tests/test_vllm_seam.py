@@ -68,6 +68,7 @@ def _seam_check(*args):
     )
 
 
+@pytest.mark.quick
 def test_seam_check_reads_a_release_and_names_what_changed(tmp_path):
     import shutil
 

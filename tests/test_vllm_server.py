@@ -37,6 +37,9 @@ pytestmark = [pytest.mark.filterwarnings("ignore"), pytest.mark.long_module]
 
 CTX = 128
 TOKEN = "operator-shared-secret"
+# A result that never comes (the hook tells a refused client nothing) is waited for this long,
+# not the 10 s a shared filesystem may need: every file here is on this machine's disk.
+SHORT_GRACE = {"KLDTOOL_RESULT_GRACE_S": "2"}
 
 
 @dataclass
@@ -308,15 +311,6 @@ def test_the_plugin_switch_reaches_ray_workers():
     assert got == ["switch 1: ['KLDTOOL_VLLM_HOOK', 'MINE'] True", "switch 0: ['MINE'] False"], p.stdout[-2000:]
 
 
-def test_a_server_without_the_plugin_is_a_one_line_error(fp32_dir, hf_base, tmp_path):
-    with served(fp32_dir, tmp_path, CTX + 1) as url:
-        t = time.monotonic()
-        p = run_cli("compare", "--server", url, "--kl-divergence-base", hf_base, check_rc=6)
-    lines = p.stderr.strip().splitlines()
-    assert len(lines) == 1 and "KLDTOOL_VLLM_HOOK=1" in lines[0], p.stderr
-    assert time.monotonic() - t < 60  # not a hang
-
-
 def test_a_missing_or_wrong_token_is_named_as_the_cause(fp32_server):
     """The hook tells a request without the server's token nothing (an answer would let anyone
     write into the exchange root); the client's one line names its own token first."""
@@ -326,7 +320,7 @@ def test_a_missing_or_wrong_token_is_named_as_the_cause(fp32_server):
     ):
         p = run_cli(
             "ppl", "--server", fp32_server.url, "-f", WIKI, "-c", CTX, "--chunks", 1,
-            check_rc=6, env_extra=fp32_server.env | {"KLDTOOL_VLLM_TOKEN": token},
+            check_rc=6, env_extra=fp32_server.env | {"KLDTOOL_VLLM_TOKEN": token, **SHORT_GRACE},
         )  # fmt: skip
         lines = p.stderr.strip().splitlines()
         assert len(lines) == 1 and "no answer from kldtool's hook: either " in lines[0], lines
@@ -335,6 +329,7 @@ def test_a_missing_or_wrong_token_is_named_as_the_cause(fp32_server):
     assert not list(fp32_server.box.exchange.glob("kldtool-exchange-*"))
 
 
+@pytest.mark.quick
 def test_server_flag_errors(hf_base, tmp_path):
     p = run_cli("compare", "--server", "http://127.0.0.1:9", "--kl-divergence-base", hf_base, check_rc=6)
     assert p.stderr.strip().splitlines() == [

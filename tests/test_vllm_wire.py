@@ -63,6 +63,7 @@ def _modes(base: str) -> dict:
     }
 
 
+@pytest.mark.full_tier
 def test_what_a_client_sends_parses_for_every_mode(box):
     reader, windows = _windows(box.base)
     for mode, fields in _modes(str(box.base)).items():
@@ -215,6 +216,7 @@ class Runner:
         self.state.sweep(lambda r: False)
 
 
+@pytest.mark.full_tier
 def test_every_hostile_spec_ends_in_its_own_error_and_nothing_escapes(box):
     """The server test's hostile specs (its fixed cases and 300 random ones), in process: no
     exception leaves the hook, every case leaves what its envelope says (one result file, or

@@ -79,6 +79,7 @@ def test_the_largest_vocabulary_in_every_stored_form(tmp_path):
 
 
 @pytest.mark.parametrize("vocab", sorted({v for _, v, _ in SHAPES.values()}))
+@pytest.mark.quick
 def test_every_stored_form_at_every_vocabulary(vocab, tmp_path):
     """The rows of one run stored in every form at each vocabulary, in process (no model): what
     each file reads back is what the encoder made, the raw layout's row is 2 * V + 8 bytes, the
@@ -198,6 +199,7 @@ def test_a_tied_head_replayed_from_hidden_states(tmp_path):
     assert abs(compare_json(hidden, tmp_path, "-m", model)["statistics"]["kld_mean"]["value"]) < 1e-6
 
 
+@pytest.mark.quick
 def test_a_block_is_encoded_in_slices_with_the_same_bytes(monkeypatch):
     """The base encoder takes a block's rows a slice at a time (its temporaries are a few times
     its input: 5 GiB beside a 1,023-row block of a 262,144 vocabulary). Rows are independent, so

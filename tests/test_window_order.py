@@ -113,6 +113,7 @@ def test_a_checkpoint_in_one_order_is_not_resumed_in_another(runs, tmp_path):
         (("--order", "random", "--target-ci", "0.1", "--min-chunks", "1"), "--min-chunks 1"),
     ],
 )
+@pytest.mark.quick
 def test_bad_order_and_target_flags_are_one_line_usage_errors(requant, fixture_base, flags, words):
     p = run_cli("compare", "--kl-divergence-base", fixture_base, "-m", requant("Q2_K"), *flags, check_rc=2)
     (line,) = p.stderr.strip().splitlines()

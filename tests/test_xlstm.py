@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import ROOT, run_cli
+from conftest import ROOT, WIKI, run_cli
 from helpers.claimed import claimed
 
 sys.path.insert(0, str(ROOT / "tests" / "helpers"))
@@ -196,3 +196,11 @@ def test_bad_inputs_get_one_line(run, tmp_path):
     assert "'99' matches no checkpoint" in p.stderr
     p = run_cli("ppl", "-m", run, "--checkpoints", "all", "-f", bad, check_rc=2)
     assert "-o DIR" in p.stderr
+
+
+@pytest.mark.quick
+def test_a_directory_that_is_not_a_helibrunna_run_is_one_line(tmp_path):
+    p = run_cli("ppl", "--engine", "xlstm", "-m", tmp_path, "-f", WIKI, "-c", 64, "--chunks", 1, check_rc=6)
+    assert p.stderr.strip().splitlines() == [
+        f"kldtool: error: {tmp_path}: not a helibrunna run (tokenizer.json and checkpoint-N/config.yaml)"
+    ]

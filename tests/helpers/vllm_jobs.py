@@ -29,6 +29,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 import traceback
 from pathlib import Path
 
@@ -45,6 +46,7 @@ def run_jobs(jobs: list[dict], out: Path, max_ctx: int, env: dict, name: str = "
         files = {kind: out / f"{job['name']}.{kind}" for kind in ("out", "err", "rc", "json")}
         rc = int(files["rc"].read_text())
         assert rc == 0, files["err"].read_text()[-3000:]
+        print(f"vllm job {job['name']} ({job.get('group', '')}): {(out / (job['name'] + '.seconds')).read_text()} s")
         summary = json.loads(files["json"].read_text()) if files["json"].exists() else None
         results[job["name"]] = (files["out"].read_text(), files["err"].read_text(), rc, summary)
     return results
@@ -99,11 +101,14 @@ def run_group(jobs: list[dict], out: str, max_ctx: int) -> None:
 
     for job in jobs:
         path = os.path.join(out, job["name"])
+        t = time.monotonic()
         with open(path + ".out", "w") as o, open(path + ".err", "w") as e:
             with contextlib.redirect_stdout(o), contextlib.redirect_stderr(e):
                 rc = _probe(job["probe"], path) if "probe" in job else _run([str(a) for a in job["argv"]])
         with open(path + ".rc", "w") as f:
             f.write(str(rc))
+        with open(path + ".seconds", "w") as f:  # the first job of a group pays for its engine's start
+            f.write(f"{time.monotonic() - t:.2f}")
     for engine in engines.values():
         engine.close_at_the_end()
 

@@ -37,8 +37,18 @@ from kldtool.logitsfile.hidden import DTYPES
 from kldtool.runtime import http
 from kldtool.text.protocols import Window
 
-# A result written on another node may take a moment to show on a shared filesystem.
+# A result written on another node may take a moment to show on a shared filesystem: how long
+# the client waits for one before it calls the window unanswered (KLDTOOL_RESULT_GRACE_S sets it).
 RESULT_GRACE_S = 10.0
+
+
+def result_grace() -> float:
+    try:
+        return max(float(os.environ.get("KLDTOOL_RESULT_GRACE_S") or RESULT_GRACE_S), 0.1)
+    except ValueError:
+        return RESULT_GRACE_S
+
+
 # Requests open at once: enough for the server to batch a call's windows, not a thread per window.
 MAX_IN_FLIGHT = 128
 
@@ -225,7 +235,7 @@ class VllmServerEngine(HookedEngine):
     @staticmethod
     def _wait(*paths: str) -> str | None:
         """The first of ``paths`` that exists, waiting a little for a slow shared filesystem."""
-        deadline = time.monotonic() + RESULT_GRACE_S
+        deadline = time.monotonic() + result_grace()
         while True:
             for p in paths:
                 if os.path.exists(p):
