@@ -31,4 +31,7 @@ export VLLM_CPU_OMP_THREADS_BIND=${VLLM_CPU_OMP_THREADS_BIND:-nobind}
 # Sleeping instead (PASSIVE), two float64 `attribute` runs side by side took 41 s each, not 85 s
 # (alone: 27.5 s against 25.7 s).
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}
-exec .venv/bin/python -m pytest -n "${KLDTOOL_TEST_WORKERS:-2}" --dist loadfile ${tier[@]+"${tier[@]}"} "$@"
+# Files are handed out longest first (tests/conftest.py orders them by measured cost); xdist's
+# own reordering, by number of tests, would start a long file with few tests last.
+exec .venv/bin/python -m pytest -n "${KLDTOOL_TEST_WORKERS:-2}" --dist loadfile --no-loadscope-reorder \
+  ${tier[@]+"${tier[@]}"} "$@"

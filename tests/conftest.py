@@ -96,10 +96,12 @@ def pytest_runtest_setup(item):
 
 
 def pytest_collection_modifyitems(items):
-    """Modules marked long_module first. Under scripts/test.sh this decides less than it seems:
-    xdist's loadfile scheduler hands out files by their number of tests, most first (its
-    loadscope-reorder default), and keeps this order only among files of equal count."""
-    items.sort(key=lambda item: item.get_closest_marker("long_module") is None)
+    """Test files longest first, by their measured cost (helpers/timings.py's COSTS):
+    scripts/test.sh turns off xdist's own reordering (by number of tests), so its loadfile
+    scheduler hands files out in this order and a long file never starts last."""
+    import helpers.timings
+
+    helpers.timings.by_cost(items)
 
 
 @contextlib.contextmanager
@@ -217,6 +219,26 @@ def hf_base(artefacts) -> Path:
         assert "Final estimate: PPL = " in p.stderr
 
     return built(artefacts / "hf-f32-c128.kldt", write)
+
+
+@pytest.fixture(scope="session")
+def fixture_compares(fixture_base, requant, artefacts) -> Path:
+    """A directory holding, in T/ for T in Q8_0 and Q2_K, ``compare -m requant(T)
+    --kl-divergence-base fixture_base --json T.json --per-token T.h5`` (its stdout in T.out),
+    run once per test run for every module that only reads them (diff, manifests, the HTML
+    report)."""
+    d = artefacts / "compares"
+    d.mkdir(exist_ok=True)
+    for t in ("Q8_0", "Q2_K"):
+
+        def run(tmp: Path, t=t) -> None:
+            tmp.mkdir()
+            p = run_cli("compare", "-m", requant(t), "--kl-divergence-base", fixture_base,
+                        "--json", tmp / f"{t}.json", "--per-token", tmp / f"{t}.h5")  # fmt: skip
+            (tmp / f"{t}.out").write_text(p.stdout)
+
+        built(d / t, run)
+    return d
 
 
 def final_block_lines(text: str) -> list[str]:

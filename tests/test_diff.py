@@ -16,22 +16,9 @@ SEED, RESAMPLES = 7, 500
 
 
 @pytest.fixture(scope="module")
-def runs(fixture_base, requant, tmp_path_factory):
+def runs(fixture_base, fixture_compares, requant, tmp_path_factory):
     d = tmp_path_factory.mktemp("diff")
-    out = {}
-    for q in ("Q8_0", "Q2_K"):
-        run_cli(
-            "compare",
-            "-m",
-            requant(q),
-            "--kl-divergence-base",
-            fixture_base,
-            "--per-token",
-            d / f"{q}.h5",
-            "--json",
-            d / f"{q}.json",
-        )
-        out[q] = d / f"{q}.h5"
+    out = {q: fixture_compares / q / f"{q}.h5" for q in ("Q8_0", "Q2_K")}
     # Q8_0 again, kept as a state file this time: the same run by the other kind of file.
     run_cli("compare", "-m", requant("Q8_0"), "--kl-divergence-base", fixture_base, "--state", d / "Q8_0-again.npz")
     out["Q8_0-again"] = d / "Q8_0-again.npz"

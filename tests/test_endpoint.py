@@ -10,6 +10,7 @@ import json
 import time
 import os
 import signal
+import subprocess
 
 import h5py
 import numpy as np
@@ -20,6 +21,7 @@ from helpers.interrupt import run_until
 from helpers.proxy import flaky
 from helpers.vllm_serve import IN_PROCESS, served
 from helpers.cpu_kernels import float32_rows_depend_on_the_batch
+from helpers.vllm_jobs import run_jobs
 
 pytest.importorskip("vllm")
 pytestmark = [pytest.mark.filterwarnings("ignore"), pytest.mark.long_module]
@@ -47,8 +49,6 @@ def runs(w8a8_dir, fp32_dir, hf_base, tmp_path_factory):
     d = tmp_path_factory.mktemp("endpoint")
     out = {"dir": d}
     args = ("--kl-divergence-base", hf_base, "--chunks", 4)
-    offline = ("compare", "--engine", "vllm", "-m", w8a8_dir, *args)
-    out["offline"] = run_cli(*offline, "--json", d / "off.json", "--per-token", d / "off.h5", env_extra=IN_PROCESS)
     with served(w8a8_dir, d, CTX + 1) as url:  # stock: no operator settings, no hook
         out["url"] = url
         out["endpoint"] = run_cli(
@@ -96,10 +96,26 @@ def runs(w8a8_dir, fp32_dir, hf_base, tmp_path_factory):
         out["fp32"] = run_cli(
             "compare", "--endpoint", url, *args, "--json", d / "ep32.json", "--per-token", d / "ep32.h5"
         )
-    offline32 = ("compare", "--engine", "vllm", "-m", fp32_dir, "--dtype", "float32", *args, "--json", d / "off32.json")
-    out["offline32"] = run_cli(*offline32, "--per-token", d / "off32.h5", env_extra=IN_PROCESS)
-    offline_topk = ("compare", "--engine", "vllm", "-m", w8a8_dir, *topk, "--json", d / "off-topk.json")
-    out["off_topk"] = run_cli(*offline_topk, env_extra=IN_PROCESS)
+    # The offline references, on one engine per model in one process that imports vLLM once
+    # (tests/helpers/vllm_jobs.py): W8A8 against the base file and against the server's top-K
+    # file, then the float32 model.
+    w8a8 = ("compare", "--engine", "vllm", "-m", w8a8_dir)
+    fp32 = ("compare", "--engine", "vllm", "-m", fp32_dir, "--dtype", "float32")
+    jobs = [
+        {
+            "name": "offline",
+            "group": "w8a8",
+            "argv": [*w8a8, *args, "--json", d / "off.json", "--per-token", d / "off.h5"],
+        },
+        {"name": "off_topk", "group": "w8a8", "argv": [*w8a8, *topk, "--json", d / "off-topk.json"]},
+        {
+            "name": "offline32",
+            "group": "fp32",
+            "argv": [*fp32, *args, "--json", d / "off32.json", "--per-token", d / "off32.h5"],
+        },
+    ]
+    for name, (stdout, stderr, rc, _) in run_jobs(jobs, d, CTX + 1, os.environ | IN_PROCESS, "offline").items():
+        out[name] = subprocess.CompletedProcess([], rc, stdout, stderr)
     return out
 
 

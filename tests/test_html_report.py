@@ -21,11 +21,10 @@ needs_browser = pytest.mark.skipif(
 
 
 @pytest.fixture(scope="module")
-def page(fixture_base, requant, tmp_path_factory):
+def page(fixture_compares, tmp_path_factory):
     d = tmp_path_factory.mktemp("html")
-    for q in ("Q8_0", "Q2_K"):
-        run_cli("compare", "-m", requant(q), "--kl-divergence-base", fixture_base, "--per-token", d / f"{q}.h5")
-    run_cli("report", d / "Q8_0.h5", d / "Q2_K.h5", "--html", d / "report.html", "--title", "SmolLM2 quants")
+    h5 = [fixture_compares / q / f"{q}.h5" for q in ("Q8_0", "Q2_K")]
+    run_cli("report", *h5, "--html", d / "report.html", "--title", "SmolLM2 quants")
     html = (d / "report.html").read_text()
     assert "http://" not in html and "https://" not in html and "<script" not in html  # self-contained
     return d / "report.html"

@@ -12,15 +12,58 @@ import os
 from collections import defaultdict
 
 BUDGET_S = 300.0  # a file over five minutes is named in every run's summary
+# Seconds per test file in a clean-clone full run (2026-12-02, 2-core AMD EPYC, both workers
+# busy; `scripts/test.sh --timings` gives today's): the order files are handed to the workers,
+# the longest first, so that no long file starts late and leaves a worker idle at the end.
+# Files not listed take under 40 s and follow in collection order.
+COSTS = {
+    "test_vllm_engine.py": 620,
+    "test_vllm_server.py": 491,
+    "test_ray_cluster.py": 345,
+    "test_vocabularies.py": 263,
+    "test_endpoint.py": 201,
+    "test_long_context.py": 183,
+    "test_resume.py": 130,
+    "test_attribute.py": 127,
+    "test_hidden_gguf.py": 125,
+    "test_moe_routing.py": 106,
+    "test_protocols.py": 103,
+    "test_endpoint_llamacpp.py": 96,
+    "test_rolling_protocol.py": 87,
+    "test_hub_ids.py": 86,
+    "test_xlstm.py": 82,
+    "test_sweep.py": 79,
+    "test_reducer_variants.py": 62,
+    "test_llamacpp_parity.py": 57,
+    "test_cli_errors.py": 56,
+    "test_endpoint_hostile.py": 55,
+    "test_vllm_wire.py": 50,
+    "test_gpu_check.py": 48,
+    "test_llamacpp_lanes.py": 47,
+    "test_hidden_base.py": 47,
+    "test_html_report.py": 41,
+}
+
+
+def by_cost(items) -> None:
+    """Sort collected tests so their files come longest first (stable within a file)."""
+    items.sort(key=lambda item: -COSTS.get(item.path.name, 0))
+
 
 _seconds: dict[str, float] = defaultdict(float)
 _setup: dict[str, float] = defaultdict(float)
 _tests: dict[str, int] = defaultdict(int)
+_span: dict[str, list] = {}  # file -> [first start, last stop, worker]
 
 
 def pytest_runtest_logreport(report):
     path = report.nodeid.split("::", 1)[0]
     _seconds[path] += report.duration
+    start, stop = getattr(report, "start", None), getattr(report, "stop", None)
+    if start is not None and stop is not None:
+        worker = getattr(getattr(getattr(report, "node", None), "gateway", None), "id", "main")
+        span = _span.setdefault(path, [start, stop, worker])
+        span[0], span[1] = min(span[0], start), max(span[1], stop)
     if report.when == "setup":
         _setup[path] += report.duration
     elif report.when == "call":
@@ -37,8 +80,14 @@ def pytest_terminal_summary(terminalreporter, config):
             terminalreporter.line(f"{s:8.1f} s  {p}")
     out = os.environ.get("KLDTOOL_TIMINGS")
     if out:
+        t0 = min((v[0] for v in _span.values()), default=0.0)
         rows = {
             p: {"seconds": round(s, 2), "setup_s": round(_setup[p], 2), "tests": _tests[p]}
+            | (
+                {"from_s": round(_span[p][0] - t0, 1), "to_s": round(_span[p][1] - t0, 1), "worker": _span[p][2]}
+                if p in _span
+                else {}
+            )  # fmt: skip
             for p, s in sorted(_seconds.items(), key=lambda x: -x[1])
         }
         with open(out, "w", encoding="utf-8") as f:
