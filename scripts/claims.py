@@ -61,6 +61,12 @@ CLAIMS = {
         "not asserted (a speed: benchmarks only)",
         "2026-11-25, 2-core vm",
     ),
+    "`compare --engine llamacpp -ngl 99`": (
+        ["tests/test_gpu_check.py", "tests/test_llamacpp_offload.py"],
+        ["benchmarks/llamacpp_gpu.py", "benchmarks/gpu_check.sh"],
+        "CI: -ngl 99 on the CPU build prints llama-perplexity's lines (the dry run); the GPU ratio is not measured",
+        "not measured on a GPU yet (2026-12-04: the dry run on a 2-core EPYC)",
+    ),
     "transformers compare vs its bare forward": (
         [],
         ["benchmarks/transformers_overhead.py"],

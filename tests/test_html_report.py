@@ -71,8 +71,8 @@ def test_report_page_in_a_real_browser(page, browser, tmp_path):
     assert len(browser.find_elements(By.CSS_SELECTOR, "img")) == 3
     assert all(img.get_property("naturalWidth") > 100 for img in browser.find_elements(By.CSS_SELECTOR, "img"))
     manifests = browser.find_elements(By.CSS_SELECTOR, "#manifests tbody tr")
-    assert [len(m.find_elements(By.TAG_NAME, "td")) for m in manifests] == [9, 9]
-    assert "AVX2" in manifests[0].text and "llamacpp" in manifests[0].text
+    assert [len(m.find_elements(By.TAG_NAME, "td")) for m in manifests] == [10, 10]
+    assert "AVX2" in manifests[0].text and "llamacpp" in manifests[0].text and "CPU" in manifests[0].text
     models = browser.find_elements(By.CSS_SELECTOR, "section.model")
     assert [m.find_element(By.TAG_NAME, "h3").text for m in models] == ["Q2_K", "Q8_0"]
     tokens = models[0].find_elements(By.CSS_SELECTOR, ".tok")

@@ -140,6 +140,9 @@ def noise_floor_cmd(
     ),
     chunks: Optional[int] = typer.Option(None, "--chunks", help="Use only the base file's first N chunks."),
     json_out: Optional[str] = typer.Option(None, "--json", help="Write the floor here (for compare --noise-floor)."),
+    force: bool = typer.Option(
+        False, "--force", help="Measure it even where the base file's llama.cpp backend (CPU, CUDA ...) is another."
+    ),
     run=None,
     shown=None,
 ):
@@ -160,7 +163,7 @@ def noise_floor_cmd(
         span = parse_chunk_range(None, chunks, reader.header.n_chunk, base_file)
         eng = open_engine(run, model or named, reader.header.n_ctx)
         try:
-            run_noise_floor(eng, reader, json_path=json_out, chunk_range=span)
+            run_noise_floor(eng, reader, json_path=json_out, chunk_range=span, force=force)
         finally:
             eng.close()
     finally:

@@ -60,7 +60,7 @@ def start_loading(given: dict, model: str | None) -> None:
         if e.preload is None:
             return
         ref = _model_ref(model, given.get("revision"), given.get("gguf_file"))
-        registry.start_preload(e, ref.path if ref else None)  # None: the engine's built-in model
+        registry.start_preload(e, ref.path if ref else None, given)  # None: the engine's built-in model
     except (EngineError, UsageError):
         pass
 

@@ -46,6 +46,7 @@ class Facts:
     runner: str | None = None  # vLLM's model-runner generations the hook is installed in
     eager: bool | None = None  # vLLM without CUDA graphs or compilation (None: not vLLM)
     cpu_isa: str | None = None  # llama.cpp's build's instruction set
+    backend: str | None = None  # llama.cpp's backend: "CPU", or the GPUs and the layers they hold
     can: frozenset[str] = frozenset()
 
     def __post_init__(self):
@@ -125,6 +126,12 @@ class Routing(Protocol):
 
     def record_routing(self):
         """Start filing each scored row's experts; ``pop(window index)`` gives a window's."""
+
+
+def label(engine) -> str:
+    """The engine as a run's first line names it: its name and its own note (llama.cpp's backend,
+    a server's form), if it has one."""
+    return engine.facts.name + getattr(engine, "header_note", "")
 
 
 def carried_blocks(window, size: int) -> Iterator[tuple[int, int, int]]:

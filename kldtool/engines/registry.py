@@ -34,7 +34,7 @@ class EngineEntry:
     server_side_of: tuple[str, ...] = ()  # engines whose flags are its server's settings too (but its own)
     server_note: str = ""  # how that refusal ends
     refusal_notes: tuple[tuple[str, str], ...] = ()  # (flag, why its owners alone take it)
-    preload: str | None = None  # a module with start(path) and drop(): the model loaded early on a thread
+    preload: str | None = None  # a module with start(path, flags) and drop(): the model loaded early on a thread
     offers: tuple[tuple[str, str], ...] = ()  # (part, "module:name"): what others reach through offered()
     text_format: str | None = None  # how its models read a text corpus file (None: as text)
     listed: bool = True  # a value of --engine
@@ -80,9 +80,9 @@ def bounds_of(described: dict) -> dict | None:
     return offered("bounds", name)(described)
 
 
-def start_preload(e: EngineEntry, path: str | None) -> None:
+def start_preload(e: EngineEntry, path: str | None, given: dict) -> None:
     if e.preload is not None:
-        importlib.import_module(e.preload).start(path)
+        importlib.import_module(e.preload).start(path, given)
 
 
 def drop_preloads() -> None:

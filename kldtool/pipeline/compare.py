@@ -14,7 +14,7 @@ import time
 from contextlib import ExitStack
 
 from kldtool.analysis.per_token import PerTokenWriter
-from kldtool.engines.contract import BOUNDED
+from kldtool.engines.contract import BOUNDED, label
 from kldtool.pipeline import engine_modes
 from kldtool.provenance.identity import base_identity, tokenizer_identity
 from kldtool.logitsfile import frame_facts
@@ -120,7 +120,7 @@ class CompareRun:
         where = f"chunks {a + done + 1}..{b}" if not order.random else f"{b - a - done} windows of chunks {a + 1}..{b}"
         sinks.info(
             f"compare: {where} of {h.n_chunk}, order {order}, n_ctx={h.n_ctx}, n_seq={self.n_seq}, "
-            f"engine {engine.facts.name}{getattr(engine, 'header_note', '')}{self.schedule.note if self.schedule else ''}, "
+            f"engine {label(engine)}{self.schedule.note if self.schedule else ''}, "
             f"base {reader.path} "
             f"({reader.format_name})"
         )

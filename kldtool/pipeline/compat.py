@@ -5,11 +5,13 @@ from __future__ import annotations
 
 from kldtool.errors import ContextTooLong, TokenizerMismatch, VocabMismatch
 from kldtool.provenance.identity import tokenizer_identity
+from kldtool.provenance.manifest import backend_change
 from kldtool.text.protocols import HALF_SCORED_CHUNKS, Window, stored_windows
 
 
 def check_compatible(engine, reader, force: bool) -> list[str]:
-    """Refuse a model that does not belong to the base file; returns warnings that --force kept."""
+    """Refuse a model that does not belong to the base file; returns warnings: what --force
+    kept, and a llama.cpp backend other than the base file's."""
     h, meta, where = reader.header, reader.metadata, reader.path
     if engine.facts.n_vocab != h.n_vocab:
         raise VocabMismatch(f"{where}: base file has a vocabulary of {h.n_vocab}, the model {engine.facts.n_vocab}")
@@ -39,6 +41,9 @@ def check_compatible(engine, reader, force: bool) -> list[str]:
         if not force:
             raise TokenizerMismatch(msg + "; --force compares anyway")
         warnings.append("FORCED: " + msg)
+    changed = backend_change(meta.get("manifest"), engine.facts)
+    if changed:
+        warnings.append(f"{where}: {changed}")
     return warnings
 
 

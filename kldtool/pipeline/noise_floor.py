@@ -11,6 +11,7 @@ from kldtool.pipeline.sinks import Sinks
 from kldtool.pipeline.compare import run_compare
 from kldtool.pipeline.compare_job import CompareJob
 from kldtool.pipeline.floor_file import mark_floor
+from kldtool.provenance.manifest import backend_change
 from kldtool.runtime.small_files import write_json
 
 MODEL_KEYS = ("engine", "dtype", "device")
@@ -27,11 +28,20 @@ def run_noise_floor(
     json_path: str | None = None,
     sinks: Sinks | None = None,
     chunk_range: tuple[int, int] | None = None,
+    force: bool = False,
     **compare_args,
 ) -> dict:
     sinks = sinks or Sinks()
     meta = reader.metadata
     f = engine.facts
+    changed = backend_change(meta.get("manifest"), f)
+    if changed and not force:
+        # A floor is the noise of the path the quants are compared on; across backends it is
+        # the backends' difference instead, and would hide quants smaller than that.
+        raise UsageError(
+            f"noise-floor: {reader.path}: {changed}; run it on the base file's backend, or --force to "
+            f"take their difference as the floor"
+        )
     this = numeric_path(
         {"engine": f.name, "dtype": f.dtype, "device": f.device}, engine.windows_per_call(reader.header.n_ctx)
     )

@@ -15,7 +15,7 @@ from contextlib import closing
 
 import numpy as np
 
-from kldtool.engines.contract import Engine
+from kldtool.engines.contract import Engine, label
 from kldtool.pipeline import engine_modes
 from kldtool.text.corpus import Corpus
 from kldtool.pipeline.sinks import Sinks
@@ -104,7 +104,7 @@ class PplRun:
         self.schedule = engine_modes.schedule(engine, list(groups(plan.windows, engine.windows_per_call(plan.n_ctx))))
         self.sinks.info(
             f"ppl: protocol {protocol.name}, {len(plan.windows)} windows of up to {plan.n_ctx} tokens "
-            f"({plan.n_source_tokens} tokens in {self.corpus.name}), engine {engine.facts.name}{self.schedule.note}"
+            f"({plan.n_source_tokens} tokens in {self.corpus.name}), engine {label(engine)}{self.schedule.note}"
         )
         self.total = PplAccumulator()
         self.per_length = {n: PplAccumulator() for n in protocol.lengths}

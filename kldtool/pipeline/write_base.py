@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kldtool.codec import Coding
-from kldtool.engines.contract import Engine
+from kldtool.engines.contract import Engine, label
 from kldtool.errors import ReplayMismatch, UsageError
 from kldtool.pipeline import engine_modes
 from kldtool.provenance.identity import model_identity, tokenizer_identity
@@ -176,7 +176,7 @@ def run_base(engine: Engine, corpus: Corpus, job: BaseJob, sinks: Sinks | None =
     hidden = HiddenStore(engine, job.replay_tolerance, job.head) if job.store == "hidden" and job.out_path else None
     t0 = time.time()
     setup = setup_base(engine, corpus, job, hidden)
-    sinks.info(describe_run(setup, job.protocol, corpus.name, engine.facts.name))
+    sinks.info(describe_run(setup, job.protocol, corpus.name, label(engine)))
     encode = (
         (lambda group: hidden.blocks(engine, group))
         if hidden

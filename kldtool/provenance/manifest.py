@@ -1,6 +1,6 @@
 """A run's manifest: how its numbers were computed (engine and versions, dtype, device kind,
 tensor-parallel size, vLLM's runner generation and eager mode, the llama.cpp build's
-instruction set, the tokenizer). Base files, compare results, per-token and state files record
+instruction set and backend, the tokenizer). Base files, compare results, per-token and state files record
 it; ``report``, ``diff`` and ``merge`` refuse runs whose manifests disagree on what changes the
 numbers, naming the field, unless told ``--mix``.
 
@@ -18,7 +18,7 @@ from kldtool import __version__
 from kldtool.errors import UsageError
 
 # Fields that change a run's numbers, compared between runs of one engine.
-NUMERIC = ("dtype", "device_kind", "tensor_parallel", "runner", "eager", "cpu_isa")
+NUMERIC = ("dtype", "device_kind", "tensor_parallel", "runner", "eager", "cpu_isa", "backend")
 # What shards of one run share besides (merge).
 ONE_RUN = ("engine", "versions", *NUMERIC)
 
@@ -37,6 +37,7 @@ def run_manifest(engine) -> dict:
         "runner": f.runner,
         "eager": f.eager,
         "cpu_isa": f.cpu_isa,
+        "backend": f.backend,
         "head_sha256": None,  # no engine reports one: a hidden-state file keeps its head's sha256 itself
         "tokenizer": tokenizer_identity(engine),
         "source": engine.source,
@@ -50,7 +51,8 @@ def check_manifests(
     hint: str = "--mix",
 ) -> None:
     """Refuse, naming the first field, two manifests that disagree on ``fields`` (between runs
-    of one engine when ``per_engine``). Runs without a manifest (older kldtool) are not checked."""
+    of one engine when ``per_engine``). Runs without a manifest (older kldtool) are not checked,
+    nor a field one of the two lacks (a kldtool older than the field: unknown, not different)."""
     _check_revisions(items, hint)
     _check_kld_kinds(items, hint)
     seen: dict = {}
@@ -63,11 +65,24 @@ def check_manifests(
             continue
         first, ref = seen[key]
         for f in fields:
-            if m.get(f) != ref.get(f):
+            if f in m and f in ref and m[f] != ref[f]:
                 raise UsageError(
                     f"{where}: manifest field {f} is {m.get(f)!r}, {first}'s is {ref.get(f)!r}: their "
                     f"numbers are not comparable; {hint} allows it"
                 )
+
+
+def backend_change(base: dict | None, facts) -> str | None:
+    """What differs between the llama.cpp backend that wrote a base file (its manifest) and the
+    one of a run against it, as a sentence; None where they agree or either is not known."""
+    if not base or base.get("engine") != facts.name or not base.get("backend") or not facts.backend:
+        return None
+    if base["backend"] == facts.backend:
+        return None
+    return (
+        f"the base file's logits were computed on llama.cpp's {base['backend']} backend, this run's on "
+        f"{facts.backend}: their kernels differ, and so does every statistic by that much"
+    )
 
 
 def _check_kld_kinds(items: list[tuple[str, dict | None]], hint: str) -> None:

@@ -13,6 +13,7 @@ import tempfile
 
 from kldtool.report import table
 from kldtool.analysis.results import ResultRow
+from kldtool.provenance.manifest import NUMERIC
 
 WINDOWS = 2  # worst windows shown per model
 FULL_SHADE_KLD = 1.0  # a token at or above this KLD gets the darkest shade
@@ -40,7 +41,7 @@ def _table(rows: list[ResultRow]) -> str:
 
 def _manifests(rows: list[ResultRow]) -> str:
     """How each run's numbers were computed (kldtool/provenance/manifest.py)."""
-    fields = ("engine", "versions", "dtype", "device_kind", "tensor_parallel", "runner", "eager", "cpu_isa")
+    fields = ("engine", "versions", *NUMERIC)
     th = "".join(f"<th>{f}</th>" for f in ("quant", *fields))
 
     def cell(v):

@@ -24,7 +24,9 @@ from kldtool.engines.contract import Facts, whole_windows
 from kldtool.engines.llamacpp import ENTRIES
 from kldtool.engines.llamacpp import load as llamacpp_load
 from kldtool.engines.llamacpp.attention import Attention
+from kldtool.engines.llamacpp.backend import placement
 from kldtool.engines.llamacpp.load import cpu_features, silence_llama_logs
+from kldtool.engines.llamacpp.offload import Offload
 from kldtool.engines.llamacpp.options import LlamaCppOptions
 from kldtool.errors import EngineError, UsageError
 from kldtool.text.protocols import Window
@@ -41,7 +43,7 @@ class LlamaCppEngine:
         if opts.dtype not in (None, "gguf"):
             raise UsageError(f"--dtype {opts.dtype}: the llamacpp engine runs the GGUF's own types; drop --dtype")
         if opts.device not in (None, "cpu"):
-            raise UsageError(f"--device {opts.device}: this llamacpp engine build runs on the CPU")
+            raise UsageError(f"--device {opts.device}: the llamacpp engine places layers with -ngl, -sm, -mg, -ts")
         own = opts.own or LlamaCppOptions()
         return cls(
             opts.model or defaults.default_gguf(),
@@ -49,6 +51,7 @@ class LlamaCppEngine:
             batch_tokens=opts.batch_tokens,
             contexts=own.contexts,
             attention=own.attention,
+            offload=own.offload,
         )
 
     def __init__(
@@ -59,6 +62,7 @@ class LlamaCppEngine:
         verbose: bool = False,
         contexts: int | None = None,
         attention: Attention = Attention(),
+        offload: Offload = Offload(),
     ):
         try:
             import llama_cpp as lib
@@ -73,13 +77,14 @@ class LlamaCppEngine:
         self.model_path = model
         self.attention = attention
         self.threads = threads or os.cpu_count() or 1
-        self.contexts = contexts or min(2, self.threads)
         self.batch_tokens = batch_tokens
-        self.model = llamacpp_load.take(model) or lib.llama_model_load_from_file(
-            model.encode(), lib.llama_model_default_params()
-        )
+        self.model = llamacpp_load.placed(lib, model, offload)
         if not self.model:
             raise EngineError(f"{model}: llama.cpp could not load it (not a GGUF model, or an unsupported one)")
+        self.placement = placement(lib, self.model, offload, cpu_features(lib))
+        # Contexts side by side share the CPU's threads; a GPU runs one batch at a time anyway.
+        self.contexts = contexts or (1 if self.placement.on_gpu else min(2, self.threads))
+        self.header_note = self.placement.line()
         self.vocab = lib.llama_model_get_vocab(self.model)
         self.n_vocab = int(lib.llama_vocab_n_tokens(self.vocab))
         self.bos_id = int(lib.llama_vocab_bos(self.vocab)) if lib.llama_vocab_get_add_bos(self.vocab) else None
@@ -95,7 +100,8 @@ class LlamaCppEngine:
             model=model,
             dtype="gguf",
             versions={"llama-cpp-python": lib.__version__},
-            cpu_isa=cpu_features(lib),
+            cpu_isa=self.placement.cpu_isa,
+            backend=self.placement.name,
             can=ENTRIES[0].can,
         )
         if lib.llama_vocab_get_add_eos(self.vocab):
@@ -171,6 +177,7 @@ class LlamaCppEngine:
         cp.n_threads = cp.n_threads_batch = self.threads
         cp.swa_full = False  # llama-perplexity's (common's) default
         self.attention.apply(cp, lib)
+        self.placement.offload.apply(cp)
         if self._tap:
             cp.cb_eval = self._tap.callback
         self.ctx = lib.llama_init_from_model(self.model, cp)
@@ -333,10 +340,10 @@ class LlamaCppEngine:
             "model": self.model_path,
             "source": self.source,
             "dtype": "gguf",
-            "device": "cpu",
             "threads": self.threads,
             "contexts": self.contexts,
             **self.attention.describe(),
+            **self.placement.describe(),
             "versions": dict(self.facts.versions),
             "cpu_isa": self.facts.cpu_isa,
         }

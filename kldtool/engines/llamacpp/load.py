@@ -14,7 +14,10 @@ import ctypes
 import os
 import threading
 
-_loads: dict[str, "_Load"] = {}
+from kldtool.engines.llamacpp.offload import Offload
+from kldtool.errors import UsageError
+
+_loads: dict[tuple[str, Offload], "_Load"] = {}
 _lock = threading.Lock()
 
 _LOG_CALLBACK = None  # kept alive for as long as llama.cpp may call it
@@ -30,8 +33,9 @@ def silence_llama_logs(lib) -> None:
 
 
 class _Load:
-    def __init__(self, path: str):
+    def __init__(self, path: str, offload: Offload):
         self.path = path
+        self.offload = offload
         self.model = None
         self.lib = None
         self.dropped = False
@@ -45,7 +49,7 @@ class _Load:
             silence_llama_logs(lib)
             lib.llama_backend_init()
             self.lib = lib
-            self.model = lib.llama_model_load_from_file(self.path.encode(), lib.llama_model_default_params()) or None
+            self.model = lib.llama_model_load_from_file(self.path.encode(), self.offload.model_params(lib)) or None
         except Exception:  # the engine loads the file itself and reports what goes wrong
             self.model = None
         finally:
@@ -60,29 +64,44 @@ class _Load:
         self.model = None
 
 
-def start(path: str | None) -> None:
-    """Begin loading the GGUF at ``path`` (None: the built-in one) on a thread (once; nothing
-    for a path that is no file)."""
+def start(path: str | None, given: dict) -> None:
+    """Begin loading the GGUF at ``path`` (None: the built-in one) on a thread, placed as the
+    command's flags ``given`` say (once; nothing for a path that is no file, nor for offload
+    flags the engine will refuse)."""
     if path is None:
         from kldtool.engines import defaults
 
         path = defaults.default_gguf()
     if not os.path.isfile(path):
         return
+    try:
+        offload = Offload.from_flags(given)
+    except UsageError:
+        return
     with _lock:
-        key = os.path.realpath(path)
+        key = (os.path.realpath(path), offload)
         if key not in _loads:
-            _loads[key] = _Load(path)
+            _loads[key] = _Load(path, offload)
 
 
-def take(path: str):
-    """The model loaded for ``path`` once its load ends, or None if none was started or it failed."""
+def take(path: str, offload: Offload):
+    """The model loaded for ``path`` with ``offload`` once its load ends, or None if none was
+    started or it failed."""
     with _lock:
-        load = _loads.pop(os.path.realpath(path), None)
+        load = _loads.pop((os.path.realpath(path), offload), None)
     if load is None:
         return None
     load.done.wait()
     return load.model
+
+
+def placed(lib, path: str, offload: Offload):
+    """The model at ``path`` placed as ``offload`` says: the one loaded early with those
+    settings, else loaded now (None where llama.cpp cannot); GPU indices checked first."""
+    from kldtool.engines.llamacpp.backend import check_devices
+
+    check_devices(lib, offload)
+    return take(path, offload) or lib.llama_model_load_from_file(path.encode(), offload.model_params(lib))
 
 
 def drop() -> None:
