@@ -32,22 +32,16 @@ from results import append_row
 from timing import alternating, median_ratio
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+from helpers.printout import chunk_table_lines, final_block_lines  # noqa: E402
+
 SHARED = Path(os.environ.get("KLDTOOL_SHARED", ROOT.parent / "shared"))
 KLDTOOL = [sys.executable, "-m", "kldtool"]
 
 
 def blocks(text: str) -> list[str]:
     """llama-perplexity's chunk table and its three statistic blocks, as printed."""
-    lines = text.splitlines()
-    table = next(i for i, line in enumerate(lines) if line.startswith("chunk             PPL"))
-    rows = []
-    for line in lines[table + 1 :]:
-        if not line.strip():
-            break
-        rows.append(line)
-    start = next(i for i, line in enumerate(lines) if line.startswith("====== Perplexity statistics"))
-    end = next(i for i, line in enumerate(lines) if line.startswith("Same top p"))
-    return rows + lines[start : end + 1]
+    return chunk_table_lines(text) + final_block_lines(text)
 
 
 def differing(ours: str, theirs: str) -> list[str]:

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 import zstandard
+from helpers.printout import chunk_table_lines, final_block_lines  # noqa: F401  (the parity tests import them from here)
 from helpers.shared_data import HAVE_SHARED, NEEDS_SHARED, ROOT, WIKI, misconfigured, llamacpp_reference
 from helpers.warm_cli import WarmCli
 
@@ -239,25 +240,6 @@ def fixture_compares(fixture_base, requant, artefacts) -> Path:
 
         built(d / t, run)
     return d
-
-
-def final_block_lines(text: str) -> list[str]:
-    """The three statistic blocks of llama-perplexity output (from the first '======' line)."""
-    lines = text.splitlines()
-    start = next(i for i, l in enumerate(lines) if l.startswith("====== Perplexity statistics"))
-    end = next(i for i, l in enumerate(lines) if l.startswith("Same top p"))
-    return lines[start : end + 1]
-
-
-def chunk_table_lines(text: str) -> list[str]:
-    lines = text.splitlines()
-    start = next(i for i, l in enumerate(lines) if l.startswith("chunk             PPL"))
-    out = []
-    for l in lines[start + 1 :]:
-        if not l.strip():
-            break
-        out.append(l)
-    return out
 
 
 def assert_lines_match(ours: list[str], theirs: list[str], last_digit: int = 0):

@@ -161,7 +161,8 @@ def test_the_float32_model_on_a_stock_server(runs):
     print("fp32: offline", off["kld_mean"], off["ppl_q"], "endpoint", ep["kld_mean"], ep["ppl_q"])
     # The server batches the windows as they arrive, offline vLLM as its call holds them: where
     # float32 rows do not depend on the batch (Intel Xeon: PPL(Q) 7e-6 apart) the two agree to
-    # 1e-5; where they do (AMD EPYC: 1.5e-5 measured on one, under 1e-5 in two runs on Zen 4), to 3e-5.
+    # 1e-5; where they do (AMD EPYC: 1.5e-5 measured on one, under 1e-5 in two runs on Zen 4;
+    # the largest Δp 1.3e-5 apart on an AVX2 EPYC, 2026-12-04), to 3e-5.
     tol = 3e-5 if float32_rows_depend_on_the_batch() else 1e-5
     for key in ("ppl_q", "ppl_base", "ppl_ratio"):
         assert ep[key]["value"] == pytest.approx(off[key]["value"], rel=tol), key
@@ -169,7 +170,7 @@ def test_the_float32_model_on_a_stock_server(runs):
         assert ep[key]["value"] == pytest.approx(off[key]["value"], abs=tol), key
     assert ep["same_top_p"]["value"] == off["same_top_p"]["value"]
     for q in off["dp_quantiles"]:
-        assert ep["dp_quantiles"][q] == pytest.approx(off["dp_quantiles"][q], abs=1e-5), q
+        assert ep["dp_quantiles"][q] == pytest.approx(off["dp_quantiles"][q], abs=tol), q
     with h5py.File(runs["dir"] / "off32.h5") as f, h5py.File(runs["dir"] / "ep32.h5") as g:
         for key in ("kld", "rkld", "jsd"):
             assert (g[key][:] <= f[key][:] + 2e-6).all(), (key, float((g[key][:] - f[key][:]).max()))

@@ -35,6 +35,7 @@ def test_gguf_q4_1(q4_1_gguf, layer_counts):
     assert s.file_bytes > s.linear_bytes + s.embed_head_bytes
 
 
+@pytest.mark.full_tier  # builds the W8A8 checkpoint on a new machine (llm-compressor: a minute or more)
 def test_safetensors_fp32_and_w8a8(fp32_dir, w8a8_dir, layer_counts):
     from safetensors import safe_open
 
