@@ -53,6 +53,11 @@ def devices(lib) -> list[Device]:
     return out
 
 
+def offload_gpus(lib) -> list[Device]:
+    """The GPUs this llama.cpp build can offload to (none on a build without offload)."""
+    return [d for d in devices(lib) if d.gpu] if lib.llama_supports_gpu_offload() else []
+
+
 @dataclass(frozen=True)
 class Placement:
     gpus: tuple[Device, ...]  # the GPUs holding layers (none: the CPU computes everything)
@@ -94,7 +99,7 @@ class Placement:
 def check_devices(lib, offload: Offload) -> None:
     """Refuse, before anything loads, a GPU index or split that names more GPUs than llama.cpp
     sees (a build without GPUs sees none, and ignores both, as llama-perplexity does)."""
-    gpus = [d for d in devices(lib) if d.gpu] if lib.llama_supports_gpu_offload() else []
+    gpus = offload_gpus(lib)
     if not gpus:
         return
     if offload.main_gpu >= len(gpus):
@@ -110,7 +115,7 @@ def placement(lib, model, offload: Offload, cpu_isa: str) -> Placement:
     """Where ``model``, loaded with ``offload``'s settings, runs. On a build that cannot offload,
     a flag asking for a GPU gets one warning (once a process) and the run goes on on the CPU."""
     n_layers = int(lib.llama_model_n_layer(model)) + 1  # llama.cpp counts the output layer too
-    gpus = [d for d in devices(lib) if d.gpu] if lib.llama_supports_gpu_offload() else []
+    gpus = offload_gpus(lib)
     if not gpus:
         _warn_once(offload)
         return Placement((), 0, n_layers, offload, cpu_isa)
