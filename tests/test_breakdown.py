@@ -72,6 +72,7 @@ def test_depth_buckets_partition_the_run_and_equal_numpy(run):
     assert rows["64-127"]["kld_p99"] == float((np.float32(1) - t) * v[int(x)] + t * v[int(x) + 1])
 
 
+@pytest.mark.full_tier
 def test_kinds_partition_the_run_and_user_classes_count_their_tokens(run):
     d, cols = run
     ids = np.unique(cols["target"])[:40]
@@ -105,6 +106,7 @@ def test_kind_of_token_texts():
     assert {t: kind_of(t) for t in cases} == cases
 
 
+@pytest.mark.full_tier
 @pytest.mark.parametrize(
     "args, words",
     [

@@ -81,6 +81,7 @@ def test_report_refuses_two_dtypes(hf_base, fp32_dir, tmp_path):
     assert p.returncode != 0 and "manifest field dtype is 'bfloat16'" in last_line(p)
 
 
+@pytest.mark.full_tier
 def test_merge_takes_two_shards_of_one_run_and_refuses_a_stranger(fixture_base, requant, tmp_path):
     for a, b in ((0, 4), (4, 8)):
         run_cli(

@@ -23,6 +23,7 @@ def _logit_digests(engine: LlamaCppEngine) -> list[str]:
     return [hashlib.sha256(lg.tobytes()).hexdigest() for lg in engine.logits(windows)]
 
 
+@pytest.mark.full_tier
 def test_the_engine_takes_the_model_loaded_early(q4_1_gguf):
     plain = LlamaCppEngine(str(q4_1_gguf), threads=2)
     try:

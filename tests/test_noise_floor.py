@@ -9,6 +9,7 @@ from conftest import WIKI, run_cli
 pytestmark = pytest.mark.quick
 
 
+@pytest.mark.full_tier
 def test_noise_floor_and_multiple(tmp_path, requant):
     base, other = tmp_path / "b.kldt", tmp_path / "o.kldt"
     run_cli("base", "-f", WIKI, "-c", 128, "--chunks", 2, "--kl-divergence-base", base)
@@ -32,3 +33,16 @@ def test_noise_floor_and_multiple(tmp_path, requant):
         "compare", "--kl-divergence-base", other, "-m", requant("Q4_K_M"), "--noise-floor", floor, check_rc=2
     )
     assert "another base file" in wrong.stderr
+
+
+def test_what_is_not_a_base_file_is_one_line_and_writes_nothing(tmp_path):
+    """The edit loop's check of the command: a missing file and a file that is not a base file
+    are each one line naming the file, a non-zero exit and no --json file."""
+    out = tmp_path / "floor.json"
+    junk = tmp_path / "junk.kldt"
+    junk.write_bytes(b"not a logits file\n")
+    for path, words in ((tmp_path / "none.kldt", "no such file"), (junk, "not a base file")):
+        p = run_cli("noise-floor", "--kl-divergence-base", path, "--json", out, check_rc=None)
+        (line,) = p.stderr.strip().splitlines()
+        assert p.returncode != 0 and str(path) in line and words in line, p.stderr
+        assert not out.exists()

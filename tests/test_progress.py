@@ -57,6 +57,7 @@ def test_stderr_in_a_file_holds_plain_lines_and_stdout_is_unchanged(small_base, 
     assert p.stdout == quiet.stdout == silent.stdout and b"Same top p" in p.stdout
 
 
+@pytest.mark.full_tier
 def test_a_terminal_gets_a_live_bar_that_ends_cleanly(small_base, q4_1_gguf):
     pid, fd = pty.fork()
     if pid == 0:  # the child: stdout and stderr are the terminal

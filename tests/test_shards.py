@@ -39,6 +39,7 @@ def test_merge_of_three_shards_prints_every_line_of_one_run(shards):
     assert_lines_match(final_block_lines(merged.stdout), final_block_lines(fixture))
 
 
+@pytest.mark.full_tier
 def test_merge_refuses_overlapping_shards(shards, requant, fixture_base, tmp_path):
     _, states, _ = shards
     extra = tmp_path / "overlap.state"
@@ -50,6 +51,7 @@ def test_merge_refuses_overlapping_shards(shards, requant, fixture_base, tmp_pat
     assert "overlap" in line and "2:4" in line and "Traceback" not in p.stderr
 
 
+@pytest.mark.full_tier
 def test_merge_notes_a_gap_and_counts_only_present_chunks(shards, tmp_path):
     d, states, _ = shards
     p = run_cli("merge", states[1], states[2], "--json", tmp_path / "gap.json")  # 0:3 and 6:8
@@ -57,6 +59,7 @@ def test_merge_notes_a_gap_and_counts_only_present_chunks(shards, tmp_path):
     assert json.loads((tmp_path / "gap.json").read_text())["statistics"]["count"] == 5 * 63
 
 
+@pytest.mark.full_tier
 def test_merge_refuses_an_unfinished_shard(shards, tmp_path):
     from kldtool.analysis.state_file import load_state, save_state
 

@@ -48,7 +48,10 @@ def _pytest(suite: Path, env: dict, *args) -> subprocess.CompletedProcess:
     return subprocess.run([*cmd, *args, str(suite)], capture_output=True, text=True, env=env, cwd=suite, timeout=120)
 
 
-@pytest.mark.parametrize("workers", [[], ["-n", "2"]], ids=["one-process", "xdist"])
+# Under xdist the same rule costs a two-worker pytest start: the full suite runs that case.
+@pytest.mark.parametrize(
+    "workers", [[], pytest.param(["-n", "2"], marks=pytest.mark.full_tier)], ids=["one-process", "xdist"]
+)
 def test_a_module_skipped_at_import_fails_the_run_naming_it(tmp_path, workers):
     suite, env = _layout(tmp_path)
     p = _pytest(suite, env, *workers)

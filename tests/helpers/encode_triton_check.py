@@ -1,5 +1,8 @@
 """Run with TRITON_INTERPRET=1 (set before triton is imported): the Triton row encoder against
-encode_torch on the CPU, code for code, over awkward rows; prints one line per case."""
+encode_torch on the CPU, code for code, over awkward rows; prints one line per case. Arguments:
+the names of the cases to run (all of them without)."""
+
+import sys
 
 import numpy as np
 import torch
@@ -26,6 +29,8 @@ def cases():
 
 if __name__ == "__main__":
     for name, x in cases():
+        if sys.argv[1:] and name not in sys.argv[1:]:
+            continue
         t = torch.from_numpy(x)
         for codec in ("llamacpp", "grid"):
             for clamp in (16.0, 32.0):
