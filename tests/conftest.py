@@ -136,6 +136,24 @@ def built(path: Path, build) -> Path:
     return path
 
 
+@pytest.fixture(scope="session")
+def vocab_base(artefacts):
+    """name -> the base file transformers writes of the shape ``name`` of helpers/vocab_models.py
+    (two 64-token windows of its corpus), written once per run: test_vocabularies.py compares
+    the model with it, test_vllm_engine.py compares vLLM with it."""
+    from helpers.vocab_models import corpus_flags, model_dir
+
+    def make(name: str) -> Path:
+        def write(tmp: Path) -> None:
+            run_cli("base", "-m", model_dir(name), *corpus_flags(name), "-c", 64, "--chunks", 2,
+                    "--kl-divergence-base", tmp)  # fmt: skip
+
+        (artefacts / "vocab-bases").mkdir(exist_ok=True)
+        return built(artefacts / "vocab-bases" / f"{name}.kldt", write)
+
+    return make
+
+
 def _unzstd(src: Path, dst: Path, expected_sha: str) -> Path:
     def unpack(tmp: Path) -> None:
         with open(src, "rb") as fi, open(tmp, "wb") as fo:

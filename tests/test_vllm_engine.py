@@ -25,11 +25,11 @@ pytest.importorskip("vllm")
 pytestmark = [pytest.mark.filterwarnings("ignore"), pytest.mark.long_module]
 # DeepSeek V3's shape in bfloat16 (8 bits of mantissa) against float64: 1.3e-2 nats measured.
 BF16_NLL = 0.05
-STRIDE_TEXT = 4500  # bytes of wikitext: 1,161 tokens, 9 stride windows of 256
+STRIDE_TEXT = 2000  # bytes of wikitext: 539 tokens, the first stride window of 256 and those after it
 
 
 @pytest.fixture(scope="module")
-def fp32_runs(fp32_dir, hf_base, fixture_base, hub_env, tmp_path_factory):
+def fp32_runs(fp32_dir, hf_base, fixture_base, hub_env, vocab_base, tmp_path_factory):
     """The module's in-process vLLM commands, on one engine per configuration, in one process
     that imports vLLM once (tests/helpers/vllm_jobs.py): name -> (stdout, stderr, exit code,
     --json result). Their base files come from transformers first."""
@@ -37,21 +37,20 @@ def fp32_runs(fp32_dir, hf_base, fixture_base, hub_env, tmp_path_factory):
     # Every shape of tests/helpers/vocab_models.py (the vocabularies, the mixtures of experts)
     # against the base file transformers writes of it, each on an engine of its own; Gemma 3's
     # (262,144, soft-capped) is also written, scored by ppl and compared in shards below.
-    bases = {name: d / f"shape-{name}.kldt" for name in SHAPES}
+    # (test_vocabularies.py compares each with its own model: conftest's vocab_base)
+    bases = {name: vocab_base(name) for name in SHAPES}
     vocab = []
     for name, base in bases.items():
-        m = model_dir(name)
-        run_cli("base", "-m", m, *corpus_flags(name), "-c", 64, "--chunks", 2, "--kl-divergence-base", base)
         if name != "gemma3":
-            on = ("--engine", "vllm", "-m", m, "--dtype", VLLM_DTYPE.get(name, "float32"))
-            per_token = ("--per-token", base.with_suffix(".h5"))
+            on = ("--engine", "vllm", "-m", model_dir(name), "--dtype", VLLM_DTYPE.get(name, "float32"))
+            per_token = ("--per-token", d / f"shape-{name}.h5")
             vocab.append((f"shape-{name}", ["compare", *on, "--kl-divergence-base", base, *per_token]))
     g = ("--engine", "vllm", "-m", model_dir("gemma3"), "--dtype", "float32")
     g_text = (*corpus_flags("gemma3"), "-c", 64, "--chunks", 2)
     vocab += [
         (
             "vocab-262k",
-            ["compare", *g, "--kl-divergence-base", bases["gemma3"], "--per-token", bases["gemma3"].with_suffix(".h5")],
+            ["compare", *g, "--kl-divergence-base", bases["gemma3"], "--per-token", d / "shape-gemma3.h5"],
         ),
         # vLLM writes the base file, scores ppl and compares in shards at this vocabulary too.
         ("vocab-262k-base", ["base", *g, *g_text, "--kl-divergence-base", d / "v262k-vllm.kldt"]),
@@ -180,6 +179,7 @@ def fp32_runs(fp32_dir, hf_base, fixture_base, hub_env, tmp_path_factory):
     out["tmp"] = tmp
     out["rolling-base"] = (None, None, 0, json.loads((d / "rolling-base.json").read_text()))
     out["dir"] = d  # where the jobs wrote their files
+    out["bases"] = bases
     yield out
     shutil.rmtree(tmp, ignore_errors=True)
 
@@ -224,7 +224,7 @@ def test_vllm_at_every_vocabulary_is_transformers(fp32_runs, name):
         assert abs(s["ln_ppl_ratio"]["value"]) < 1e-4 and s["same_top_p"]["value"] > 0.95
     with h5py.File(fp32_runs["dir"] / f"shape-{name}.h5") as f:
         nll = f["nll_q"][:][f["chunk"][:] == 0]
-    want = first_window_nll(model_dir(name), fp32_runs["dir"] / f"shape-{name}.kldt")
+    want = first_window_nll(model_dir(name), fp32_runs["bases"][name])
     print(f"vLLM's first window vs float64 ({name}): largest NLL difference {np.abs(nll - want).max():.2e}")
     # fp32 shapes measured 8.5e-7 to 1.4e-6 nats (2-core AVX-512 Xeon)
     np.testing.assert_allclose(nll, want, atol=BF16_NLL if name in VLLM_DTYPE else 5e-6)

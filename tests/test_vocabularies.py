@@ -31,9 +31,8 @@ def base_of(name: str, path, *args, chunks: int = 2):
 
 
 @pytest.mark.parametrize("name", list(SHAPES))
-def test_a_model_against_itself_and_a_float64_forward(name, tmp_path):
-    base = tmp_path / "base.kldt"
-    model = base_of(name, base)
+def test_a_model_against_itself_and_a_float64_forward(name, vocab_base, tmp_path):
+    base, model = vocab_base(name), model_dir(name)  # base_of(name, ...), written once per run
     r = compare_json(base, tmp_path, "-m", model, "--per-token", tmp_path / "t.h5")
     s = r["statistics"]
     print(name, SHAPES[name][1], s["kld_mean"], s["same_top_p"])
