@@ -4,6 +4,7 @@ PACKAGES (shown with a toy engine made here, through the real builder and the re
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 import types
 
@@ -40,7 +41,7 @@ def test_compare_help_names_the_groups_and_shows_each_where_it_applies():
 
 
 def _given(**flags) -> dict:
-    names = ["engine", "dtype", "device", "threads", "batch", "revision", "gguf_file", *registry.flag_names()]
+    names = ["engine", "dtype", "device", "threads", "batch", "revision", "gguf_file", *registry.all_flags()]
     return {n: None for n in names} | {"batch": 2048} | flags
 
 
@@ -50,7 +51,7 @@ def test_every_flag_of_another_engine_is_refused_naming_its_owners():
     for e in registry.entries():
         if not e.listed:
             continue
-        for flag in registry.flag_names():
+        for flag in registry.all_flags():
             if flag in e.takes or any(flag in o.selected_by for o in registry.entries()):
                 continue
             value = True if flag in ("enforce_eager", "trust_remote_code") else ["a=1"] if flag == "vllm_arg" else 2
@@ -91,7 +92,7 @@ class ToyEngine:
 
     def __init__(self, scale: float):
         self.w = np.random.default_rng(0).normal(size=(40, 40)).astype(np.float32) * scale
-        self.facts = Facts("toy", 40, None, model="toy", dtype="float32", versions={"numpy": np.__version__})
+        self.facts = Facts(name="toy", n_vocab=40, model="toy", dtype="float32", versions={"numpy": np.__version__})
 
     def tokenize(self, text: bytes):
         return np.frombuffer(text, np.uint8).astype(np.int32) % 40
@@ -162,6 +163,24 @@ def test_an_engine_is_its_package_and_one_registry_name(toy_package, tmp_path):
         engine_modes.with_hidden_states(engine)
     with pytest.raises(errors.UsageError, match="the toy engine does not record MoE routing"):
         engine_modes.record_routing(engine)
+
+
+def test_an_engine_gets_its_entrys_capabilities_without_naming_them(toy_package, tmp_path):
+    """The toy engine's Facts name no capabilities; make_engine gives it its entry's."""
+    from dataclasses import replace
+
+    from kldtool.engines.contract import ROUTING
+
+    toy = sys.modules["kldtool.engines.toy"]
+    toy.ENTRIES = (replace(toy.ENTRIES[0], can=frozenset({ROUTING})),)
+    weights = tmp_path / "weights.toy"
+    weights.write_bytes(b"toy")
+    engine = make_engine(options_from_flags(_given(), str(weights)), 16)
+    assert engine.facts.can == frozenset({ROUTING})
+    for e in registry.entries():  # and no built-in engine's module reads its entry's
+        if e.name != "toy":
+            origin = importlib.util.find_spec(e.engine.partition(":")[0]).origin
+            assert "ENTRIES" not in open(origin, encoding="utf-8").read(), e.engine
 
 
 def test_an_unknown_engine_lists_the_registrys_names():

@@ -9,11 +9,6 @@ from kldtool.engines import registry
 from kldtool.errors import UsageError
 
 
-def engine_flags() -> dict:
-    """Every engine's flags, in the registry's order: name -> (type, typer option)."""
-    return registry.all_flags()
-
-
 def selectors() -> list[str]:
     """The flags that choose an engine of their own (--server, --endpoint): always shown."""
     return [e.selected_by[0] for e in registry.entries() if e.selected_by]
@@ -35,7 +30,7 @@ def show_for(argv: list[str]) -> None:
     another engine in one line (registry.refuse_others) whatever is shown."""
     shown = _chosen_takes(argv)
     always = set(selectors())
-    for name, (_, option) in engine_flags().items():
+    for name, (_, option) in registry.all_flags().items():
         option.hidden = name not in always and name not in shown
 
 

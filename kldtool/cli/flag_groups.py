@@ -8,7 +8,8 @@ from typing import Optional
 
 import typer
 
-from kldtool.cli.engine_flags import engine_flags, engine_help
+from kldtool.cli.engine_flags import engine_help
+from kldtool.engines import registry
 
 MODEL_HELP = (
     "Model: a .gguf file (llamacpp), a checkpoint directory, a hub id (org/name, from the Hugging Face cache; "
@@ -48,7 +49,7 @@ ENGINE = {
             help="Tokens per engine call; chunks are batched as llama-perplexity's n_seq = batch / ctx.",
         ),
     ),
-    **engine_flags(),
+    **registry.all_flags(),  # every engine's own flags, in the registry's order
 }
 
 CORPUS = {

@@ -31,7 +31,7 @@ class EngineOptions:
 def options_from_flags(given: dict, model: str | None) -> EngineOptions:
     """The options a command's engine flags (name -> value, every group's) describe: the
     chosen engine's own flags checked by its options class, another engine's refused."""
-    e = chosen(given, model)
+    e = registry.chosen(given.get("engine"), model, given.get("gguf_file"), given)
     registry.refuse_others(e, given)
     cls = e.options_class()
     return EngineOptions(
@@ -47,16 +47,12 @@ def options_from_flags(given: dict, model: str | None) -> EngineOptions:
     )
 
 
-def chosen(given: dict, model: str | None) -> registry.EngineEntry:
-    return registry.chosen(given.get("engine"), model, given.get("gguf_file"), given)
-
-
 def start_loading(given: dict, model: str | None) -> None:
     """Begin loading the model of an engine that can load it on a thread (llama.cpp's GGUF:
     engines/llamacpp/load.py), so that it overlaps the command's start-up; make_engine's
     engine takes it. Nothing for others, nor where the flags are wrong (make_engine says so)."""
     try:
-        e = chosen(given, model)
+        e = registry.chosen(given.get("engine"), model, given.get("gguf_file"), given)
         if e.preload is None:
             return
         ref = _model_ref(model, given.get("revision"), given.get("gguf_file"))
@@ -78,6 +74,12 @@ def make_engine(opts: EngineOptions, n_ctx: int):
     """Build an engine for windows of ``n_ctx`` tokens (0: as long as the model's context, which
     the engine reads itself); with no model, the built-in default."""
     e = registry.entry(opts.engine or registry.recognise(opts.model, opts.gguf_file))
+    engine = _built(e, opts, n_ctx)
+    engine.facts = replace(engine.facts, can=e.can)  # what it can do is its entry's word
+    return engine
+
+
+def _built(e: registry.EngineEntry, opts: EngineOptions, n_ctx: int):
     cls = e.load()
     if not e.weights:  # -m names code (a factory), not weights to find
         return cls.from_options(opts, n_ctx)
@@ -92,8 +94,4 @@ def make_engine(opts: EngineOptions, n_ctx: int):
     return engine
 
 
-def guess_engine(model: str | None, gguf_file: str | None = None) -> str:
-    return registry.recognise(model, gguf_file)
-
-
-__all__ = ["EngineOptions", "guess_engine", "make_engine", "options_from_flags", "start_loading"]
+__all__ = ["EngineOptions", "make_engine", "options_from_flags", "start_loading"]

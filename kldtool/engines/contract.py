@@ -27,10 +27,11 @@ BOUNDED = "bounded"  # its KLD is a lower bound (it sees the compared model's to
 CAN = (HIDDEN, ROUTING, SCHEDULE, SCORES, BOUNDED)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Facts:
     """What an engine is: its vocabulary and token policy, what its numbers depend on (the
-    fields ``manifest.py`` compares between runs), and what it can do."""
+    fields ``manifest.py`` compares between runs), and what it can do (``can``: its registry
+    entry's capabilities, set by ``engines.make_engine``; no engine names its own)."""
 
     name: str
     n_vocab: int
@@ -71,7 +72,9 @@ class Engine(Protocol):
         """How many windows of ``n_ctx`` tokens one call should get."""
 
     def describe(self) -> dict:
-        """What outputs record of the engine, for people: its own keys, read by nothing."""
+        """What outputs record of the engine (the JSON's "model" block, a base file's header):
+        its own keys. Runs read some of them back (provenance/identity.py, the noise floor,
+        registry.bounds_of)."""
 
     def close(self) -> None: ...
 

@@ -106,15 +106,11 @@ def entry(name: str) -> EngineEntry:
     for e in entries():
         if e.name == name:
             return e
-    raise UsageError(f"--engine {name!r}: expected one of {choices_text()}")
+    raise UsageError(f"--engine {name!r}: expected one of {', '.join(listed())}")
 
 
 def listed() -> list[str]:
     return [e.name for e in entries() if e.listed]
-
-
-def choices_text() -> str:
-    return ", ".join(listed())
 
 
 def with_capability(can: str) -> list[str]:
@@ -142,10 +138,6 @@ def all_flags() -> dict:
         for name, flag in flag_group(e).items():
             out.setdefault(name, flag)
     return out
-
-
-def flag_names() -> list[str]:
-    return list(all_flags())
 
 
 def flag_group(e: EngineEntry) -> dict:
@@ -182,7 +174,7 @@ def refuse_others(e: EngineEntry, given: dict) -> None:
     server = [f for f in server_settings(e) if _set(given.get(f))]
     if server:
         raise UsageError(f"{', '.join(_flag(f) for f in server)}: the server's own settings{e.server_note}")
-    f = next((f for f in flag_names() if _set(given.get(f)) and f not in e.takes and f not in e.selected_by), None)
+    f = next((f for f in all_flags() if _set(given.get(f)) and f not in e.takes and f not in e.selected_by), None)
     if f is not None:
         also = owners(f) or [o for o in entries() if f in o.selected_by]
         why = next((w for o in also for k, w in o.refusal_notes if k == f), "")

@@ -66,9 +66,6 @@ class BaseHeader:
         """Bytes of the largest chunk's rows."""
         return self.rows_per_chunk * self.row_width * 2
 
-    def nbytes_of(self, index: int) -> int:
-        return self.rows_of(index) * self.row_width * 2
-
     @property
     def scored_tokens(self) -> int:
         if self.windows is not None:

@@ -38,7 +38,6 @@ def run_manifest(engine) -> dict:
         "eager": f.eager,
         "cpu_isa": f.cpu_isa,
         "backend": f.backend,
-        "head_sha256": None,  # no engine reports one: a hidden-state file keeps its head's sha256 itself
         "tokenizer": tokenizer_identity(engine),
         "source": engine.source,
     }

@@ -55,7 +55,7 @@ def run_jobs(jobs: list[dict], out: Path, max_ctx: int, env: dict, name: str = "
 def run_group(jobs: list[dict], out: str, max_ctx: int) -> None:
     """One group's jobs, on the engines they share (this process's own)."""
     from kldtool.cli.app import _run
-    from kldtool.engines import EngineOptions
+    from kldtool.engines import EngineOptions, make_engine
     from kldtool.engines.vllm.offline import VllmEngine
     from kldtool.engines.vllm.options import VllmOptions
     from vllm_probe import probe
@@ -83,7 +83,7 @@ def run_group(jobs: list[dict], out: str, max_ctx: int) -> None:
 
     def _probe(spec: dict, path: str) -> int:
         try:
-            engine = VllmEngine.from_options(EngineOptions("vllm", spec["model"], spec["dtype"]), max_ctx)
+            engine = make_engine(EngineOptions("vllm", spec["model"], spec["dtype"]), max_ctx)
             summary = probe(
                 engine,
                 spec["base"],

@@ -19,7 +19,6 @@ import numpy as np
 
 from kldtool.engines import hf_tokenizer
 from kldtool.engines.contract import Facts
-from kldtool.engines.endpoint import ENTRIES
 from kldtool.engines.endpoint.client import TIMEOUT_S, Client, HttpError
 from kldtool.engines.endpoint.forms import EchoForm, SglangForm, VllmForm
 from kldtool.engines.endpoint.options import EndpointOptions
@@ -91,14 +90,13 @@ class EndpointEngine:
         self.k = self._top_k(top_k)
         self.header_note = f" ({self.form.name}{', text prompts' if self.form.text else ''}, top {self.k})"
         self.facts = Facts(
-            self.name,
-            self.n_vocab,
-            self.bos_id,
-            self.prefix_id,
-            self.n_ctx_train,
+            name=self.name,
+            n_vocab=self.n_vocab,
+            bos_id=self.bos_id,
+            prefix_id=self.prefix_id,
+            n_ctx_train=self.n_ctx_train,
             model=self.model_id,
             device="server",
-            can=ENTRIES[0].can,
         )
 
     def _pick_form(self, api: str):

@@ -21,7 +21,6 @@ import os
 import numpy as np
 
 from kldtool.engines.contract import Facts, whole_windows
-from kldtool.engines.llamacpp import ENTRIES
 from kldtool.engines.llamacpp import load as llamacpp_load
 from kldtool.engines.llamacpp.attention import Attention
 from kldtool.engines.llamacpp.backend import placement
@@ -89,20 +88,19 @@ class LlamaCppEngine:
         self.n_vocab = int(lib.llama_vocab_n_tokens(self.vocab))
         self.bos_id = int(lib.llama_vocab_bos(self.vocab)) if lib.llama_vocab_get_add_bos(self.vocab) else None
         self.facts = Facts(
-            self.name,
-            self.n_vocab,
-            self.bos_id,
-            next(
+            name=self.name,
+            n_vocab=self.n_vocab,
+            bos_id=self.bos_id,
+            prefix_id=next(
                 (t for t in (int(lib.llama_vocab_bos(self.vocab)), int(lib.llama_vocab_eos(self.vocab))) if t >= 0),
                 None,
             ),
-            int(lib.llama_model_n_ctx_train(self.model)) or None,
+            n_ctx_train=int(lib.llama_model_n_ctx_train(self.model)) or None,
             model=model,
             dtype="gguf",
             versions={"llama-cpp-python": lib.__version__},
             cpu_isa=self.placement.cpu_isa,
             backend=self.placement.name,
-            can=ENTRIES[0].can,
         )
         if lib.llama_vocab_get_add_eos(self.vocab):
             raise EngineError(f"{model}: the model asks for EOS after every text; llama-perplexity's protocol has none")

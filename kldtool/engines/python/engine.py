@@ -37,7 +37,6 @@ import sys
 import numpy as np
 
 from kldtool.engines.contract import Facts, carried_blocks, whole_windows
-from kldtool.engines.python import ENTRIES
 from kldtool.errors import EngineError, UsageError
 from kldtool.text.protocols import Window
 
@@ -111,17 +110,16 @@ class PythonEngine:
         import torch
 
         return Facts(
-            self.name,
-            self.n_vocab,
-            self.bos_id,
-            self.prefix_id,
-            self.n_ctx_train,
-            self.pad_id,
+            name=self.name,
+            n_vocab=self.n_vocab,
+            bos_id=self.bos_id,
+            prefix_id=self.prefix_id,
+            n_ctx_train=self.n_ctx_train,
+            pad_id=self.pad_id,
             model=self.spec,
             dtype="python",
             device=self.device,
             versions={"torch": torch.__version__},
-            can=ENTRIES[0].can,
         )
 
     def _forward(self, ids):

@@ -1,5 +1,5 @@
 """The transformers engine (engine.py): any checkpoint transformers loads, a GGUF through its
-loader with the repeated parsing done once (gguf.py), MoE routing through forward hooks on the
+loader with the repeated parsing done once (engines/hf_gguf.py), MoE routing through forward hooks on the
 routers (routing.py)."""
 
 from kldtool.engines.contract import HIDDEN, ROUTING

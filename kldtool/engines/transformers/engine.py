@@ -9,7 +9,6 @@ import numpy as np
 
 from kldtool.engines import hf_tokenizer
 from kldtool.engines.contract import Facts, carried_blocks, whole_windows
-from kldtool.engines.transformers import ENTRIES
 from kldtool.errors import EngineError, UsageError
 from kldtool.text.protocols import Window
 
@@ -94,16 +93,15 @@ class TransformersEngine:
         self._versions = {"transformers": transformers.__version__, "torch": torch.__version__}
         self._tap = None
         self.facts = Facts(
-            self.name,
-            self.n_vocab,
-            self.bos_id,
-            hf_tokenizer.prefix_token(self.tokenizer),
-            getattr(self.model.config, "max_position_embeddings", None),
+            name=self.name,
+            n_vocab=self.n_vocab,
+            bos_id=self.bos_id,
+            prefix_id=hf_tokenizer.prefix_token(self.tokenizer),
+            n_ctx_train=getattr(self.model.config, "max_position_embeddings", None),
             model=self.model_path,
             dtype=self.dtype,
             device=self.device,
             versions=self._versions,
-            can=ENTRIES[0].can,
         )
 
     def routing_shape(self):

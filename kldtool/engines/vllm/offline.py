@@ -15,7 +15,7 @@ import numpy as np
 
 from kldtool.engines import hf_tokenizer
 from kldtool.engines.contract import Facts
-from kldtool.engines.vllm import ENTRIES, cpu_sizing, seam
+from kldtool.engines.vllm import cpu_sizing, seam
 from kldtool.engines.vllm.hooked_engine import HookedEngine, runner_of, window_specs
 from kldtool.engines.vllm.options import VllmOptions
 from kldtool.engines.vllm.policy import HOOK
@@ -122,11 +122,11 @@ class VllmEngine(HookedEngine):
     def _facts(self, n_ctx_train: int | None) -> Facts:
         args = self.llm_kwargs
         return Facts(
-            self.name,
-            self.n_vocab,
-            self.bos_id,
-            hf_tokenizer.prefix_token(self.tokenizer),
-            n_ctx_train,
+            name=self.name,
+            n_vocab=self.n_vocab,
+            bos_id=self.bos_id,
+            prefix_id=hf_tokenizer.prefix_token(self.tokenizer),
+            n_ctx_train=n_ctx_train,
             model=self.model_path,
             dtype=self.dtype,
             device="cuda" if _has_cuda() else "cpu",
@@ -134,7 +134,6 @@ class VllmEngine(HookedEngine):
             tensor_parallel=int(args.get("tensor_parallel_size") or 1),
             runner=runner_of(self.hooks),
             eager=bool(args.get("enforce_eager")),
-            can=ENTRIES[0].can,
         )
 
     def _run(self, windows: list[Window], mode_for) -> list[dict]:

@@ -28,7 +28,7 @@ import numpy as np
 
 from kldtool.engines import hf_tokenizer
 from kldtool.engines.contract import Facts
-from kldtool.engines.vllm import ENTRIES, wire
+from kldtool.engines.vllm import wire
 from kldtool.engines.vllm.hooked_engine import HookedEngine, runner_of, window_specs
 from kldtool.engines.vllm.options import ServedOptions
 from kldtool.engines.vllm.served_floor import ServedFloor, server_note
@@ -125,18 +125,17 @@ class VllmServerEngine(HookedEngine):
         itemsize = DTYPES.get(self.hidden_dtype, ("", 2))[1]
         self.logits_block = logits_block or wire.logits_block_rows(self.n_vocab, itemsize)
         self.facts = Facts(
-            self.name,
-            self.n_vocab,
-            self.bos_id,
-            self.prefix_id,
-            self.n_ctx_train,
+            name=self.name,
+            n_vocab=self.n_vocab,
+            bos_id=self.bos_id,
+            prefix_id=self.prefix_id,
+            n_ctx_train=self.n_ctx_train,
             model=self.model_id,
             dtype=self.info.get("dtype"),
             device="server",
             versions={"vllm": self.info.get("vllm")},
             tensor_parallel=int(self.info.get("tensor_parallel_size") or 1),
             runner=runner_of(self.info.get("hook")),
-            can=ENTRIES[1].can,
         )
 
     def score(self, windows: list[Window], source) -> list:
