@@ -50,7 +50,7 @@ def main() -> None:
     ap.add_argument("--results", default=None)
     a = ap.parse_args()
 
-    header = BaseHeader(a.ctx, a.vocab, a.chunks)
+    header = BaseHeader(n_ctx=a.ctx, n_vocab=a.vocab, n_chunk=a.chunks)
     rows_bytes = a.chunks * header.chunk_nbytes
     figures = {}
     with tempfile.TemporaryDirectory(dir=os.environ.get("TMPDIR")) as tmp:

@@ -306,7 +306,7 @@ def main() -> None:
                 f"forward"
             )
         states = model.model(ids).last_hidden_state[0, scored]
-        head = OutputHead(model.lm_head.weight)
+        head = OutputHead(weight=model.lm_head.weight)
         replay_err = (head.apply(states, head.weight, None) - logits.float()).abs().max().item()
 
         def replay_and_reduce():

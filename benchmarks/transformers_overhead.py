@@ -228,7 +228,13 @@ def main() -> None:
             stores.append(("kldtool", "base-hidden.kldt", "hidden"))
         for fmt, fname, store in stores:
             t0 = time.perf_counter()
-            job = BaseJob(Protocol("llamacpp", a.ctx), os.path.join(tmp, fname), a.chunks, fmt, store=store)
+            job = BaseJob(
+                protocol=Protocol(name="llamacpp", n_ctx=a.ctx),
+                out_path=os.path.join(tmp, fname),
+                chunks=a.chunks,
+                fmt=fmt,
+                store=store,
+            )
             run_base(engine, corpus, job, quiet)
             base_times[fname] = time.perf_counter() - t0
             sizes[fname] = os.path.getsize(os.path.join(tmp, fname))

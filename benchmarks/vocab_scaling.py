@@ -139,7 +139,14 @@ def one_vocabulary(name: str, a, tmp: str) -> dict:
     ):
         path = os.path.join(tmp, f"{name}-{fname}")
         layout = "llamacpp" if label == "raw" else "kldtool"
-        run_base(engine, corpus, BaseJob(Protocol("llamacpp", a.ctx), path, a.chunks, layout, **opts), quiet)
+        run_base(
+            engine,
+            corpus,
+            BaseJob(
+                protocol=Protocol(name="llamacpp", n_ctx=a.ctx), out_path=path, chunks=a.chunks, fmt=layout, **opts
+            ),
+            quiet,
+        )
         reader = open_base_file(path)
         scored = reader.header.n_chunk * reader.header.rows_per_chunk
         head = (reader.metadata.get("head") or {}).get("length", 0)

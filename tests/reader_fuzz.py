@@ -30,7 +30,7 @@ LIMIT = 2 << 20  # bytes: a real chunk of the seed's shape is ~300 bytes
 def seed_files(directory: str) -> dict[str, bytes]:
     """{format: bytes} of one valid base file each."""
     rng = np.random.default_rng(0)
-    header = BaseHeader(N_CTX, N_VOCAB, N_CHUNK)
+    header = BaseHeader(n_ctx=N_CTX, n_vocab=N_VOCAB, n_chunk=N_CHUNK)
     tokens = rng.integers(0, N_VOCAB, N_CTX * N_CHUNK).astype(np.int32)
     out = {}
     # kldtool: one frame per chunk (the layout before frames), and frames of 2 rows (3 per chunk
@@ -76,12 +76,16 @@ def _hidden_seed(directory: str, header: BaseHeader, tokens: np.ndarray, rng, gg
         blocks = np.zeros((N_VOCAB, 34), np.uint8)
         blocks[:, :2] = rng.uniform(0.001, 0.05, (N_VOCAB, 1)).astype("<f2").view(np.uint8)
         blocks[:, 2:] = rng.integers(-127, 128, (N_VOCAB, 32)).astype(np.int8).view(np.uint8)
-        w.set_head(OutputHead(blocks.reshape(-1), None, None, None, "q8_0", (N_VOCAB, dim)))
+        w.set_head(
+            OutputHead(
+                weight=blocks.reshape(-1), bias=None, multiplier=None, softcap=None, ggml="q8_0", shape=(N_VOCAB, dim)
+            )
+        )
     else:
         w.set_head(
             OutputHead(
-                torch.from_numpy(rng.normal(0, 1, (N_VOCAB, dim)).astype(np.float32)),
-                torch.from_numpy(rng.normal(0, 1, N_VOCAB).astype(np.float32)),
+                weight=torch.from_numpy(rng.normal(0, 1, (N_VOCAB, dim)).astype(np.float32)),
+                bias=torch.from_numpy(rng.normal(0, 1, N_VOCAB).astype(np.float32)),
             )
         )
     for _ in range(N_CHUNK):

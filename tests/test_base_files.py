@@ -119,7 +119,7 @@ def small_container(fixture_base, tmp_path_factory):
     p = tmp_path_factory.mktemp("c") / "small.kldt"
     from kldtool.logitsfile.header import BaseHeader
 
-    h = BaseHeader(r.header.n_ctx, r.header.n_vocab, 2)
+    h = BaseHeader(n_ctx=r.header.n_ctx, n_vocab=r.header.n_vocab, n_chunk=2)
     # Frames of 20 rows: each chunk's 63 rows are 4 frames, the last of 3 rows; the rows
     # come in blocks of 25 that cut across frames, as an engine's blocks do.
     w = create_writer(p, "kldtool", h, r.tokens[: h.n_tokens], {"note": "two chunks"}, frame_rows=20)

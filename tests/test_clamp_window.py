@@ -74,7 +74,7 @@ def test_wider_window_codes_and_kld_match_float64(codec, clamp):
 
 def test_container_records_the_window_and_refuses_bad_ones(fixture_base, tmp_path):
     r = open_base_file(fixture_base)
-    h = BaseHeader(r.header.n_ctx, r.header.n_vocab, 1)
+    h = BaseHeader(n_ctx=r.header.n_ctx, n_vocab=r.header.n_vocab, n_chunk=1)
     tokens, rows = r.tokens[: h.n_tokens], r.read_chunk(0)
     r.close()
 
@@ -84,7 +84,7 @@ def test_container_records_the_window_and_refuses_bad_ones(fixture_base, tmp_pat
         w.finish()
         return tmp_path / name
 
-    wide = open_base_file(container("wide.kldt", BaseHeader(h.n_ctx, h.n_vocab, 1, clamp=24.0)))
+    wide = open_base_file(container("wide.kldt", BaseHeader(n_ctx=h.n_ctx, n_vocab=h.n_vocab, n_chunk=1, clamp=24.0)))
     assert wide.header.clamp == 24.0 and wide.header.clamped_at == -24.0 and wide.metadata["clamp"] == 24.0
     wide.close()
     assert open_base_file(container("plain.kldt", h)).header.clamp == 16.0

@@ -129,8 +129,8 @@ def toy_package(monkeypatch):
     pkg = types.ModuleType("kldtool.engines.toy")
     pkg.ENTRIES = (
         EngineEntry(
-            "toy",
-            f"{__name__}:ToyEngine",
+            name="toy",
+            engine=f"{__name__}:ToyEngine",
             options=f"{__name__}:ToyOptions",
             recognizes=lambda model, gguf: str(model).endswith(".toy"),
         ),
@@ -185,4 +185,4 @@ def test_an_engine_gets_its_entrys_capabilities_without_naming_them(toy_package,
 
 def test_an_unknown_engine_lists_the_registrys_names():
     with pytest.raises(errors.UsageError, match="expected one of transformers, llamacpp, vllm, python, xlstm"):
-        make_engine(EngineOptions("nope"), 16)
+        make_engine(EngineOptions(engine="nope"), 16)

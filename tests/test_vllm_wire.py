@@ -476,9 +476,11 @@ def test_the_default_memory_bound_refuses_4096_rows_of_a_128k_vocabulary_and_adm
 
     llama3 = wire.ModelFacts(n_vocab=128256, hidden_size=4096, dtype="bfloat16")
     block = wire.logits_block_rows(llama3.n_vocab, llama3.itemsize)
-    encode = wire.Spec("encode", "k", n_scored=4096, logits_block=block, row_width=rows_width(128256, None))
+    encode = wire.Spec(mode="encode", key="k", n_scored=4096, logits_block=block, row_width=rows_width(128256, None))
     with pytest.raises(wire.SpecError, match=r"its default for this model\): score shorter windows"):
         request_memory.check(encode, llama3, None)
     request_memory.check(encode, llama3, 4 << 30)  # the operator's 4 GiB admits it
-    request_memory.check(wire.Spec("compare", "k", n_scored=65536, logits_block=block, base="/b"), llama3, None)
+    request_memory.check(
+        wire.Spec(mode="compare", key="k", n_scored=65536, logits_block=block, base="/b"), llama3, None
+    )
     assert request_memory.parse_bytes("2G") == 2 << 30 and request_memory.parse_bytes("512MiB") == 512 << 20

@@ -112,7 +112,11 @@ def test_every_stored_form_at_every_vocabulary(vocab, tmp_path):
     def store(name, fmt, stored_rows, keep=None, frame_rows=None):
         """``stored_rows`` written chunk by chunk as ``name``, and the file opened again."""
         w = create_writer(
-            tmp_path / name, fmt, BaseHeader(ctx, vocab, n_chunk, keep=keep), tokens, frame_rows=frame_rows
+            tmp_path / name,
+            fmt,
+            BaseHeader(n_ctx=ctx, n_vocab=vocab, n_chunk=n_chunk, keep=keep),
+            tokens,
+            frame_rows=frame_rows,
         )
         for part in np.split(stored_rows, n_chunk):
             w.write_chunk(part)

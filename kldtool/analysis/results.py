@@ -25,7 +25,7 @@ from kldtool.stats.summary import MIN_TOKENS_FOR_STATS
 from kldtool.runtime.small_files import read_json
 
 
-@dataclass
+@dataclass(kw_only=True)
 class ResultRow:
     label: str
     sources: list[str]
@@ -62,16 +62,18 @@ def _from_json(path: str) -> ResultRow:
         raise UsageError(f"{path}: not a kldtool compare or merge result (--json)")
     if "kld_mean" not in run["statistics"]:
         raise UsageError(f"{path}: the run scored too few tokens for statistics")
+    chunks, vectors = _chunk_sums(run.get("chunk_sums"), path)
     return ResultRow(
-        _label(path),
-        [path],
-        run.get("model") or {},
-        run.get("base"),
-        run.get("protocol"),
-        run["statistics"],
-        _size(run),
-        *_chunk_sums(run.get("chunk_sums"), path),
-        run.get("manifest"),
+        label=_label(path),
+        sources=[path],
+        model=run.get("model") or {},
+        base=run.get("base"),
+        protocol=run.get("protocol"),
+        statistics=run["statistics"],
+        size=_size(run),
+        chunks=chunks,
+        vectors=vectors,
+        manifest=run.get("manifest"),
     )
 
 
@@ -98,16 +100,16 @@ def _from_per_token(files: list[tuple[str, dict, dict]]) -> ResultRow:
     stats = statistics(acc, Bootstrap())[1]
     first = runs[0]
     return ResultRow(
-        _label(paths[0]),
-        list(paths),
-        first.get("model") or {},
-        first.get("base"),
-        first.get("protocol"),
-        stats,
-        _size(first),
-        list(acc.chunks),
-        np.asarray(acc.chunk_vectors),
-        first.get("manifest"),
+        label=_label(paths[0]),
+        sources=list(paths),
+        model=first.get("model") or {},
+        base=first.get("base"),
+        protocol=first.get("protocol"),
+        statistics=stats,
+        size=_size(first),
+        chunks=list(acc.chunks),
+        vectors=np.asarray(acc.chunk_vectors),
+        manifest=first.get("manifest"),
     )
 
 

@@ -150,7 +150,7 @@ def rank_worst(
     return worst_tokens(cols, tokens, decode, n, by, context)
 
 
-@dataclass
+@dataclass(kw_only=True)
 class TokenView:
     """One scored position of a window as the HTML report shows it."""
 
@@ -182,13 +182,13 @@ def window_views(result: str, windows: int) -> list[tuple[int, float, list[Token
             float(mean[j]),
             [
                 TokenView(
-                    decode.text([int(tokens[cols["position"][i]])]),
-                    float(cols["kld"][i]),
-                    piece("target", i),
-                    float(np.exp(-cols["nll_base"][i])),
-                    float(np.exp(-cols["nll_q"][i])),
-                    piece("top1_base", i),
-                    piece("top1_q", i),
+                    text=decode.text([int(tokens[cols["position"][i]])]),
+                    kld=float(cols["kld"][i]),
+                    target=piece("target", i),
+                    p_base=float(np.exp(-cols["nll_base"][i])),
+                    p_q=float(np.exp(-cols["nll_q"][i])),
+                    top1_base=piece("top1_base", i),
+                    top1_q=piece("top1_q", i),
                 )
                 for i in np.flatnonzero(at == j)
             ],

@@ -38,7 +38,17 @@ def expert_units(base, quant) -> list[Unit]:
                     changed[k], original[k] = q, p[e].detach().clone()
             if changed:
                 n = sum(t.numel() for t in changed.values())
-                units.append(Unit(f"{names[experts]}.{e}", i, experts, changed, original, n, part=e))
+                units.append(
+                    Unit(
+                        name=f"{names[experts]}.{e}",
+                        layer=i,
+                        module=experts,
+                        quant=changed,
+                        base=original,
+                        numel=n,
+                        part=e,
+                    )
+                )
         for attr in ROUTERS + SHARED:
             module = getattr(mlp, attr, None)
             if isinstance(module, torch.nn.Module) and module is not experts:
@@ -62,7 +72,14 @@ def _whole(module, name: str, layer: int, qstate: dict) -> Unit | None:
             changed[k], original[k] = q, p.detach().clone()
     if not changed:
         return None
-    return Unit(name, layer, module, changed, original, sum(t.numel() for t in changed.values()))
+    return Unit(
+        name=name,
+        layer=layer,
+        module=module,
+        quant=changed,
+        base=original,
+        numel=sum(t.numel() for t in changed.values()),
+    )
 
 
 def _quant(qstate: dict, full: str, p):

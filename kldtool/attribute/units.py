@@ -17,7 +17,7 @@ from kldtool.errors import MismatchError, UsageError
 GRANULARITIES = ("layer", "tensor", "expert")
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Unit:
     name: str  # the module's path in the base model, e.g. model.layers.3.self_attn.q_proj
     layer: int | None  # the decoder layer it is in
@@ -94,7 +94,9 @@ def find_units(base, quant, granularity: str) -> list[Unit]:
                 original[pname] = p.detach().clone()
         if changed:
             n = sum(t.numel() for t in changed.values())
-            units.append(Unit(name, _layer_index(name, layers), module, changed, original, n))
+            units.append(
+                Unit(name=name, layer=_layer_index(name, layers), module=module, quant=changed, base=original, numel=n)
+            )
     if not units:
         raise UsageError("attribute: the quant's weights equal the base model's; nothing to attribute")
     return units

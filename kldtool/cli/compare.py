@@ -120,10 +120,29 @@ def compare(
     parse_depth_bins(depth_bins, 1, 1)  # a malformed spec fails before anything is opened
     if file is not None:
         print(f"note: -f {file} ignored: the tokens come from {base_file}", file=sys.stderr)
-    given = (noise_floor, head_from, chunks, chunk_range, (protocol, ctx_size, stride, lengths))
-    inputs = CompareInputs(base_file, engine_options(run, model), *given)
-    compare_files(CompareJob(force, json_out, None, checkpoints, per_token, resampling, None, visit, stopping,
-                             depth_bins, inputs))  # fmt: skip
+    inputs = CompareInputs(
+        base_path=base_file,
+        engine=engine_options(run, model),
+        noise_floor=noise_floor,
+        head_from=head_from,
+        chunks=chunks,
+        chunk_range=chunk_range,
+        protocol=(protocol, ctx_size, stride, lengths),
+    )
+    job = CompareJob(
+        force=force,
+        json_path=json_out,
+        chunk_range=None,
+        checkpoints=checkpoints,
+        per_token_path=per_token,
+        bootstrap=resampling,
+        noise_floor=None,
+        order=visit,
+        stopping=stopping,
+        depth_bins=depth_bins,
+        inputs=inputs,
+    )
+    compare_files(job)
 
 
 @app.command("noise-floor")

@@ -109,9 +109,21 @@ def base(
     from kldtool.cli.base_ray import base_on_cluster, wants_cluster
 
     job = BaseJob(
-        spec, out, scoring.chunks, fmt, codec, top, clamp, frame_rows, scoring.force, resume, store, replay_tolerance,
-        head, routing,
-    )  # fmt: skip
+        protocol=spec,
+        out_path=out,
+        chunks=scoring.chunks,
+        fmt=fmt,
+        codec=codec,
+        keep=top,
+        clamp=clamp,
+        frame_rows=frame_rows,
+        force=scoring.force,
+        resume=resume,
+        store=store,
+        replay_tolerance=replay_tolerance,
+        head=head,
+        routing=routing,
+    )
     if wants_cluster(cluster):
         result = base_on_cluster(cluster, run, corpus, model, job)
         return write_json(json_out, result) if json_out else None

@@ -62,15 +62,15 @@ def sweep(
     try:
         with _players(cluster, run, reader, quants) as players:
             sw = Sweep(
-                reader,
-                quants,
-                players,
-                visit,
-                parse_chunk_range(None, chunks, reader.header.n_chunk, base_file),
-                stopping.first,
-                stopping.target,
-                resampling,
-                force,
+                reader=reader,
+                quants=quants,
+                players=players,
+                order=visit,
+                span=parse_chunk_range(None, chunks, reader.header.n_chunk, base_file),
+                first=stopping.first,
+                target=stopping.target,
+                bootstrap=resampling,
+                force=force,
             )
             log = sw.run()
     finally:

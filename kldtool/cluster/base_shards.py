@@ -151,7 +151,7 @@ def cuts(n_windows: int, n_seq: int, shards: int) -> list[tuple[int, int]]:
     return [(a * n_seq, min(b * n_seq, n_windows)) for a, b in zip(bounds, bounds[1:])]
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Scored:
     """What the cluster hands back: the run's setup and each shard's part file and facts."""
 
@@ -211,7 +211,7 @@ def score_shards(ray, job: ShardedBase, shape, shards: int, sinks: Sinks | None 
     except BaseException:
         remove_parts(parts)
         raise
-    return Scored(setup, digest, parts, ranges, facts, t0)
+    return Scored(setup=setup, digest=digest, parts=parts, ranges=ranges, facts=facts, t0=t0)
 
 
 def _gathered(ray, refs, ranges) -> list[dict]:

@@ -20,7 +20,7 @@ from kldtool.runtime.progress import line_seconds, mode
 from kldtool.stats import summarize
 
 
-@dataclass(frozen=True)
+@dataclass(kw_only=True, frozen=True)
 class Row:
     label: str
     windows: int
@@ -46,7 +46,9 @@ def read_row(q: Quant, look: int) -> Row:
     except (KldError, OSError):
         pass  # a state file being replaced: the next look reads it
     tried = attempts(q, look)
-    return Row(q.label, windows, look, kld, tried[-1]["node"] if tried else "", len(tried))
+    return Row(
+        label=q.label, windows=windows, look=look, kld=kld, node=tried[-1]["node"] if tried else "", tries=len(tried)
+    )
 
 
 class Board:

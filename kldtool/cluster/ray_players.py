@@ -61,7 +61,7 @@ class RayPlayers:
         except ray.exceptions.RayError as e:  # its worker or node lost more often than retried
             error = f"lost its worker ({type(e).__name__}) on every one of its attempts"
         tried = attempts(_absolute(q), look)
-        return Outcome(q.label, error=error, node=tried[-1]["node"] if tried else None, attempts=len(tried))
+        return Outcome(label=q.label, error=error, node=tried[-1]["node"] if tried else None, attempts=len(tried))
 
 
 def _absolute(q: Quant) -> Quant:

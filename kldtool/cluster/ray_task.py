@@ -61,7 +61,7 @@ def run_turn(play: Play, base, engine_for: Callable[..., object], q: Quant, look
         try:
             reader = open_base_file(base if isinstance(base, str) else _fetched(base, play, q, look))
         except (KldError, OSError) as e:
-            return Outcome(q.label, error=str(e), seconds=time.time() - t, node=node, attempts=tried)
+            return Outcome(label=q.label, error=str(e), seconds=time.time() - t, node=node, attempts=tried)
         try:
             outcome = play_quant(play, reader, lambda model: engine_for(model, reader.header.n_ctx), q, look)
         finally:

@@ -34,7 +34,7 @@ def _read(fd: int, spans) -> list[tuple[int, bytes]]:
     return [(offset, os.pread(fd, n, offset)) for offset, n in spans]
 
 
-@dataclass(frozen=True)
+@dataclass(kw_only=True, frozen=True)
 class ShippedBase:
     name: str
     size: int
@@ -64,13 +64,13 @@ class ShippedBase:
         # layout over the same tokens from two models) never share a node's copy.
         key = hashlib.sha256((_sha(frame) + "".join(digests)).encode()).hexdigest()
         return ShippedBase(
-            os.path.basename(reader.path),
-            reader.file_size,
-            key,
-            _sha(frame),
-            ray.put(frame),
-            tuple(refs),
-            tuple(digests),
+            name=os.path.basename(reader.path),
+            size=reader.file_size,
+            key=key,
+            frame_sha=_sha(frame),
+            frame=ray.put(frame),
+            windows=tuple(refs),
+            digests=tuple(digests),
         )
 
     def local_path(self) -> str:

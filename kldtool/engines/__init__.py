@@ -12,7 +12,7 @@ from kldtool.errors import EngineError, UsageError
 from kldtool.provenance import model_ref
 
 
-@dataclass(frozen=True)
+@dataclass(kw_only=True, frozen=True)
 class EngineOptions:
     """What every engine is built from; ``own`` is the chosen engine's options (its package's
     options.py), None for its defaults."""
@@ -35,15 +35,15 @@ def options_from_flags(given: dict, model: str | None) -> EngineOptions:
     registry.refuse_others(e, given)
     cls = e.options_class()
     return EngineOptions(
-        e.name,
-        model,
-        given.get("dtype"),
-        given.get("device"),
-        given.get("threads"),
-        given.get("batch", 2048),
-        given.get("revision"),
-        given.get("gguf_file"),
-        cls.from_flags({k: given.get(k) for k in (*e.selected_by, *e.takes)}) if cls is not None else None,
+        engine=e.name,
+        model=model,
+        dtype=given.get("dtype"),
+        device=given.get("device"),
+        threads=given.get("threads"),
+        batch_tokens=given.get("batch", 2048),
+        revision=given.get("revision"),
+        gguf_file=given.get("gguf_file"),
+        own=cls.from_flags({k: given.get(k) for k in (*e.selected_by, *e.takes)}) if cls is not None else None,
     )
 
 
@@ -89,7 +89,7 @@ def _built(e: registry.EngineEntry, opts: EngineOptions, n_ctx: int):
         return engine
     if ref is None:  # the built-in default: recorded by the path the engine chose
         default = engine.facts.model
-        ref = model_ref.ModelRef(default, default) if default and os.path.exists(default) else None
+        ref = model_ref.ModelRef(given=default, path=default) if default and os.path.exists(default) else None
     engine.source = ref.record() if ref else None
     return engine
 

@@ -19,7 +19,7 @@ from kldtool.errors import UsageError
 PACKAGES = ("transformers", "llamacpp", "vllm", "python", "xlstm", "endpoint")
 
 
-@dataclass(frozen=True)
+@dataclass(kw_only=True, frozen=True)
 class EngineEntry:
     name: str
     engine: str  # "module:Class"

@@ -56,7 +56,7 @@ class ContainerReader(BaseFileReader):
                 NotABaseFile,
             )
         self.version = version
-        self.header = h = BaseHeader(n_ctx, n_vocab, n_chunk)
+        self.header = h = BaseHeader(n_ctx=n_ctx, n_vocab=n_vocab, n_chunk=n_chunk)
         if h.problems():
             self._fail(f"invalid header at offset 12: {'; '.join(h.problems())}", NotABaseFile)
         if transform not in CODES:
@@ -72,7 +72,7 @@ class ContainerReader(BaseFileReader):
                     TruncatedHeader,
                 )
             rows = tuple(tuple(int(x) for x in r) for r in np.frombuffer(table, "<i8").reshape(n_chunk, 4))
-            self.header = h = BaseHeader(n_ctx, n_vocab, n_chunk, rows, n_stream)
+            self.header = h = BaseHeader(n_ctx=n_ctx, n_vocab=n_vocab, n_chunk=n_chunk, windows=rows, n_stream=n_stream)
             if h.problems():
                 self._fail(f"invalid window table at offset {tokens_end}: {'; '.join(h.problems())}", CorruptData)
             tokens_end = table_end

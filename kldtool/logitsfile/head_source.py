@@ -45,7 +45,14 @@ def load_head(source: str, meta: dict):
         if path.suffix != ".gguf":
             raise EngineError(f"{source}: the file's head is a GGUF tensor ({meta['dtype']}); this is not a GGUF file")
         h = ggml_head.gguf_head(str(path))
-        return OutputHead(h["data"], None, h["multiplier"], h["softcap"], h["type"], h["shape"])
+        return OutputHead(
+            weight=h["data"],
+            bias=None,
+            multiplier=h["multiplier"],
+            softcap=h["softcap"],
+            ggml=h["type"],
+            shape=h["shape"],
+        )
     if not path.is_dir():
         raise EngineError(
             f"{source}: the file's head ({meta['dtype']}) comes from a transformers checkpoint "
@@ -74,7 +81,9 @@ def _checkpoint_head(path: Path, dtype: str):
     bias = _read_tensor(files, bias_names, path) if bias_names else None
     cast = getattr(torch, dtype)
     multiplier, softcap = head_transforms(config)
-    return OutputHead(weight.to(cast), None if bias is None else bias.to(cast), multiplier, softcap)
+    return OutputHead(
+        weight=weight.to(cast), bias=None if bias is None else bias.to(cast), multiplier=multiplier, softcap=softcap
+    )
 
 
 def _safetensors_files(path: Path) -> dict[str, Path]:

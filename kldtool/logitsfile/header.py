@@ -27,7 +27,7 @@ def rows_width(n_vocab: int, keep: int | None) -> int:
     return topk_width(keep) if keep else row_width(n_vocab)
 
 
-@dataclass(frozen=True)
+@dataclass(kw_only=True, frozen=True)
 class BaseHeader:
     n_ctx: int
     n_vocab: int

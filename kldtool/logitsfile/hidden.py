@@ -52,7 +52,7 @@ def from_raw(data, dtype: str, shape, device=None):
     return buf.view(torch_dtype(dtype)).reshape(shape)
 
 
-@dataclass
+@dataclass(kw_only=True)
 class OutputHead:
     """The output head as the engine applies it. ``weight`` (V x d) and ``bias`` are host tensors
     in the engine's dtype, or, for llama.cpp (``ggml`` set to the GGUF tensor's type), ``weight``
@@ -121,7 +121,14 @@ class OutputHead:
         else:
             weight, ggml = from_raw(data[:n], dtype, (v, d)), None
             bias = from_raw(data[n:], dtype, (v,)) if meta["bias"] else None
-        return cls(weight, bias, meta.get("multiplier"), meta.get("softcap"), ggml, (v, d))
+        return cls(
+            weight=weight,
+            bias=bias,
+            multiplier=meta.get("multiplier"),
+            softcap=meta.get("softcap"),
+            ggml=ggml,
+            shape=(v, d),
+        )
 
     def apply(self, hidden, weight, bias):
         """float32 logits of ``hidden`` (n x d) through ``weight`` and ``bias`` (this head's

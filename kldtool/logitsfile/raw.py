@@ -41,7 +41,7 @@ class RawReader(BaseFileReader):
         if len(head) < PREAMBLE:
             self._fail(f"truncated header: {len(head)} bytes, need {PREAMBLE}", TruncatedHeader)
         n_ctx, n_vocab, n_chunk = (int(x) for x in np.frombuffer(head, dtype="<i4", count=3, offset=8))
-        self.header = h = BaseHeader(n_ctx, n_vocab, n_chunk)
+        self.header = h = BaseHeader(n_ctx=n_ctx, n_vocab=n_vocab, n_chunk=n_chunk)
         if h.problems():
             self._fail(f"invalid header at offset 8: {'; '.join(h.problems())}", NotABaseFile)
         self.rows_offset = PREAMBLE + 4 * h.n_tokens

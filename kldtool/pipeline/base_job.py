@@ -18,7 +18,7 @@ def default_codec(fmt: str) -> str:
     return LLAMA_ROUNDING if fmt == RAW_LAYOUT else GRID
 
 
-@dataclass(frozen=True)
+@dataclass(kw_only=True, frozen=True)
 class BaseJob:
     protocol: Protocol
     out_path: str | None = None  # None: perplexity only, no file

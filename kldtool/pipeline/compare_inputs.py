@@ -13,7 +13,7 @@ from kldtool.pipeline.compat import file_protocol
 from kldtool.text.protocols import parse_lengths
 
 
-@dataclass(frozen=True)
+@dataclass(kw_only=True, frozen=True)
 class CompareInputs:
     base_path: str
     engine: EngineOptions

@@ -12,7 +12,7 @@ from kldtool.stats.bootstrap import Bootstrap
 from kldtool.text.window_order import FILE_ORDER, Order
 
 
-@dataclass(frozen=True)
+@dataclass(kw_only=True, frozen=True)
 class CompareJob:
     force: bool = False  # --force: run despite a mismatch that only warns
     json_path: str | None = None

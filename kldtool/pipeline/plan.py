@@ -26,7 +26,7 @@ from kldtool.text.protocols import (
 LMEVAL_DEFAULT_LENGTH = 2048
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Plan:
     protocol: Protocol
     stream: np.ndarray  # int32: every window's tokens, each stored once
@@ -72,7 +72,12 @@ def _documents_plan(engine, corpus: Corpus, p: Protocol, chunks: int | None) -> 
     counts = {"total": docs.n_documents, "per_length": per_length}
     whole = p.counts_once and len(windows) == len(corpus.documents)
     return Plan(
-        p, docs.stream[:end], windows, int(lens.sum()), counts, corpus.size(whole_stream=False) if whole else None
+        protocol=p,
+        stream=docs.stream[:end],
+        windows=windows,
+        n_source_tokens=int(lens.sum()),
+        documents=counts,
+        text_size=corpus.size(whole_stream=False) if whole else None,
     )
 
 
@@ -102,12 +107,12 @@ def _rolling_plan(engine, corpus: Corpus, p: Protocol, chunks: int | None) -> Pl
     windows = limit(docs.windows, chunks)
     whole = len(windows) == len(docs.windows)
     return Plan(
-        p,
-        docs.stream[: windows[-1].end],
-        windows,
-        int(docs.doc_lengths.sum()),
-        {"total": docs.n_documents},
-        corpus.size(whole_stream=False) if whole else None,
+        protocol=p,
+        stream=docs.stream[: windows[-1].end],
+        windows=windows,
+        n_source_tokens=int(docs.doc_lengths.sum()),
+        documents={"total": docs.n_documents},
+        text_size=corpus.size(whole_stream=False) if whole else None,
     )
 
 
@@ -121,7 +126,14 @@ def _stream_plan(engine, corpus: Corpus, p: Protocol, chunks: int | None) -> Pla
         windows = limit(made, chunks)
     end = windows[-1].end
     whole = p.counts_once and end == len(stream)
-    return Plan(p, stream[:end], windows, len(stream), {}, corpus.size(whole_stream=True) if whole else None)
+    return Plan(
+        protocol=p,
+        stream=stream[:end],
+        windows=windows,
+        n_source_tokens=len(stream),
+        documents={},
+        text_size=corpus.size(whole_stream=True) if whole else None,
+    )
 
 
 def _check_context(engine, n_ctx: int, what: str, force: bool) -> None:

@@ -44,7 +44,7 @@ def quants_of(models: list[str], directory: str) -> list[Quant]:
     return [Quant(label, m, directory) for label, m in zip(labels, models)]
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Sweep:
     reader: object
     quants: list[Quant]
@@ -62,7 +62,7 @@ class Sweep:
         self.rule = Rule(b - a, self.first, bootstrap=self.bootstrap)
         self.directory = self.quants[0].directory
         self.log_path = os.path.join(self.directory, "sweep.json")
-        self.play = Play(self.span, self.order, self.first, self.bootstrap, self.force)
+        self.play = Play(span=self.span, order=self.order, first=self.first, bootstrap=self.bootstrap, force=self.force)
 
     def run(self) -> dict:
         log = self._open_log()

@@ -39,7 +39,7 @@ class Quant:
         return os.path.join(self.directory, self.label + ".json")
 
 
-@dataclass(frozen=True)
+@dataclass(kw_only=True, frozen=True)
 class Play:
     """What every quant's turn shares: the windows, their order and the stopping rule's start."""
 
@@ -50,7 +50,7 @@ class Play:
     force: bool
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Outcome:
     """How one quant's turn ended: its windows and mean KLD, or the error that failed it."""
 
@@ -99,15 +99,22 @@ def play_quant(play: Play, reader, engine_for: Callable[[str], object], q: Quant
             quiet = Sinks(out=lambda s: None, info=lambda s: s.startswith("warning") and notes.append(s))
             run = CompareRun(engine, reader, quiet, Checkpoints(q.state, chunks=1, resume=True), play.bootstrap)
             stopping = Stopping(first=play.first, cap=look)
-            run.start(CompareJob(play.force, chunk_range=play.span, order=play.order, stopping=stopping))
+            run.start(CompareJob(force=play.force, chunk_range=play.span, order=play.order, stopping=stopping))
             run.loop(label=f"sweep: {q.label}")
             result = run.result(q.result, None)
         finally:
             engine.close()
     except KldError as e:
-        return Outcome(q.label, error=str(e), seconds=time.time() - t, notes=notes)
+        return Outcome(label=q.label, error=str(e), seconds=time.time() - t, notes=notes)
     stats = result["statistics"]
-    return Outcome(q.label, result["windows_scored"], stats["kld_mean"]["value"], None, time.time() - t, notes)
+    return Outcome(
+        label=q.label,
+        windows=result["windows_scored"],
+        kld_mean=stats["kld_mean"]["value"],
+        error=None,
+        seconds=time.time() - t,
+        notes=notes,
+    )
 
 
 @dataclass

@@ -38,9 +38,17 @@ from kldtool.stats import PplAccumulator
 def plan_header(plan: Plan, n_vocab: int, coding: Coding) -> BaseHeader:
     """llama.cpp's uniform chunks keep its header; other protocols carry their window table."""
     if plan.protocol.name == HALF_SCORED_CHUNKS:
-        return BaseHeader(plan.protocol.n_ctx, n_vocab, len(plan.windows), keep=coding.keep, clamp=coding.clamp)
+        return BaseHeader(
+            n_ctx=plan.protocol.n_ctx, n_vocab=n_vocab, n_chunk=len(plan.windows), keep=coding.keep, clamp=coding.clamp
+        )
     return BaseHeader(
-        plan.n_ctx, n_vocab, len(plan.windows), window_table(plan.windows), len(plan.stream), coding.keep, coding.clamp
+        n_ctx=plan.n_ctx,
+        n_vocab=n_vocab,
+        n_chunk=len(plan.windows),
+        windows=window_table(plan.windows),
+        n_stream=len(plan.stream),
+        keep=coding.keep,
+        clamp=coding.clamp,
     )
 
 
@@ -102,7 +110,7 @@ def _end_window(writer, parts: list) -> np.ndarray:
     return nll
 
 
-@dataclass
+@dataclass(kw_only=True)
 class BaseSetup:
     """What a base run decides before its first window: the windows, the file's header, the
     metadata and the settings a resumed or joined run must match, and the batch size."""
@@ -154,7 +162,7 @@ def setup_base(engine, corpus, job: BaseJob, hidden=None) -> BaseSetup:
         "model": model_identity(model),
         "tokenizer_identity": tokenizer_identity(engine),
     }
-    return BaseSetup(plan, header, metadata, settings, n_seq, coding)
+    return BaseSetup(plan=plan, header=header, metadata=metadata, settings=settings, n_seq=n_seq, coding=coding)
 
 
 def describe_run(setup: BaseSetup, protocol: Protocol, corpus_name: str, engine_name: str) -> str:

@@ -25,7 +25,7 @@ _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".gguf", ".pt")
 _GGUF_HEAD_BYTES = 16 << 20  # a GGUF's metadata and tensor table come first; 16 MiB covers a 262k vocabulary's
 
 
-@dataclass(frozen=True)
+@dataclass(kw_only=True, frozen=True)
 class ModelRef:
     given: str  # as the user typed it
     path: str  # the local directory or file an engine loads
@@ -64,7 +64,7 @@ def resolve(
         if revision or gguf_file:
             flag = "--revision" if revision else "--gguf-file"
             raise UsageError(f"{flag}: only with a hub id (org/name); {model} is a local path")
-        return ModelRef(model, model)
+        return ModelRef(given=model, path=model)
     name, _, in_repo = model.partition(":")
     if not _HUB_ID.match(name):
         raise EngineError(f"{model}: no such file or directory, and not a hub id (org/name)")
@@ -91,7 +91,9 @@ def _from_hub(given: str, hub_id: str, revision: str | None, file: str | None, c
             )
     except Exception as e:  # huggingface_hub raises its own errors, OSError and the HTTP client's
         raise EngineError(_not_found(given, hub_id, revision, file, e, constants)) from None
-    return ModelRef(given, path, hub_id, revision, os.path.basename(snapshot_dir), file)
+    return ModelRef(
+        given=given, path=path, hub_id=hub_id, revision=revision, snapshot=os.path.basename(snapshot_dir), file=file
+    )
 
 
 def _not_found(given: str, hub_id: str, revision: str | None, file: str | None, e: Exception, constants) -> str:

@@ -29,7 +29,7 @@ _ST_LAYER = re.compile(r"(^|\.)layers\.\d+\.")
 _ST_EMBED_HEAD = re.compile(r"(^|\.)(embed_tokens|lm_head|wte|embed_out)$")
 
 
-@dataclass
+@dataclass(kw_only=True)
 class ModelSize:
     path: str
     format: str  # "gguf" or "safetensors"
@@ -78,7 +78,15 @@ def _gguf_size(path: str) -> ModelSize:
         if bucket is not None:
             bucket[0] += n_elements
             bucket[1] += n_bytes
-    return ModelSize(path, "gguf", os.path.getsize(path), lin[0], lin[1], emb[0], emb[1])
+    return ModelSize(
+        path=path,
+        format="gguf",
+        file_bytes=os.path.getsize(path),
+        linear_params=lin[0],
+        linear_bytes=lin[1],
+        embed_head_params=emb[0],
+        embed_head_bytes=emb[1],
+    )
 
 
 # ggml tensor types -> (weights per block, bytes per block) for the float and llama-quantize
@@ -233,7 +241,15 @@ def _safetensors_size(path: str, files: list[str]) -> ModelSize:
         if bucket is not None:
             bucket[0] += params
             bucket[1] += mod["bytes"]
-    return ModelSize(path, "safetensors", sum(os.path.getsize(f) for f in files), lin[0], lin[1], emb[0], emb[1])
+    return ModelSize(
+        path=path,
+        format="safetensors",
+        file_bytes=sum(os.path.getsize(f) for f in files),
+        linear_params=lin[0],
+        linear_bytes=lin[1],
+        embed_head_params=emb[0],
+        embed_head_bytes=emb[1],
+    )
 
 
 def _count(shape) -> int:

@@ -33,7 +33,7 @@ FILLED = ("kld_tail", "tv_hi", "p_out")
 WHOLE_ROW = tuple(f for f in FIELDS if f not in FILLED)  # the columns a whole-row reducer computes
 
 
-@dataclass
+@dataclass(kw_only=True)
 class TokenRecords:
     """Per scored token, host numpy arrays of equal length (dtypes in ``FIELDS``)."""
 

@@ -15,7 +15,7 @@ from typing import Callable
 from kldtool.analysis.results import ResultRow
 
 
-@dataclass(frozen=True)
+@dataclass(kw_only=True, frozen=True)
 class Column:
     name: str  # header in every rendering
     csv: tuple[str, ...]  # CSV field names: the value, and its uncertainty where there is one
@@ -43,18 +43,25 @@ def _size(key: str):
 
 
 COLUMNS = (
-    Column("size MiB", ("size_mib",), lambda r: (((r.size or {}).get("file_bytes", math.nan)) / 2**20,), "%.1f"),
-    Column("bpw (linear)", ("bpw_linear",), _size("bpw_linear"), "%.3f"),
-    Column("bpw (all)", ("bpw_total",), _size("bpw_total"), "%.3f"),
-    Column("PPL(Q)", ("ppl_q", "ppl_q_unc"), _pair("ppl_q"), "%.6f"),
-    Column("ln(PPL(Q)/PPL(base))", ("ln_ppl_ratio", "ln_ppl_ratio_unc"), _pair("ln_ppl_ratio"), "%.6f"),
-    Column("mean KLD", ("kld_mean", "kld_mean_unc"), _pair("kld_mean"), "%.6f"),
-    Column("median KLD", ("kld_median",), _q("median"), "%.6f"),
-    Column("99% KLD", ("kld_p99",), _q("99.0%"), "%.6f"),
-    Column("99.9% KLD", ("kld_p999",), _q("99.9%"), "%.6f"),
-    Column("same top %", ("same_top_p", "same_top_p_unc"), _pair("same_top_p"), "%.3f", 100.0),
-    Column("RMS Δp %", ("rms_dp", "rms_dp_unc"), _pair("rms_dp"), "%.3f", 100.0),
-    Column("mean TV", ("tv_mean", "tv_mean_unc"), _tv, "%.6f"),
+    Column(
+        name="size MiB",
+        csv=("size_mib",),
+        get=lambda r: (((r.size or {}).get("file_bytes", math.nan)) / 2**20,),
+        fmt="%.1f",
+    ),
+    Column(name="bpw (linear)", csv=("bpw_linear",), get=_size("bpw_linear"), fmt="%.3f"),
+    Column(name="bpw (all)", csv=("bpw_total",), get=_size("bpw_total"), fmt="%.3f"),
+    Column(name="PPL(Q)", csv=("ppl_q", "ppl_q_unc"), get=_pair("ppl_q"), fmt="%.6f"),
+    Column(
+        name="ln(PPL(Q)/PPL(base))", csv=("ln_ppl_ratio", "ln_ppl_ratio_unc"), get=_pair("ln_ppl_ratio"), fmt="%.6f"
+    ),
+    Column(name="mean KLD", csv=("kld_mean", "kld_mean_unc"), get=_pair("kld_mean"), fmt="%.6f"),
+    Column(name="median KLD", csv=("kld_median",), get=_q("median"), fmt="%.6f"),
+    Column(name="99% KLD", csv=("kld_p99",), get=_q("99.0%"), fmt="%.6f"),
+    Column(name="99.9% KLD", csv=("kld_p999",), get=_q("99.9%"), fmt="%.6f"),
+    Column(name="same top %", csv=("same_top_p", "same_top_p_unc"), get=_pair("same_top_p"), fmt="%.3f", scale=100.0),
+    Column(name="RMS Δp %", csv=("rms_dp", "rms_dp_unc"), get=_pair("rms_dp"), fmt="%.3f", scale=100.0),
+    Column(name="mean TV", csv=("tv_mean", "tv_mean_unc"), get=_tv, fmt="%.6f"),
 )
 
 

@@ -72,7 +72,7 @@ def median(sorted_values: np.ndarray) -> float:
     return float(np.float32(0.5) * (v[n // 2] + v[n // 2 - 1])) if n % 2 == 0 else float(v[n // 2])
 
 
-@dataclass
+@dataclass(kw_only=True)
 class KldSummary:
     count: int
     ppl_q: tuple[float, float]

@@ -33,7 +33,7 @@ HALF_SCORED_CHUNKS = "llamacpp"
 PROTOCOLS = (HALF_SCORED_CHUNKS, "exl3", "stride", "documents", "rolling")
 
 
-@dataclass(frozen=True)
+@dataclass(kw_only=True, frozen=True)
 class Window:
     index: int  # window number, 0-based
     tokens: np.ndarray  # int32, exactly what the engine evaluates (BOS substituted)
@@ -60,7 +60,7 @@ class Window:
         return self.start + max(len(self.tokens), self.first + 1 + self.n_scored)
 
 
-@dataclass(frozen=True)
+@dataclass(kw_only=True, frozen=True)
 class Protocol:
     """A protocol and its parameters: ``n_ctx`` is llamacpp's chunk and exl3/stride/rolling's
     window length L (rolling: 0 until the model's context fills it in); ``stride`` is S;
@@ -101,33 +101,33 @@ class Protocol:
                 raise UsageError(f"--ctx-size {ctx_size}: a window needs at least 2 tokens")
             if prefix is not None and prefix < 0:
                 raise UsageError(f"--prefix-token {prefix}: a token id is 0 or more")
-            return cls(name, ctx_size or 0, None, (), prefix)
+            return cls(name=name, n_ctx=ctx_size or 0, stride=None, lengths=(), prefix=prefix)
         if name == "documents":
             if ctx_size is not None:
                 raise UsageError("--ctx-size: --protocol documents takes --lengths N,N,... instead")
-            return cls(name, 0, None, parse_lengths(lengths), full_only=full_only)
+            return cls(name=name, n_ctx=0, stride=None, lengths=parse_lengths(lengths), full_only=full_only)
         n_ctx = 512 if ctx_size is None else ctx_size
         if name == HALF_SCORED_CHUNKS:
             if n_ctx < 4:
                 raise UsageError(f"--ctx-size {n_ctx}: must be at least 4")
-            return cls(name, n_ctx)
+            return cls(name=name, n_ctx=n_ctx)
         if n_ctx < 2:
             raise UsageError(f"--ctx-size {n_ctx}: a window needs at least 2 tokens")
         s = n_ctx // 4 if stride is None else stride
         if not 1 <= s <= n_ctx:
             raise UsageError(f"--stride {s}: must be between 1 and the window length {n_ctx}")
-        return cls(name, n_ctx, s)
+        return cls(name=name, n_ctx=n_ctx, stride=s)
 
     @classmethod
     def from_metadata(cls, meta: dict) -> "Protocol":
         return cls(
-            meta["name"],
-            int(meta.get("n_ctx") or 0),
-            meta.get("stride"),
-            tuple(int(n) for n in meta.get("lengths", ())),
-            meta.get("prefix_id"),
+            name=meta["name"],
+            n_ctx=int(meta.get("n_ctx") or 0),
+            stride=meta.get("stride"),
+            lengths=tuple(int(n) for n in meta.get("lengths", ())),
+            prefix=meta.get("prefix_id"),
             # Files written before the choice existed skipped shorter documents.
-            meta.get("shorter_documents", "skipped") == "skipped" and bool(meta.get("lengths")),
+            full_only=meta.get("shorter_documents", "skipped") == "skipped" and bool(meta.get("lengths")),
         )
 
     def describe(self) -> dict:
@@ -200,7 +200,7 @@ def llamacpp_windows(tokens: np.ndarray, n_ctx: int, n_chunk: int, bos_id: int |
         targets = chunk[first + 1 :].astype(np.int64)
         if bos_id is not None:
             chunk[0] = bos_id
-        out.append(Window(c, chunk, first, targets, c * n_ctx))
+        out.append(Window(index=c, tokens=chunk, first=first, targets=targets, start=c * n_ctx))
     return out
 
 
@@ -210,7 +210,9 @@ def _span(tokens: np.ndarray, index: int, start: int, end: int, first: int, n_sc
     w = np.array(tokens[start:end], dtype=np.int32)
     n = len(w) - first - 1 if n_scored is None else n_scored
     at = start + first + 1
-    return Window(index, w, first, np.asarray(tokens[at : at + n], dtype=np.int64), start)
+    return Window(
+        index=index, tokens=w, first=first, targets=np.asarray(tokens[at : at + n], dtype=np.int64), start=start
+    )
 
 
 def exl3_windows(tokens: np.ndarray, length: int, stride: int) -> list[Window]:
@@ -264,7 +266,7 @@ def document_windows(docs: list[np.ndarray], lengths: tuple[int, ...], full_only
             continue
         w = np.array(d[:keep], dtype=np.int32)
         parts.append(w)
-        windows.append(Window(len(windows), w, 0, w[1:].astype(np.int64), at))
+        windows.append(Window(index=len(windows), tokens=w, first=0, targets=w[1:].astype(np.int64), start=at))
         at += keep
     if not windows:
         need = lengths[0] if lengths and full_only else 2

@@ -83,7 +83,7 @@ def run_group(jobs: list[dict], out: str, max_ctx: int) -> None:
 
     def _probe(spec: dict, path: str) -> int:
         try:
-            engine = make_engine(EngineOptions("vllm", spec["model"], spec["dtype"]), max_ctx)
+            engine = make_engine(EngineOptions(engine="vllm", model=spec["model"], dtype=spec["dtype"]), max_ctx)
             summary = probe(
                 engine,
                 spec["base"],

@@ -58,7 +58,7 @@ def probe(engine, base: str, long_n: int = 0, text: str | None = None, blocks: b
         from kldtool.text.protocols import Window
 
         ids = engine.tokenize(open(text, "rb").read())[:long_n]
-        w = Window(0, ids, 0, ids[1:].astype(np.int64))
+        w = Window(index=0, tokens=ids, first=0, targets=ids[1:].astype(np.int64))
         runs = {}
         for block in (128, long_n):  # 128 rows, or as much of a step as the hook holds at once
             engine.logits_block = block

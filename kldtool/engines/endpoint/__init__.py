@@ -8,8 +8,8 @@ from kldtool.engines.registry import EngineEntry
 
 ENTRIES = (
     EngineEntry(
-        "endpoint",
-        "kldtool.engines.endpoint.engine:EndpointEngine",
+        name="endpoint",
+        engine="kldtool.engines.endpoint.engine:EndpointEngine",
         can=frozenset({SCORES, BOUNDED}),
         options="kldtool.engines.endpoint.options:EndpointOptions",
         selected_by=("endpoint",),

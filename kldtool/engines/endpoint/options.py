@@ -69,7 +69,7 @@ FLAGS = {
 }
 
 
-@dataclass(frozen=True)
+@dataclass(kw_only=True, frozen=True)
 class EndpointOptions:
     FLAGS: ClassVar[dict] = FLAGS
     url: str = ""

@@ -15,8 +15,8 @@ def _is_gguf(model: str | None, gguf_file: str | None) -> bool:
 
 ENTRIES = (
     EngineEntry(
-        "llamacpp",
-        "kldtool.engines.llamacpp.engine:LlamaCppEngine",
+        name="llamacpp",
+        engine="kldtool.engines.llamacpp.engine:LlamaCppEngine",
         can=frozenset({HIDDEN, ROUTING, SCHEDULE}),
         options="kldtool.engines.llamacpp.options:LlamaCppOptions",
         also_takes=("kv_cache_dtype",),

@@ -58,7 +58,7 @@ def offload_gpus(lib) -> list[Device]:
     return [d for d in devices(lib) if d.gpu] if lib.llama_supports_gpu_offload() else []
 
 
-@dataclass(frozen=True)
+@dataclass(kw_only=True, frozen=True)
 class Placement:
     gpus: tuple[Device, ...]  # the GPUs holding layers (none: the CPU computes everything)
     layers: int  # layers on them
@@ -118,7 +118,7 @@ def placement(lib, model, offload: Offload, cpu_isa: str) -> Placement:
     gpus = offload_gpus(lib)
     if not gpus:
         _warn_once(offload)
-        return Placement((), 0, n_layers, offload, cpu_isa)
+        return Placement(gpus=(), layers=0, n_layers=n_layers, offload=offload, cpu_isa=cpu_isa)
     if offload.split_mode == "none":
         used = gpus[offload.main_gpu : offload.main_gpu + 1]
     elif offload.tensor_split:
@@ -126,7 +126,9 @@ def placement(lib, model, offload: Offload, cpu_isa: str) -> Placement:
     else:
         used = gpus
     layers = n_layers if offload.n_gpu_layers < 0 else min(offload.n_gpu_layers, n_layers)
-    return Placement(tuple(used), layers if used else 0, n_layers, offload, cpu_isa)
+    return Placement(
+        gpus=tuple(used), layers=layers if used else 0, n_layers=n_layers, offload=offload, cpu_isa=cpu_isa
+    )
 
 
 def _warn_once(offload: Offload) -> None:

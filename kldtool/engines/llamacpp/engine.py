@@ -330,7 +330,8 @@ class LlamaCppEngine:
                 f"{self.model_path}: its head {head['name']} takes {head['shape'][1]} inputs, the model's "
                 f"final norm gives {dim}"
             )
-        return OutputHead(head["data"], None, head["multiplier"], head["softcap"], head["type"], head["shape"])
+        scaling = {"multiplier": head["multiplier"], "softcap": head["softcap"]}
+        return OutputHead(weight=head["data"], ggml=head["type"], shape=head["shape"], **scaling)
 
     def describe(self) -> dict:
         return {

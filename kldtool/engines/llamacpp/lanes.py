@@ -71,12 +71,12 @@ class LaneSchedule(Schedule):
             return
         lanes, calls, n = self.lanes, self.calls, self.parallel
         run = _Run(
-            threading.Event(),
-            threading.Barrier(n),
-            len(calls) % n,
-            sum(lane.threads for lane in lanes),
-            self.alone_at_the_end(),
-            threading.Semaphore(0),
+            stop=threading.Event(),
+            full_rounds=threading.Barrier(n),
+            tail=len(calls) % n,
+            threads=sum(lane.threads for lane in lanes),
+            alone=self.alone_at_the_end(),
+            ready=threading.Semaphore(0),
         )
         outs = [queue.Queue(maxsize=AHEAD) for _ in lanes]
         threads = [
@@ -110,7 +110,7 @@ class LaneSchedule(Schedule):
                     lane.close()
 
 
-@dataclass
+@dataclass(kw_only=True)
 class _Run:
     stop: threading.Event  # the consumer takes no more results
     full_rounds: threading.Barrier  # every lane is done with its batches of the full rounds

@@ -18,7 +18,7 @@ SPLIT_MODES = ("none", "layer", "row", "tensor")  # llama.h's LLAMA_SPLIT_MODE_*
 ALL = -1  # llama.cpp's model parameters: a negative layer count offloads every layer
 
 
-@dataclass(frozen=True)
+@dataclass(kw_only=True, frozen=True)
 class Offload:
     n_gpu_layers: int = ALL
     split_mode: str = "layer"
@@ -37,7 +37,13 @@ class Offload:
             raise UsageError(f"--split-mode {sm}: one of {', '.join(SPLIT_MODES)}")
         if mg is not None and mg < 0:
             raise UsageError(f"--main-gpu {mg}: a GPU's index, 0 or more")
-        return cls(layers, mode, mg or 0, _proportions(ts) if ts is not None else (), not given.get("no_kv_offload"))
+        return cls(
+            n_gpu_layers=layers,
+            split_mode=mode,
+            main_gpu=mg or 0,
+            tensor_split=_proportions(ts) if ts is not None else (),
+            kv_offload=not given.get("no_kv_offload"),
+        )
 
     @property
     def asks_for_gpu(self) -> bool:

@@ -13,8 +13,8 @@ def _is_factory(model: str | None, gguf_file: str | None) -> bool:
 
 ENTRIES = (
     EngineEntry(
-        "python",
-        "kldtool.engines.python.engine:PythonEngine",
+        name="python",
+        engine="kldtool.engines.python.engine:PythonEngine",
         can=frozenset({HIDDEN}),
         recognizes=_is_factory,
         weights=False,

@@ -217,10 +217,10 @@ class PythonEngine:
             raise UsageError(self._no_hidden())
         bias = getattr(head, "bias", None)
         return OutputHead(
-            weight.detach().cpu(),
-            None if bias is None else bias.detach().cpu(),
-            getattr(self.obj, "logit_multiplier", None),
-            getattr(self.obj, "logit_softcap", None),
+            weight=weight.detach().cpu(),
+            bias=None if bias is None else bias.detach().cpu(),
+            multiplier=getattr(self.obj, "logit_multiplier", None),
+            softcap=getattr(self.obj, "logit_softcap", None),
         )
 
     def _no_hidden(self) -> str:

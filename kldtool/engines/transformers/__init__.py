@@ -7,8 +7,8 @@ from kldtool.engines.registry import EngineEntry
 
 ENTRIES = (
     EngineEntry(
-        "transformers",
-        "kldtool.engines.transformers.engine:TransformersEngine",
+        name="transformers",
+        engine="kldtool.engines.transformers.engine:TransformersEngine",
         can=frozenset({HIDDEN, ROUTING}),
         default=True,
         offers=(("decoder", "kldtool.engines.hf_tokenizer:vocab_decoder"),),

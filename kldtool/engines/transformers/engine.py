@@ -179,11 +179,9 @@ class TransformersEngine:
         from kldtool.logitsfile.hidden import OutputHead
 
         lm = self.model.get_output_embeddings()
-        return OutputHead(
-            lm.weight.detach().cpu(),
-            None if lm.bias is None else lm.bias.detach().cpu(),
-            *head_transforms(self.model.config),
-        )
+        multiplier, softcap = head_transforms(self.model.config)
+        bias = None if lm.bias is None else lm.bias.detach().cpu()
+        return OutputHead(weight=lm.weight.detach().cpu(), bias=bias, multiplier=multiplier, softcap=softcap)
 
     def describe(self) -> dict:
         return {

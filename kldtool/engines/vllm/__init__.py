@@ -9,14 +9,14 @@ from kldtool.engines.registry import EngineEntry
 
 ENTRIES = (
     EngineEntry(
-        "vllm",
-        "kldtool.engines.vllm.offline:VllmEngine",
+        name="vllm",
+        engine="kldtool.engines.vllm.offline:VllmEngine",
         can=frozenset({HIDDEN, SCORES}),
         options="kldtool.engines.vllm.options:VllmOptions",
     ),
     EngineEntry(
-        "vllm-server",
-        "kldtool.engines.vllm.served:VllmServerEngine",
+        name="vllm-server",
+        engine="kldtool.engines.vllm.served:VllmServerEngine",
         can=frozenset({HIDDEN, SCORES}),
         options="kldtool.engines.vllm.options:ServedOptions",
         also_takes=("logits_block",),

@@ -167,10 +167,10 @@ class VllmEngine(HookedEngine):
         bias = np.concatenate([p["bias"] for p in parts])[: first["vocab"]] if "bias" in parts[0] else None
         dtype = first["dtype"]
         return OutputHead(
-            from_raw(weight.tobytes(), dtype, weight.shape),
-            None if bias is None else from_raw(bias.tobytes(), dtype, bias.shape),
-            first["scale"] if first["scale"] != 1.0 else None,
-            first["soft_cap"],
+            weight=from_raw(weight.tobytes(), dtype, weight.shape),
+            bias=None if bias is None else from_raw(bias.tobytes(), dtype, bias.shape),
+            multiplier=first["scale"] if first["scale"] != 1.0 else None,
+            softcap=first["soft_cap"],
         )
 
     def describe(self) -> dict:

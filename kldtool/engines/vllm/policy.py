@@ -48,7 +48,7 @@ def _inside(path: str, root: str) -> bool:
     return path == root or os.path.commonpath([path, root]) == root
 
 
-@dataclass(frozen=True)
+@dataclass(kw_only=True, frozen=True)
 class Policy:
     served: bool
     base_roots: tuple[str, ...] | None = None  # None: any base file (the offline engine's own process)
@@ -90,12 +90,12 @@ class Policy:
             except ValueError as e:
                 problems.append(str(e))
         return cls(
-            True,
-            tuple(roots),
-            exchange,
-            token,
-            "kldtool's hook is off on this server: " + "; ".join(problems) if problems else None,
-            bound,
+            served=True,
+            base_roots=tuple(roots),
+            exchange_root=exchange,
+            token=token,
+            problem="kldtool's hook is off on this server: " + "; ".join(problems) if problems else None,
+            max_request_bytes=bound,
         )
 
     def token_ok(self, given) -> bool:

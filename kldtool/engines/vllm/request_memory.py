@@ -63,7 +63,9 @@ def default_bound(model: wire.ModelFacts) -> int:
 
     width = rows_width(model.n_vocab, None)
     block = wire.logits_block_rows(model.n_vocab, model.itemsize)
-    return request_bytes(wire.Spec("encode", "", n_scored=DEFAULT_ROWS, logits_block=block, row_width=width), model)
+    return request_bytes(
+        wire.Spec(mode="encode", key="", n_scored=DEFAULT_ROWS, logits_block=block, row_width=width), model
+    )
 
 
 def check(spec: wire.Spec, model: wire.ModelFacts, bound: int | None) -> None:

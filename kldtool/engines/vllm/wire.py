@@ -136,7 +136,7 @@ class Envelope:
     version: object
 
 
-@dataclass(frozen=True)
+@dataclass(kw_only=True, frozen=True)
 class Spec:
     mode: str
     key: str
@@ -226,7 +226,7 @@ def parse(spec: dict, prompt_len: int, model: ModelFacts, served_request: bool) 
     if not served_request and "out" in spec:
         raise SpecError("out: only served requests write results to files")
     if mode == "probe":
-        return Spec(mode, env.key, env.out)
+        return Spec(mode=mode, key=env.key, out=env.out)
     first = _int(spec, "first", 0, prompt_len - 1)
     n_scored = _int(spec, "n_scored", 1, prompt_len - first)
     fields = dict(
@@ -260,7 +260,7 @@ def parse(spec: dict, prompt_len: int, model: ModelFacts, served_request: bool) 
             hidden_item=_equal(spec, "hidden_item", DTYPES[model.dtype][0], f"a {model.dtype} model's"),
             probe_rows=_int(spec, "probe_rows", 0, min(n_scored, MAX_PROBE_ROWS)),
         )
-    return Spec(mode, env.key, env.out, **fields)
+    return Spec(mode=mode, key=env.key, out=env.out, **fields)
 
 
 def _coding(raw, n_vocab: int) -> dict:

@@ -41,7 +41,7 @@ def _reason(e: BaseException) -> str:
     return wire.one_line(text)
 
 
-@dataclass
+@dataclass(kw_only=True)
 class _Request:
     """What the hook holds for one of vLLM's requests until it leaves the runner."""
 

@@ -12,8 +12,8 @@ def _is_run(model: str | None, gguf_file: str | None) -> bool:
 
 ENTRIES = (
     EngineEntry(
-        "xlstm",
-        "kldtool.engines.xlstm.engine:XlstmEngine",
+        name="xlstm",
+        engine="kldtool.engines.xlstm.engine:XlstmEngine",
         recognizes=_is_run,
         offers=(("training_runs", "kldtool.engines.xlstm.helibrunna:LAYOUT"),),
         text_format="tokens",  # its tokenizer reads whitespace tokens, a document per line
