@@ -281,6 +281,24 @@ def test_no_function_is_long():
     assert not long, f"functions over 60 lines: {long}"
 
 
+def test_a_dataclass_of_more_than_four_fields_is_keyword_only():
+    """Five or more fields passed by position let two of one type trade places unseen."""
+    loose = []
+    for name, tree in _trees().items():
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.ClassDef):
+                continue
+            for d in node.decorator_list:
+                call = d if isinstance(d, ast.Call) else None
+                if getattr(call.func if call else d, "id", None) != "dataclass":
+                    continue
+                fields = [s for s in node.body if isinstance(s, ast.AnnAssign) and "ClassVar" not in ast.unparse(s)]
+                kw_only = call is not None and any(k.arg == "kw_only" for k in call.keywords)
+                if len(fields) > 4 and not kw_only:
+                    loose.append(f"{name}.{node.name} ({len(fields)} fields)")
+    assert not loose, f"dataclasses without kw_only=True: {loose}"
+
+
 def test_only_an_engines_folder_names_its_modules():
     """Outside ``engines/<name>/`` no module imports or names ``kldtool.engines.<name>``: the
     rest of kldtool reaches an engine through the registry (its PACKAGES names each folder once,

@@ -12,36 +12,36 @@ import os
 from collections import defaultdict
 
 BUDGET_S = 300.0  # a file over five minutes is named in every run's summary
-# Seconds per test file in a clean-clone full run (2026-12-02, 2-core AMD EPYC, both workers
-# busy; `scripts/test.sh --timings` gives today's): the order files are handed to the workers,
-# the longest first, so that no long file starts late and leaves a worker idle at the end.
+# Seconds per test file in a full run alone (2026-12-04, 2-core AMD EPYC Zen 3, warm, both
+# workers busy; `scripts/test.sh --timings` gives today's): the order files are handed to the
+# workers, the longest first, so that no long file starts late and leaves a worker idle at the end.
 # Files not listed take under 40 s and follow in collection order.
 COSTS = {
-    "test_vllm_engine.py": 620,
-    "test_vllm_server.py": 491,
-    "test_ray_cluster.py": 345,
-    "test_vocabularies.py": 263,
-    "test_endpoint.py": 201,
-    "test_long_context.py": 183,
-    "test_resume.py": 130,
-    "test_attribute.py": 127,
-    "test_hidden_gguf.py": 125,
-    "test_moe_routing.py": 106,
-    "test_protocols.py": 103,
-    "test_endpoint_llamacpp.py": 96,
-    "test_rolling_protocol.py": 87,
-    "test_hub_ids.py": 86,
-    "test_xlstm.py": 82,
-    "test_sweep.py": 79,
-    "test_reducer_variants.py": 62,
-    "test_llamacpp_parity.py": 57,
-    "test_cli_errors.py": 56,
-    "test_endpoint_hostile.py": 55,
-    "test_vllm_wire.py": 50,
-    "test_gpu_check.py": 48,
-    "test_llamacpp_lanes.py": 47,
-    "test_hidden_base.py": 47,
-    "test_html_report.py": 41,
+    "test_vllm_engine.py": 686,
+    "test_vllm_server.py": 649,
+    "test_ray_cluster.py": 313,
+    "test_vocabularies.py": 287,
+    "test_endpoint.py": 233,
+    "test_long_context.py": 192,
+    "test_attribute.py": 141,
+    "test_resume.py": 126,
+    "test_xlstm.py": 108,
+    "test_protocols.py": 99,
+    "test_hidden_gguf.py": 99,
+    "test_endpoint_llamacpp.py": 97,
+    "test_rolling_protocol.py": 86,
+    "test_hub_ids.py": 82,
+    "test_moe_routing.py": 81,
+    "test_hidden_base.py": 79,
+    "test_gpu_check.py": 74,
+    "test_reducer_variants.py": 70,
+    "test_sweep.py": 69,
+    "test_llamacpp_lanes.py": 60,
+    "test_endpoint_hostile.py": 51,
+    "test_llamacpp_parity.py": 48,
+    "test_cross_engine.py": 47,
+    "test_adaptive_sweep.py": 46,
+    "test_html_report.py": 45,
 }
 
 
