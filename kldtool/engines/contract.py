@@ -31,7 +31,8 @@ CAN = (HIDDEN, ROUTING, SCHEDULE, SCORES, BOUNDED)
 class Facts:
     """What an engine is: its vocabulary and token policy, what its numbers depend on (the
     fields ``manifest.py`` compares between runs), and what it can do (``can``: its registry
-    entry's capabilities, set by ``engines.make_engine``; no engine names its own)."""
+    entry's capabilities: ``engines.make_engine`` sets them from the entry, and an engine's
+    own Facts name them too, for the tests, benchmarks and scripts that build it directly)."""
 
     name: str
     n_vocab: int

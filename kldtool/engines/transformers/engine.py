@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from kldtool.engines import hf_tokenizer
+from kldtool.engines.transformers import ENTRIES
 from kldtool.engines.contract import Facts, carried_blocks, whole_windows
 from kldtool.errors import EngineError, UsageError
 from kldtool.text.protocols import Window
@@ -102,6 +103,7 @@ class TransformersEngine:
             dtype=self.dtype,
             device=self.device,
             versions=self._versions,
+            can=ENTRIES[0].can,
         )
 
     def routing_shape(self):
