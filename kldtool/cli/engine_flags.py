@@ -35,15 +35,16 @@ def show_for(argv: list[str]) -> None:
 
 
 def _chosen_takes(argv: list[str]) -> set[str]:
-    given = {"engine": _value(argv, "--engine"), "model": _value(argv, "-m", "--model")}
+    given = {"engine": _value(argv, "--engine"), "gguf_file": _value(argv, "--gguf-file")}
+    model = _value(argv, "-m", "--model")
     for e in registry.entries():
         for f in e.selected_by:
             flag = "--" + f.replace("_", "-")
             given[f] = flag in argv or _value(argv, flag) is not None or None
-    if not any(given.values()):
+    if model is None and not any(v for k, v in given.items() if k != "gguf_file"):
         return set()
     try:
-        e = registry.chosen(given["engine"], given["model"], _value(argv, "--gguf-file"), given)
+        e = registry.chosen(given, model)
     except (UsageError, OSError):  # an unknown engine or clashing flags: the run says which, in one line
         return set()
     return set(e.takes) | set(e.selected_by)

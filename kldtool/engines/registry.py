@@ -152,9 +152,11 @@ def owners(flag: str) -> list[EngineEntry]:
     return sorted(taking, key=lambda e: flag not in flag_group(e))
 
 
-def chosen(engine: str | None, model: str | None, gguf_file: str | None, given: dict) -> EngineEntry:
-    """The entry the flags choose: one whose selecting flag is given (--server, --endpoint),
-    else the named engine, else the one the model path suggests."""
+def chosen(given: dict, model: str | None) -> EngineEntry:
+    """The entry the flags ``given`` choose: one whose selecting flag is given (--server,
+    --endpoint), else the named engine (``given["engine"]``), else the one the model path (and
+    ``given["gguf_file"]``) suggests."""
+    engine = given.get("engine")
     by_flag = [e for e in entries() if any(given.get(f) for f in e.selected_by)]
     if by_flag:
         e = by_flag[0]
@@ -165,7 +167,7 @@ def chosen(engine: str | None, model: str | None, gguf_file: str | None, given: 
                 raise UsageError(f"{_flag(e.selected_by[0])}: a server of its own; not with {conflicting} or --engine")
             raise UsageError(f"{_flag(e.selected_by[0])}: a vLLM server; --engine {engine} does not apply")
         return e
-    return entry(engine or recognise(model, gguf_file))
+    return entry(engine or recognise(model, given.get("gguf_file")))
 
 
 def refuse_others(e: EngineEntry, given: dict) -> None:
