@@ -3,6 +3,7 @@ exactly what one run over all chunks prints, and what llama-perplexity printed."
 
 import json
 
+import numpy as np
 import pytest
 
 from conftest import llamacpp_reference, assert_lines_match, chunk_table_lines, final_block_lines, run_cli
@@ -99,3 +100,37 @@ def test_merge_refuses_a_file_that_is_not_a_state(tmp_path):
     p = run_cli("merge", junk, check_rc=8)
     (line,) = p.stderr.strip().splitlines()
     assert "junk.state" in line
+
+
+def _rewritten(state, out, meta_change, order=None):
+    """``state`` written again to ``out`` as another kldtool would have written it: its meta
+    changed by ``meta_change``, its chunk sums' columns in ``order`` (names) if given."""
+    with np.load(state) as z:
+        arrays = {k: z[k] for k in z.files}
+    meta = json.loads(arrays["meta"].tobytes())
+    names = meta["sums"]
+    if order is not None:
+        arrays["chunk_vectors"] = arrays["chunk_vectors"][:, [names.index(n) for n in order] + [-2, -1]]
+        meta["sums"] = list(order)
+    meta = meta_change(meta)
+    arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), np.uint8)
+    with open(out, "wb") as f:  # a file object: savez adds no .npz
+        np.savez(f, **arrays)
+    return out
+
+
+def test_a_state_file_is_read_by_the_names_of_its_sums(shards, tmp_path):
+    """The chunk sums are taken by the names the file lists, in whatever order; a file of a
+    kldtool before the names (version 3: the sums of its time, before the confidence shift's)
+    is refused, naming the sums it lacks."""
+    from kldtool.analysis.state_file import SUMS_OF_VERSION
+
+    d, states, _ = shards
+    want = run_cli("merge", *states).stdout
+    names = json.loads(np.load(states[0])["meta"].tobytes())["sums"]
+    shuffled = _rewritten(states[0], tmp_path / "shuffled.state", lambda m: m, order=names[::-1])
+    assert run_cli("merge", shuffled, *states[1:]).stdout == want
+    then = [n for n in names if n in SUMS_OF_VERSION[3]]
+    old = _rewritten(states[0], tmp_path / "old.state", lambda m: {**m, "version": 3, "sums": None}, order=then)
+    (line,) = run_cli("merge", old, *states[1:], check_rc=8).stderr.strip().splitlines()
+    assert "old.state" in line and "lack ptop_base, ptop_q, dptop2" in line

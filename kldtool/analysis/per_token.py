@@ -2,11 +2,10 @@
 them back into an accumulator.
 
 One row per scored token, in scoring order: ``chunk``, ``position`` (index of the predicted
-token in the base file's token stream), ``target`` (its id), then the reducer's records:
-``nll_q``, ``nll_base``, ``kld``, ``dp``, ``same_top``, ``rkld``, ``jsd``, ``top5``, ``top10``,
-``ptop_base``, ``kld_tail``, ``top1_q`` and ``top1_base`` (both models' most probable token ids;
--1 when read from a file written before they were kept), ``tv``, ``tv_hi`` and ``p_out`` (NaN
-from such a file) (docs/metrics.md). The run's metadata is the JSON attribute ``run``; ``complete`` is set last.
+token in the base file's token stream), ``target`` (its id), then the reducer's records, one
+column per statistic of reduce/statistics.py (``nll`` as ``nll_q``); a column added after a file
+was written reads from it as that statistic's ``older`` value (ids -1, values NaN)
+(docs/metrics.md). The run's metadata is the JSON attribute ``run``; ``complete`` is set last.
 MoE routing's columns, where the run compared it: per_token_routing.py.
 
 While the run goes, the records are appended to ``.NAME.partial`` beside the target, synced to
@@ -25,6 +24,7 @@ from kldtool.errors import OutputError, StateError, UsageError
 from kldtool.logitsfile.atomic import output_target, partial_path
 from kldtool.reduce import FIELDS as RECORD_FIELDS
 from kldtool.reduce import TokenRecords
+from kldtool.reduce.statistics import STATISTICS
 from kldtool.stats import KldAccumulator
 
 COLUMN_OF = {f: ("nll_q" if f == "nll" else f) for f in RECORD_FIELDS}
@@ -37,7 +37,7 @@ FIELDS = {
 RECORD = np.dtype([(name, dtype) for name, dtype in FIELDS.items()])
 KIND = "kldtool-per-token"
 # Columns files of earlier versions lack, and what they read as: ids -1, values unknown (NaN).
-LATER = {"top1_q": -1, "top1_base": -1, "tv": np.nan, "tv_hi": np.nan, "p_out": np.nan, "ptop_q": np.nan}
+LATER = {COLUMN_OF[s.name]: s.older for s in STATISTICS if s.older is not None}
 
 
 class PerTokenWriter:

@@ -18,7 +18,7 @@ from kldtool.provenance.identity import model_identity
 from kldtool.provenance.manifest import check_manifests
 from kldtool.analysis.per_token import accumulate, read_per_token
 from kldtool.provenance.sizes import model_size_dict
-from kldtool.stats.accumulator import SUMS, VECTOR_LEN
+from kldtool.stats.accumulator import SUMS
 from kldtool.stats.bootstrap import Bootstrap
 from kldtool.stats.run_stats import statistics
 from kldtool.stats.summary import MIN_TOKENS_FOR_STATS
@@ -82,10 +82,12 @@ def _chunk_sums(table, path: str) -> tuple[list[int] | None, np.ndarray | None]:
     if table is None:
         return None, None
     try:
-        if table["columns"] != [*SUMS, "n_same", "count"]:
-            return None, None  # another kldtool's layout: report without pairing
+        columns = list(table["columns"])
+        if not set(SUMS) <= set(columns) or len(set(columns)) != len(columns):
+            return None, None  # a kldtool without some of these sums: report without pairing
         chunks = [int(c) for c in table["chunks"]]
-        vectors = np.asarray(table["vectors"], np.float64).reshape(len(chunks), VECTOR_LEN)
+        vectors = np.asarray(table["vectors"], np.float64).reshape(len(chunks), len(columns))
+        vectors = vectors[:, [columns.index(c) for c in (*SUMS, "n_same", "count")]]
     except (KeyError, TypeError, ValueError) as e:
         raise UsageError(f"{path}: corrupt chunk_sums ({e})") from None
     return chunks, vectors

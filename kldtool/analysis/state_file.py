@@ -19,10 +19,23 @@ from kldtool.provenance.identity import model_identity
 from kldtool.logitsfile.atomic import AtomicFile
 from kldtool.text.window_order import Order, order_of
 from kldtool.stats import KldAccumulator
+from kldtool.stats.accumulator import SUMS
 
 KIND = "kldtool-compare-state"
-VERSION = 4  # 2: the extra metrics' sums and the base top-1 probabilities; 3: total variation and P_out;
-# 4: both models' top-1 probabilities (the confidence shift)
+# 5: the file names its chunk sums ("sums"), so a file is read by those names and refused by the
+# ones it lacks; a new statistic changes the names, never this number.
+VERSION = 5
+_LLAMACPP = ("nll", "nll2", "base", "base2", "nll_base", "kld", "kld2", "dp", "dp2", "dp4")
+_EXTRA = ("rkld", "rkld2", "jsd", "jsd2", "top5", "top5_2", "top10", "top10_2", "kld_tail")
+_TV = ("tv", "tv2", "tv_hi", "p_out")
+# The sums of the versions before files named them: 2 added the extra metrics', 3 total
+# variation's and P_out's, 4 both models' top-1 probabilities (the confidence shift).
+SUMS_OF_VERSION = {
+    1: _LLAMACPP,
+    2: _LLAMACPP + _EXTRA,
+    3: _LLAMACPP + _EXTRA + _TV,
+    4: _LLAMACPP + _EXTRA + _TV + ("ptop_q", "ptop_base", "dptop2"),
+}
 
 
 @dataclass
@@ -64,7 +77,7 @@ class RunState:
 
 def save_state(path: str, state: RunState) -> None:
     buf = io.BytesIO()
-    meta = state.meta | {"kind": KIND, "version": VERSION, "complete": state.complete}
+    meta = state.meta | {"kind": KIND, "version": VERSION, "sums": list(SUMS), "complete": state.complete}
     arrays = state.acc.arrays()
     if state.routing is not None:
         arrays = arrays | {"routing_windows": state.routing}
@@ -91,13 +104,18 @@ def load_state(path: str) -> RunState:
         fail("not a kldtool state file (no readable 'meta')")
     if not isinstance(meta, dict) or meta.get("kind") != KIND:
         fail("not a kldtool state file")
-    if meta.get("version") != VERSION:
+    names = meta.get("sums") if meta.get("version") == VERSION else SUMS_OF_VERSION.get(meta.get("version"))
+    if not isinstance(names, (list, tuple)) or not all(isinstance(n, str) for n in names):
+        fail(f"state version {meta.get('version')!r} is not one this kldtool reads (1 to {VERSION})")
+    lacking = [n for n in SUMS if n not in names]
+    if lacking:
         fail(
-            f"state version {meta.get('version')} is not supported (this kldtool reads {VERSION}; the sums per "
-            f"chunk differ between versions: rerun that shard or run with this kldtool)"
+            f"written by an older kldtool: its chunk sums lack {', '.join(lacking)}; rerun that shard "
+            f"or continue it with the kldtool that wrote it"
         )
     routing = arrays.pop("routing_windows", None)
     try:
+        arrays["chunk_vectors"] = _in_our_order(arrays["chunk_vectors"], list(names))
         acc = KldAccumulator.from_arrays(arrays)
         state = RunState(meta, acc, routing)
         if routing is not None and (routing.ndim != 2 or len(routing) > len(acc.chunks)):
@@ -109,6 +127,14 @@ def load_state(path: str) -> RunState:
     if acc.chunks != planned[: len(acc.chunks)] or len(acc.chunks) > b - a:
         fail(f"corrupt state: chunks {acc.chunks[:3]}... are not the first of {a}:{b} in order {state.order}")
     return state
+
+
+def _in_our_order(vectors: np.ndarray, names: list[str]) -> np.ndarray:
+    """A file's chunk vectors (its sums by ``names``, then n_same and count) in this kldtool's
+    layout (``SUMS``): the columns taken by name."""
+    if vectors.ndim != 2 or vectors.shape[1] != len(names) + 2 or len(set(names)) != len(names):
+        raise ValueError(f"chunk vectors of shape {vectors.shape} for {len(names)} named sums")
+    return vectors[:, [names.index(n) for n in SUMS] + [len(names), len(names) + 1]]
 
 
 def check_fits(state: RunState, path: str, base: dict, model: dict, chunk_range: tuple[int, int], order: Order) -> None:

@@ -1,59 +1,24 @@
 """Per-token records, the only thing a reducer hands back: a few host numpy columns per scored
-token, named and typed once (``FIELDS``) for every backend, accumulator and per-token file.
-Backends hand their columns by name (``to_records``); a statistic is added here, computed in
-each backend under the same name, and summed in ``stats/accumulator.py``'s ``SUM_OF``."""
+token, one per statistic of statistics.py, for every backend, accumulator and per-token file.
+Backends hand their columns by name (``to_records``)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import make_dataclass
 
 import numpy as np
 
-FIELDS = {
-    "nll": np.float32,
-    "nll_base": np.float32,
-    "kld": np.float64,
-    "dp": np.float32,
-    "same_top": np.bool_,
-    "rkld": np.float64,
-    "jsd": np.float64,
-    "top5": np.uint8,
-    "top10": np.uint8,
-    "ptop_base": np.float32,
-    "ptop_q": np.float32,
-    "kld_tail": np.float64,
-    "top1_q": np.int32,
-    "top1_base": np.int32,
-    "tv": np.float64,
-    "tv_hi": np.float64,
-    "p_out": np.float32,
-}
+from kldtool.reduce.statistics import STATISTICS
+
+FIELDS = {s.name: s.dtype for s in STATISTICS}
 # What a reducer of whole rows leaves out, as known from its other columns (to_records fills them).
-FILLED = ("kld_tail", "tv_hi", "p_out")
+FILLED = tuple(s.name for s in STATISTICS if s.filled)
 WHOLE_ROW = tuple(f for f in FIELDS if f not in FILLED)  # the columns a whole-row reducer computes
 
 
-@dataclass(kw_only=True)
-class TokenRecords:
-    """Per scored token, host numpy arrays of equal length (dtypes in ``FIELDS``)."""
-
-    nll: np.ndarray  # compared model
-    nll_base: np.ndarray  # decoded from the base row
-    kld: np.ndarray  # KL(base‖q); llama.cpp keeps the double for its sums, float for percentiles
-    dp: np.ndarray  # p_q(target) - p_base(target)
-    same_top: np.ndarray  # argmax agreement
-    rkld: np.ndarray  # KL(q‖base)
-    jsd: np.ndarray  # Jensen–Shannon divergence (nats)
-    top5: np.ndarray  # |top5(q) ∩ top5(base)|
-    top10: np.ndarray  # |top10(q) ∩ top10(base)|
-    ptop_base: np.ndarray  # the base's largest probability
-    ptop_q: np.ndarray  # the compared model's largest probability (its confidence)
-    kld_tail: np.ndarray  # top-K base rows: estimate of the KLD the unstored tail hides (else 0)
-    top1_q: np.ndarray  # the compared model's most probable token id (the lowest id on a tie)
-    top1_base: np.ndarray  # the base's
-    tv: np.ndarray  # total variation ½ Σ |p - q|; where rows are known in part, its least value
-    tv_hi: np.ndarray  # its largest value (= tv where both rows are whole)
-    p_out: np.ndarray  # the base's mass outside the entries known on both sides (0 for whole rows)
+class _Columns:
+    """Per scored token, host numpy arrays of equal length (dtypes in ``FIELDS``; what each
+    holds: statistics.py)."""
 
     def __len__(self) -> int:
         return len(self.nll)
@@ -73,8 +38,8 @@ class TokenRecords:
         return cls(**{f: np.concatenate([getattr(p, f) for p in parts]) for f in FIELDS})
 
 
-if tuple(TokenRecords.__dataclass_fields__) != tuple(FIELDS):  # a field added to one and not the other
-    raise TypeError("TokenRecords must hold FIELDS, in FIELDS' order")
+TokenRecords = make_dataclass("TokenRecords", [(f, np.ndarray) for f in FIELDS], bases=(_Columns,), kw_only=True)
+TokenRecords.__module__ = __name__
 
 
 def to_records(cols: dict) -> TokenRecords:

@@ -15,56 +15,12 @@ from typing import Iterator
 import numpy as np
 
 from kldtool.reduce import TokenRecords
+from kldtool.reduce.statistics import STATISTICS
 
 
-def _fsum(x) -> float:
-    return float(np.sum(x, dtype=np.float64))
-
-
-def _f32(x) -> np.ndarray:
-    return np.asarray(x, np.float32)
-
-
-def _f64(x) -> np.ndarray:
-    return np.asarray(x, np.float64)
-
-
-def _dp2(r) -> np.ndarray:
-    # The squares and the cross product are float32 products, as in llama.cpp.
-    dp = _f32(r.dp)
-    return (dp * dp).astype(np.float64)
-
-
-# Each chunk's sums, by name, from its records: the one list the chunk vectors, the state files,
-# the bootstrap and the statistics read. A new per-token statistic adds its lines here.
-SUM_OF = {
-    "nll": lambda r: _fsum(_f32(r.nll)),
-    "nll2": lambda r: _fsum(_f32(r.nll) * _f32(r.nll)),
-    "base": lambda r: _fsum(_f32(r.nll_base)),
-    "base2": lambda r: _fsum(_f32(r.nll_base) * _f32(r.nll_base)),
-    "nll_base": lambda r: _fsum(_f32(r.nll) * _f32(r.nll_base)),
-    "kld": lambda r: _fsum(_f64(r.kld)),
-    "kld2": lambda r: _fsum(_f64(r.kld) ** 2),
-    "dp": lambda r: _fsum(_f32(r.dp)),
-    "dp2": lambda r: _fsum(_dp2(r)),
-    "dp4": lambda r: _fsum(_dp2(r) * _dp2(r)),
-    "rkld": lambda r: _fsum(_f64(r.rkld)),
-    "rkld2": lambda r: _fsum(_f64(r.rkld) ** 2),
-    "jsd": lambda r: _fsum(_f64(r.jsd)),
-    "jsd2": lambda r: _fsum(_f64(r.jsd) ** 2),
-    "top5": lambda r: _fsum(_f64(r.top5)),
-    "top5_2": lambda r: _fsum(_f64(r.top5) ** 2),
-    "top10": lambda r: _fsum(_f64(r.top10)),
-    "top10_2": lambda r: _fsum(_f64(r.top10) ** 2),
-    "kld_tail": lambda r: _fsum(_f64(r.kld_tail)),
-    "tv": lambda r: _fsum(_f64(r.tv)),
-    "tv2": lambda r: _fsum(_f64(r.tv) ** 2),
-    "tv_hi": lambda r: _fsum(_f64(r.tv_hi)),
-    "p_out": lambda r: _fsum(_f64(r.p_out)),
-    "ptop_q": lambda r: _fsum(_f64(r.ptop_q)),
-    "ptop_base": lambda r: _fsum(_f64(r.ptop_base)),
-    "dptop2": lambda r: _fsum((_f64(r.ptop_q) - _f64(r.ptop_base)) ** 2),
-}
+# Each chunk's sums, by name, from its records (reduce/statistics.py declares them with their
+# statistic): the one list the chunk vectors, the state files, the bootstrap and the statistics read.
+SUM_OF = {name: f for s in STATISTICS for name, f in s.sums.items()}
 SUMS = tuple(SUM_OF)
 N_SAME, COUNT = len(SUMS), len(SUMS) + 1
 VECTOR_LEN = len(SUMS) + 2

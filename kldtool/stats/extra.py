@@ -1,11 +1,12 @@
-"""kldtool's statistics beyond llama.cpp's: reverse KLD, JSD, total variation, top-k
-agreement, KLD by the base's top-1 probability and the shift in confidence (definitions in
-docs/metrics.md)."""
+"""kldtool's statistics beyond llama.cpp's: the means reduce/statistics.py declares (reverse
+KLD, JSD, ...), total variation, top-k agreement, KLD by the base's top-1 probability and the
+shift in confidence (definitions in docs/metrics.md)."""
 
 from __future__ import annotations
 
 import numpy as np
 
+from kldtool.reduce.statistics import STATISTICS
 from kldtool.stats.accumulator import KldAccumulator
 from kldtool.stats.summary import mean_unc, percentile
 
@@ -22,8 +23,7 @@ def extra_stats(acc: KldAccumulator, same_top: tuple[float, float]) -> dict:
         return {"value": m, "uncertainty": u}
 
     return {
-        "rkld_mean": dict(zip(("value", "uncertainty"), mean_unc(s["rkld"], s["rkld2"], n))),
-        "jsd_mean": dict(zip(("value", "uncertainty"), mean_unc(s["jsd"], s["jsd2"], n))),
+        **means(acc),
         "top_k_agreement": {
             "1": {"value": same_top[0], "uncertainty": same_top[1]},
             "5": overlap(5),
@@ -33,6 +33,18 @@ def extra_stats(acc: KldAccumulator, same_top: tuple[float, float]) -> dict:
         "top1_buckets": top1_buckets(acc.per_token("ptop_base"), acc.per_token("kld")),
         "confidence": confidence(acc),
     }
+
+
+def means(acc: KldAccumulator) -> dict:
+    """The mean with llama.cpp's ± of each statistic that declares one (reduce/statistics.py),
+    from its first two sums: of the values and of their squares."""
+    s, n = acc.sums, acc.count
+    out = {}
+    for stat in STATISTICS:
+        if stat.mean:
+            total, squares = list(stat.sums)[:2]
+            out[stat.mean] = dict(zip(("value", "uncertainty"), mean_unc(s[total], s[squares], n)))
+    return out
 
 
 def confidence(acc: KldAccumulator) -> dict:

@@ -26,6 +26,7 @@ from kldtool.engines.endpoint.options import EndpointOptions
 from kldtool.engines.endpoint.pieces import Pieces
 from kldtool.errors import AccessDenied, EngineError, UsageError
 from kldtool.text.protocols import Window
+from kldtool.reduce.statistics import STATISTICS
 
 DEFAULT_MAX_K = 256  # where a server allows any K: more costs bandwidth, and S's mass hardly grows
 _MAX_ALLOWED = re.compile(r"max(?:imum)? allowed:? (\d+)", re.IGNORECASE)
@@ -323,15 +324,23 @@ def bounded_facts(described: dict) -> dict | None:
     k = int(described["top_k"])
     counted = described.get("ambiguous_positions")
     ambiguous = int(counted) if counted is not None else int(bool(described.get("text_keys")))
-    tops = ["same_top_p", "ptop_q"] + (["top5", "top10"] if k >= 10 else (["top5"] if k >= 5 else []))
-    exact = ["ppl", "ln_ppl_ratio", "dp", "rms_dp", "ptop_base"] + ([] if ambiguous else tops)
-    lower = ["kld", "rkld", "jsd"] + (tops if ambiguous else [])
+
+    def served(kind: str) -> list[str]:
+        return [label for s in STATISTICS if s.served == kind and k >= s.min_k for label in s.labels]
+
+    tops, interval = served("top"), served("interval")
+    exact = served("exact") + ([] if ambiguous else tops)
+    lower = served("lower_bound") + (tops if ambiguous else [])
     return {
         "top_k": k,
         "api": described.get("endpoint_api"),
         "exact": exact,
         "lower_bounds": lower,
-        "interval": ["tv"],
+        "interval": interval,
         "ambiguous_positions": ambiguous,
-        "exactness": {**dict.fromkeys(exact, "exact"), **dict.fromkeys(lower, "lower_bound"), "tv": "interval"},
+        "exactness": {
+            **dict.fromkeys(exact, "exact"),
+            **dict.fromkeys(lower, "lower_bound"),
+            **dict.fromkeys(interval, "interval"),
+        },
     }

@@ -34,6 +34,7 @@ from kldtool.engines.vllm.options import ServedOptions
 from kldtool.engines.vllm.served_floor import ServedFloor, server_note
 from kldtool.errors import EngineError, UsageError
 from kldtool.logitsfile.hidden import DTYPES
+from kldtool.reduce import FIELDS
 from kldtool.runtime import http
 from kldtool.text.protocols import Window
 
@@ -214,6 +215,14 @@ class VllmServerEngine(HookedEngine):
             raise EngineError(
                 f"{self.url}: the server's kldtool speaks wire protocol version {info.get('wire', 1)}, "
                 f"this one {wire.VERSION}: install the same kldtool on both"
+            )
+        theirs = info.get("statistics")
+        if theirs != list(FIELDS):
+            differ = sorted(set(FIELDS).symmetric_difference(theirs if isinstance(theirs, list) else []), key=str)
+            shown = ", ".join(map(str, differ[:6])) or "their order"
+            raise EngineError(
+                f"{self.url}: the server's kldtool records other statistics ({shown} differ): "
+                f"install the same kldtool on both"
             )
         return info
 

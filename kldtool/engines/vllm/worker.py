@@ -90,7 +90,11 @@ class WorkerState:
         # With no other rank waiting on its logits calls, the keeper skips those of a failed request.
         self.alone = facts.get("tensor_parallel_size", 1) == 1
         self.device = facts.get("device", "cpu")  # where base rows must be for the reducer
-        self.info = {"rank": rank, "wire": wire.VERSION, **facts}  # what a probe request is told
+        from kldtool.reduce import FIELDS
+
+        # What a probe request is told; the statistics, so that a client whose records have other
+        # columns is refused before it reads a result.
+        self.info = {"rank": rank, "wire": wire.VERSION, "statistics": list(FIELDS), **facts}
         self.requests: dict[str, _Request] = {}  # by vLLM's request id
         self.finished: dict[str, dict] = {}  # offline: results by key until the driver takes them
         self.feeds = BaseFeeds(policy, self.device)
