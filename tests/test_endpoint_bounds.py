@@ -56,6 +56,11 @@ def test_bounds_never_exceed_the_full_divergences_and_the_rest_is_exact(k, sharp
     assert (rec.tv <= tv + slack).all() and (tv <= rec.tv_hi + slack).all()
     if k == V - 1:
         np.testing.assert_allclose(rec.tv, tv, atol=1e-5)
+    same = (np.where(b > FLOOR, np.exp(b), 0.0) * np.exp(logq)).sum(axis=1)  # Σ p·q of the whole rows
+    in_s = [sorted(set(ids[i].tolist()) | {int(targets[i])}) for i in range(R)]
+    over_s = [sum(np.exp(b[i, j] + logq[i, j]) for j in s if b[i, j] > FLOOR) for i, s in enumerate(in_s)]
+    assert (rec.same_sample <= same + slack).all()
+    np.testing.assert_allclose(rec.same_sample, over_s, rtol=1e-9, atol=1e-12)  # the sum over S, exactly
     # the tail estimate: P_out times a KLD, so never negative, and 0 where nothing is outside S
     assert (rec.kld_tail >= 0).all() and (rec.kld_tail <= p_out * 50).all()
     t = np.arange(R), targets

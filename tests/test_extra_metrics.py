@@ -41,7 +41,8 @@ def reference(logits: np.ndarray, rows: np.ndarray) -> dict:
     top1 = {"q": [min(top_set(logits[i], 1)) for i in range(n)], "base": [min(top_set(b32[i], 1)) for i in range(n)]}
     tv = 0.5 * np.abs(p - q).sum(1)  # clamped base entries count as 0, as in KLD
     ptop = {"base": np.exp(b.max(1)), "q": q.max(1)}
-    return {"rkld": rkld, "jsd": jsd, "tv": tv, "overlap": overlap, "ptop": ptop, "top1": top1}
+    same = (p * q).sum(1)  # the probability both sample the same token
+    return {"rkld": rkld, "jsd": jsd, "tv": tv, "overlap": overlap, "ptop": ptop, "top1": top1, "same": same}
 
 
 def reduce(logits, rows, targets):
@@ -54,6 +55,7 @@ def check(logits, rows, targets):
     assert np.allclose(r.rkld, ref["rkld"], rtol=1e-5, atol=5e-7)
     assert np.allclose(r.jsd, ref["jsd"], rtol=1e-5, atol=1e-8)
     assert np.allclose(r.tv, ref["tv"], rtol=1e-5, atol=2e-7)
+    assert np.allclose(r.same_sample, ref["same"], rtol=1e-5, atol=1e-8)
     # whole rows: the total variation is known, not an interval; nothing lies outside
     assert np.array_equal(r.tv_hi, r.tv) and not r.p_out.any() and not r.kld_tail.any()
     assert np.array_equal(r.top5, ref["overlap"][5])
@@ -159,11 +161,12 @@ def test_summaries_and_top1_buckets_match_reference():
     for key, want in (
         ("rkld_mean", mu(ref["rkld"])),
         ("jsd_mean", mu(ref["jsd"])),
+        ("same_sample_p", mu(ref["same"])),
         ("tv", mu(ref["tv"])),
         ("5", mu(ref["overlap"][5] / 5)),
         ("10", mu(ref["overlap"][10] / 10)),
     ):
-        got = e[key] if key.endswith("mean") else e["tv"]["mean"] if key == "tv" else e["top_k_agreement"][key]
+        got = e[key] if key.endswith(("mean", "_p")) else e["tv"]["mean"] if key == "tv" else e["top_k_agreement"][key]
         assert got["value"] == pytest.approx(want[0], rel=1e-3, abs=1e-7)
         assert got["uncertainty"] == pytest.approx(want[1], rel=1e-2)
     tv = e["tv"]

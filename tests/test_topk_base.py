@@ -37,6 +37,8 @@ def reference(base, quant, targets, k):
     logq -= np.log(np.exp(logq).sum(1, keepdims=True))
     out = {"kld": [], "ids": [], "rest": [], "full_kld": np.where(b > -16, np.exp(b) * (b - logq), 0).sum(1)}
     out["full_tv"] = 0.5 * np.abs(np.where(b > -16, np.exp(b), 0) - np.exp(logq)).sum(1)
+    out["full_same"] = (np.where(b > -16, np.exp(b), 0) * np.exp(logq)).sum(1)
+    out["same"] = []
     for r in range(len(base)):
         ids = np.lexsort((np.arange(base.shape[1]), -codes[r]))[:k]  # by code, lower id first
         rest_p = p_exact[r].sum() - p_exact[r, ids].sum()
@@ -45,6 +47,7 @@ def reference(base, quant, targets, k):
         out["kld"].append(head + rest_p * np.log(rest_p / rest_q))
         out["ids"].append(ids)
         out["rest"].append(rest_p)
+        out["same"].append((np.where(b[r, ids] > -16, np.exp(b[r, ids]), 0) * np.exp(logq[r, ids])).sum())
     return full, {k_: np.array(v) for k_, v in out.items()}
 
 
@@ -73,6 +76,9 @@ def test_records_and_reducer_match_float64_reference(seed, k):
     # codes (the stored rest mass is the exact one; measured within 3e-5)
     assert (got.tv <= ref["full_tv"] + 1e-4).all() and (ref["full_tv"] <= got.tv_hi + 1e-4).all()
     assert (got.tv_hi > got.tv).all() and np.allclose(got.p_out, ref["rest"], rtol=1e-6, atol=1e-12)
+    # Σ p·q over the stored entries: the float64 sum over those ids, below the whole rows' value
+    assert np.allclose(got.same_sample, ref["same"], rtol=1e-5, atol=1e-8)
+    assert (got.same_sample <= ref["full_same"] + 1e-6).all()
 
 
 @pytest.mark.full_tier

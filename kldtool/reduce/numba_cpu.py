@@ -39,7 +39,7 @@ TOP_N = 10  # rowmath.TOP_K is (5, TOP_N): _reduce's overlaps
 # The loop's three output tables, by dtype, column by column: _reduce_row writes them in this
 # order. Declared here rather than derived from records.FIELDS, because numba's cache sees the
 # constants of this file alone; the check below holds them to the schema.
-OUT64 = ("kld", "rkld", "jsd", "tv")
+OUT64 = ("kld", "rkld", "jsd", "tv", "same_sample")
 OUT32 = ("nll", "nll_base", "dp", "ptop_base", "ptop_q")
 OUTI = ("same_top", "top5", "top10", "top1_q", "top1_base")
 if sorted(OUT64 + OUT32 + OUTI) != sorted(WHOLE_ROW):
@@ -173,13 +173,14 @@ def _exp_sum(x, mx, e):
 
 @njit(cache=True, fastmath=_FM, error_model="numpy")
 def _records(x, c, e, big_m, inv_s, scale, lowest, clamped_at):
-    """(KL(base‖q), Σ p (e^d (d - 1) + 1), Σ p, JSD, Σ |p - q|) of one row; branch-free (each
+    """(KL(base‖q), Σ p (e^d (d - 1) + 1), Σ p, JSD, Σ |p - q|, Σ p q) of one row; branch-free (each
     "if" below is a select), so it runs as SIMD code."""
     kld = 0.0
     rk = 0.0
     p_sum = 0.0
     js = 0.0
     tv = 0.0
+    same = 0.0
     for j in range(len(x)):
         b = _F(c[j]) * scale + lowest
         d = (x[j] - big_m) - b
@@ -198,8 +199,10 @@ def _records(x, c, e, big_m, inv_s, scale, lowest, clamped_at):
         s = _atanh2_series(z) + (_ZERO if near else d - _LN2)
         g = ((_ONE + em) * d - (_TWO + em) * s) / _TWO
         js += np.float64(p * g if kept else e[j] * inv_s * _HALF_LN2)
-        tv += np.float64(abs((p if kept else _ZERO) - e[j] * inv_s))
-    return kld, rk, p_sum, js, tv
+        q = e[j] * inv_s
+        tv += np.float64(abs((p if kept else _ZERO) - q))
+        same += np.float64((p if kept else _ZERO) * q)
+    return kld, rk, p_sum, js, tv, same
 
 
 @njit(cache=True, inline="always")
@@ -218,7 +221,7 @@ def _reduce_row(r, logits, rows, heads, targets, clamped_at, out64, out32, outi)
     s = _exp_sum(x, mx, e)
     big_m = mx + np.float32(np.log(s))
     inv_s = np.float32(1.0 / s)
-    kld, rk, p_sum, js, tv = _records(x, c, e, big_m, inv_s, scale, lowest, clamped_at)
+    kld, rk, p_sum, js, tv, same = _records(x, c, e, big_m, inv_s, scale, lowest, clamped_at)
     t = targets[r]
     nll = big_m - x[t]
     nll_base = -(np.float32(c[t]) * scale + lowest)
@@ -226,6 +229,7 @@ def _reduce_row(r, logits, rows, heads, targets, clamped_at, out64, out32, outi)
     out64[r, 1] = rk - (p_sum - 1.0)
     out64[r, 2] = js
     out64[r, 3] = tv / 2.0
+    out64[r, 4] = same
     out32[r, 0] = nll
     out32[r, 1] = nll_base
     out32[r, 2] = np.exp(-nll) - np.exp(-nll_base)

@@ -161,6 +161,7 @@ def _records(base: _Base, cq: _Compared, clamped_at: float) -> TokenRecords:
             "tv": tv_s + 0.5 * gap,
             "tv_hi": tv_s + 0.5 * (p_out + hi),
             "p_out": p_out,
+            "same_sample": (p_s * q).sum(axis=1),  # over S: the products outside it unknown, a lower bound
         }
     )
 

@@ -42,8 +42,8 @@ def prepare(logits, rows, n_vocab):
 
 
 def extras_block(logits, big_m, b, clamped_at):
-    """Per row, by record name: reverse KLD, JSD, total variation, top-5 and top-10 overlaps,
-    both models' top-1 probabilities and top-1 ids.
+    """Per row, by record name: reverse KLD, JSD, total variation, Σ p·q, top-5 and top-10
+    overlaps, both models' top-1 probabilities and top-1 ids.
 
     Reverse KLD sums over every entry, a clamped base entry counting at the value its code
     decodes to (above its true log-prob, so the term is a lower bound of the true one). JSD
@@ -66,10 +66,12 @@ def extras_block(logits, big_m, b, clamped_at):
     top_b = top_ids(b, max(TOP_K))
     top_q = top_ids(logits, max(TOP_K))
     top5, top10 = top_overlaps(top_q, top_b)
+    p_kept, q = torch.where(b > clamped_at, p, 0.0), torch.exp(logq)  # a clamped base entry counts as 0
     return {
         "rkld": rkld,
         "jsd": jsd,
-        "tv": (torch.where(b > clamped_at, p, 0.0) - torch.exp(logq)).abs().sum(dim=1, dtype=torch.float64) / 2,
+        "tv": (p_kept - q).abs().sum(dim=1, dtype=torch.float64) / 2,
+        "same_sample": (p_kept * q).sum(dim=1, dtype=torch.float64),
         "top5": top5,
         "top10": top10,
         "ptop_base": torch.exp(b.max(dim=1).values),

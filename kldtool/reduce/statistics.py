@@ -152,4 +152,15 @@ STATISTICS = (
     Statistic(name="tv_hi", dtype=np.float64, sums=_sum("tv_hi"), older=np.nan, filled=True),
     # the base's mass outside the entries known on both sides (0 for whole rows)
     Statistic(name="p_out", dtype=np.float32, sums=_sum("p_out"), older=np.nan, filled=True),
+    # Σ p·q, the probability that both models sample the same token; where rows are known in
+    # part, the sum over the entries known on both sides (a lower bound)
+    Statistic(
+        name="same_sample",
+        dtype=np.float64,
+        sums=_sum_and_square("same_sample", "same_sample2"),
+        older=np.nan,
+        served="lower_bound",
+        labels=("same_sample_p",),
+        mean="same_sample_p",
+    ),
 )

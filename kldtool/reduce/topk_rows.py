@@ -62,7 +62,8 @@ def _block(logits, records, targets, k, clamped_at):
     top_q = top_ids(logits, max(TOP_K))
     top5, top10 = top_overlaps(top_q, ids)
     # total variation: exact on the K ids; the tails' share lies between ½ |R_p - R_q| and ½ (R_p + R_q)
-    tv_k = (torch.where(kept, p, 0.0) - q).abs().sum(dim=1, dtype=torch.float64) / 2
+    p_kept = torch.where(kept, p, 0.0)
+    tv_k = (p_kept - q).abs().sum(dim=1, dtype=torch.float64) / 2
     return {
         "nll": nll,
         "nll_base": nll_base,
@@ -81,6 +82,7 @@ def _block(logits, records, targets, k, clamped_at):
         "tv": tv_k + (rest_p - rest_q).abs() / 2,
         "tv_hi": tv_k + (rest_p + rest_q) / 2,
         "p_out": rest_p,
+        "same_sample": (p_kept * q).sum(dim=1, dtype=torch.float64),  # the tails' products unknown: a lower bound
     }
 
 

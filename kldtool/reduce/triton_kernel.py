@@ -62,6 +62,7 @@ COLUMNS = (
     "top10",
     "tv",
     "ptop_q",
+    "same_sample",
     "unsure",
 )
 if sorted(COLUMNS[:-1]) != sorted(WHOLE_ROW):
@@ -102,9 +103,9 @@ def _log1p(y):
 
 
 @triton.jit
-def _extras(x, b, valid, big_m, row_m, inv_s, clamped_at, rk, p_all, js, tv):
-    """Fold one tile into the reverse KLD's, the JSD's and the total variation's lane sums
-    (rowmath.extras_block)."""
+def _extras(x, b, valid, big_m, row_m, inv_s, clamped_at, rk, p_all, js, tv, same):
+    """Fold one tile into the reverse KLD's, the JSD's, the total variation's and Σ p q's lane
+    sums (rowmath.extras_block)."""
     logq = x - big_m
     d = logq - b
     em = _expm1(d)
@@ -115,8 +116,11 @@ def _extras(x, b, valid, big_m, row_m, inv_s, clamped_at, rk, p_all, js, tv):
     g = ((1.0 + em) * d - (2.0 + em) * s) * 0.5
     js += tl.where(valid, tl.where(b > clamped_at, p * g, tl.exp(logq) * 0.34657359027997264), 0.0).to(tl.float64)
     # q as exp(x - max) / Σ: exp(log q) would carry log q's rounding, eps |log q| relative
-    tv += tl.where(valid, tl.abs(tl.where(b > clamped_at, p, 0.0) - tl.exp(x - row_m) * inv_s), 0.0).to(tl.float64)
-    return rk, p_all, js, tv
+    p_kept = tl.where(b > clamped_at, p, 0.0)
+    q = tl.exp(x - row_m) * inv_s
+    tv += tl.where(valid, tl.abs(p_kept - q), 0.0).to(tl.float64)
+    same += tl.where(valid, p_kept * q, 0.0).to(tl.float64)
+    return rk, p_all, js, tv, same
 
 
 @triton.jit
@@ -241,6 +245,7 @@ def _reduce_kernel(
     p_all = tl.zeros((TILE,), tl.float64)
     js = tl.zeros((TILE,), tl.float64)
     tv = tl.zeros((TILE,), tl.float64)
+    same = tl.zeros((TILE,), tl.float64)
     # The same pass keeps each lane's three largest logits and base codes (the top-k
     # candidates). Codes rank as the values they decode to unless the scale is 0.
     live = (scale > 0).to(tl.float32)
@@ -253,7 +258,9 @@ def _reduce_kernel(
         x = tl.load(lrow + offs).to(tl.float32)
         c = tl.load(crow + offs).to(tl.float32)
         b = c * scale + lowest
-        rk, p_all, js, tv = _extras(x, b, offs < n_vocab, big_m, row_m, inv_s, clamped_at, rk, p_all, js, tv)
+        rk, p_all, js, tv, same = _extras(
+            x, b, offs < n_vocab, big_m, row_m, inv_s, clamped_at, rk, p_all, js, tv, same
+        )
         x1, xi1, x2, xi2, x3, xi3 = _top3(x, offs, x1, xi1, x2, xi2, x3, xi3)
         c1, ci1, c2, ci2, c3, ci3 = _top3(c * live, offs, c1, ci1, c2, ci2, c3, ci3)
     for start in range(n_full, n_vocab, TILE):
@@ -262,7 +269,7 @@ def _reduce_kernel(
         x = tl.load(lrow + offs, mask=valid, other=0.0).to(tl.float32)
         c = tl.load(crow + offs, mask=valid, other=0).to(tl.float32)
         b = c * scale + lowest
-        rk, p_all, js, tv = _extras(x, b, valid, big_m, row_m, inv_s, clamped_at, rk, p_all, js, tv)
+        rk, p_all, js, tv, same = _extras(x, b, valid, big_m, row_m, inv_s, clamped_at, rk, p_all, js, tv, same)
         x1, xi1, x2, xi2, x3, xi3 = _top3(tl.where(valid, x, none), offs, x1, xi1, x2, xi2, x3, xi3)
         c1, ci1, c2, ci2, c3, ci3 = _top3(tl.where(valid, c * live, none), offs, c1, ci1, c2, ci2, c3, ci3)
     top_q, unsure_q = _top_ids(x1, xi1, x2, xi2, x3, xi3, n_vocab, TOP_B, SLOTS)
@@ -283,7 +290,8 @@ def _reduce_kernel(
     tl.store(out_ptr + 11 * n_rows + r, _overlap(top_q, top_b, TOP_B, SLOTS).to(tl.float64))
     tl.store(out_ptr + 12 * n_rows + r, tl.sum(tv, 0) * 0.5)
     tl.store(out_ptr + 13 * n_rows + r, inv_s.to(tl.float64))  # exp(row max - M)
-    tl.store(out_ptr + 14 * n_rows + r, (unsure_q.to(tl.int32) + 2 * unsure_b.to(tl.int32)).to(tl.float64))
+    tl.store(out_ptr + 14 * n_rows + r, tl.sum(same, 0))
+    tl.store(out_ptr + 15 * n_rows + r, (unsure_q.to(tl.int32) + 2 * unsure_b.to(tl.int32)).to(tl.float64))
 
 
 def reduce_rows_triton(

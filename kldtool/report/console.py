@@ -105,6 +105,7 @@ def extra_block(stats: dict) -> list[str]:
             f"{cf('%5.3f', 100 * top[k]['uncertainty'])} %"
             for k in ("1", "5", "10")
         ),
+        *_same_sample_lines(e),
         *_confidence_lines(e.get("confidence")),
         "",
         "Base top-1 p     tokens      mean KLD    99.0% KLD",
@@ -159,6 +160,16 @@ def _bootstrap_lines(stats: dict) -> list[str]:
             f"   (i.i.d. ± {cf(fmt, scale * pair['uncertainty']).strip()})"
         )
     return lines + [""]
+
+
+def _same_sample_lines(e: dict) -> list[str]:
+    """Σ p·q beside the top-k agreement (absent from runs that predate it): a lower bound where
+    the rows are known in part (the total variation then an interval)."""
+    m = e.get("same_sample_p")
+    if not m:
+        return []
+    bound = "" if e["tv"]["exact"] else " (a lower bound: rows known in part)"
+    return [f"Same sampled p    : {cf('%6.3f', 100 * m['value'])} ± {cf('%5.3f', 100 * m['uncertainty'])} %{bound}"]
 
 
 def _confidence_lines(c: dict | None) -> list[str]:
