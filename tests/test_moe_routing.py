@@ -299,7 +299,7 @@ def test_a_run_in_turns_keeps_its_routing_in_the_checkpoint(moe, tmp_path):
     from kldtool.engines.transformers.engine import TransformersEngine
     from kldtool.logitsfile import open_base_file
     from kldtool.pipeline.checkpoints import Checkpoints
-    from kldtool.pipeline.compare import CompareRun
+    from kldtool.pipeline.compare import run_compare
     from kldtool.pipeline.compare_job import CompareJob
     from kldtool.pipeline.early_stop import Stopping
     from kldtool.pipeline.sinks import Sinks
@@ -314,10 +314,9 @@ def test_a_run_in_turns_keeps_its_routing_in_the_checkpoint(moe, tmp_path):
     try:
         for cap in (2, 4, CHUNKS):  # three turns, each a fresh engine resuming the state file
             engine = TransformersEngine(str(quant))
-            run = CompareRun(engine, reader, quiet, Checkpoints(str(tmp_path / "q.state"), chunks=1, resume=True))
-            run.start(CompareJob(stopping=Stopping(cap=cap)))
-            run.loop()
-            turns = run.result(None, None)["statistics"]["routing"]
+            checkpoints = Checkpoints(str(tmp_path / "q.state"), chunks=1, resume=True)
+            job = CompareJob(checkpoints=checkpoints, stopping=Stopping(cap=cap))
+            turns = run_compare(engine, reader, job, quiet)["statistics"]["routing"]
             engine.close()
     finally:
         reader.close()

@@ -107,7 +107,6 @@ def compare(
     start_loading(run, model)
     from kldtool.cli.compare_flags import checkpoints_of, stopping_of
     from kldtool.pipeline.compare import compare_files
-    from kldtool.pipeline.compare_inputs import CompareInputs
     from kldtool.pipeline.compare_job import CompareJob
     from kldtool.stats.depth import parse_depth_bins
 
@@ -120,27 +119,22 @@ def compare(
     parse_depth_bins(depth_bins, 1, 1)  # a malformed spec fails before anything is opened
     if file is not None:
         print(f"note: -f {file} ignored: the tokens come from {base_file}", file=sys.stderr)
-    inputs = CompareInputs(
+    job = CompareJob(
         base_path=base_file,
         engine=engine_options(run, model),
-        noise_floor=noise_floor,
-        head_from=head_from,
-        chunks=chunks,
-        chunk_range=chunk_range,
-        protocol=(protocol, ctx_size, stride, lengths),
-    )
-    job = CompareJob(
         force=force,
         json_path=json_out,
-        chunk_range=None,
-        checkpoints=checkpoints,
         per_token_path=per_token,
+        chunks=chunks,
+        chunk_range=chunk_range,
+        noise_floor=noise_floor,
+        head_from=head_from,
+        protocol=(protocol, ctx_size, stride, lengths),
+        checkpoints=checkpoints,
         bootstrap=resampling,
-        noise_floor=None,
         order=visit,
         stopping=stopping,
         depth_bins=depth_bins,
-        inputs=inputs,
     )
     compare_files(job)
 
@@ -169,7 +163,7 @@ def noise_floor_cmd(
     device or engine): the KLD below which a quant cannot be told from the base."""
     choose_progress(shown.progress)
     from kldtool.logitsfile import open_base_file
-    from kldtool.pipeline.compare_inputs import parse_chunk_range
+    from kldtool.pipeline.file_flags import parse_chunk_range
     from kldtool.pipeline.noise_floor import run_noise_floor
 
     if base_file is None:
@@ -179,10 +173,10 @@ def noise_floor_cmd(
         named = reader.metadata.get("model", {}).get("model")
         if model is None and not named:
             raise UsageError(f"noise-floor: {base_file} does not name its model; give -m")
-        span = parse_chunk_range(None, chunks, reader.header.n_chunk, base_file)
+        parse_chunk_range(None, chunks, reader.header.n_chunk, base_file)  # refused before the model loads
         eng = open_engine(run, model or named, reader.header.n_ctx)
         try:
-            run_noise_floor(eng, reader, json_path=json_out, chunk_range=span, force=force)
+            run_noise_floor(eng, reader, json_path=json_out, chunks=chunks, force=force)
         finally:
             eng.close()
     finally:

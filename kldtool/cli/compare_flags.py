@@ -1,5 +1,5 @@
 """compare's own flags that need more than typer's parsing: the checkpoints and the order and
-stopping rule (what is checked against the base file is the run's: pipeline/compare_inputs.py)."""
+stopping rule (what is checked against the base file is the run's: pipeline/file_flags.py)."""
 
 from __future__ import annotations
 

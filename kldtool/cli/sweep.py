@@ -45,7 +45,7 @@ def sweep(
     quant's place is settled: the report table with intervals and the windows each needed."""
     choose_progress(shown.progress)
     from kldtool.cli.compare_flags import stopping_of
-    from kldtool.pipeline.compare_inputs import parse_chunk_range
+    from kldtool.pipeline.file_flags import parse_chunk_range
     from kldtool.logitsfile import open_base_file
     from kldtool.pipeline.sweep import Sweep, quants_of
 

@@ -1,6 +1,6 @@
 """Phase 2: run a (quantized) model over a base file's tokens and stream llama.cpp's KLD statistics.
 
-A run in three named steps (``CompareRun``): ``start`` (the model checked against the file, the
+A run in three named steps (``_CompareRun``, behind ``compare_files`` and ``run_compare``): ``start`` (the model checked against the file, the
 run's identity, a checkpoint resumed, the per-token writer opened), ``loop`` (the engine's
 schedule scores the windows; each chunk's records are accumulated, printed and, with a state
 file, checkpointed where one of the engine's batches ends) and ``result`` (the final blocks and
@@ -20,9 +20,9 @@ from kldtool.provenance.identity import base_identity, tokenizer_identity
 from kldtool.logitsfile import frame_facts
 from kldtool.provenance.manifest import run_manifest, run_metadata
 from kldtool.pipeline.batching import batch_ends, groups, last_end
-from kldtool.pipeline.checkpoints import Checkpoints, start_state
+from kldtool.pipeline.checkpoints import start_state
 from kldtool.pipeline.early_stop import stop_line
-from kldtool.pipeline.compare_inputs import against_file
+from kldtool.pipeline.file_flags import check_file_flags, span_and_floor
 from kldtool.pipeline.compare_job import CompareJob
 from kldtool.pipeline.compat import base_windows, check_compatible, file_protocol
 from kldtool.pipeline.final_report import final_report, replay
@@ -35,32 +35,33 @@ from kldtool.report.console import TABLE_HEADER, chunk_line
 from kldtool.provenance.sizes import model_size_dict
 from kldtool.runtime.small_files import write_json
 from kldtool.stats import summarize
-from kldtool.stats.bootstrap import Bootstrap
 from kldtool.stats.depth import depth_block, parse_depth_bins, window_depths
 
 
 def compare_files(job: CompareJob, sinks: Sinks | None = None) -> dict:
-    """The compare of ``job.inputs``: the base file and then the engine opened, and closed in one
-    ExitStack however the run ends; every flag that must agree with the file is checked once
-    it is open, before the model loads."""
+    """The compare of the base file and engine ``job`` names: the file and then the engine
+    opened, and closed in one ExitStack however the run ends; every flag that must agree with
+    the file is checked once it is open, before the model loads."""
     from kldtool.engines import make_engine
     from kldtool.logitsfile import open_base_file
 
     with ExitStack() as opened:
-        reader = open_base_file(job.inputs.base_path)
+        reader = open_base_file(job.base_path)
         opened.callback(reader.close)
-        job = against_file(job, reader)
-        engine = make_engine(job.inputs.engine, reader.header.n_ctx)
+        span, floor = check_file_flags(job, reader)
+        engine = make_engine(job.engine, reader.header.n_ctx)
         opened.callback(engine.close)
         note_long_window(reader.header.n_ctx)
-        return run_compare(engine, reader, job, sinks)
+        return _CompareRun(engine, reader, job, sinks or Sinks(), span).whole(floor)
 
 
-def run_compare(engine, reader, job: CompareJob = CompareJob(), sinks: Sinks | None = None) -> dict:
-    run = CompareRun(engine, reader, sinks or Sinks(), job.checkpoints, job.bootstrap)
-    run.start(job)
-    run.loop()
-    return run.result(job.json_path, job.noise_floor)
+def run_compare(
+    engine, reader, job: CompareJob = CompareJob(), sinks: Sinks | None = None, label: str = "compare"
+) -> dict:
+    """``job`` on an engine and a base file the caller opened: the whole run, its result
+    returned (and written where ``job.json_path`` says); ``label`` names its progress bar."""
+    span, floor = span_and_floor(job, reader)
+    return _CompareRun(engine, reader, job, sinks or Sinks(), span).whole(floor, label)
 
 
 def depth_bounds(windows, spec: str | None) -> list[int]:
@@ -71,25 +72,31 @@ def depth_bounds(windows, spec: str | None) -> list[int]:
     return parse_depth_bins(spec, min(w.first + 1 for w in scored), max(w.first + w.n_scored for w in scored))
 
 
-class CompareRun:
-    def __init__(self, engine, reader, sinks: Sinks, checkpoints: Checkpoints, bootstrap: Bootstrap = Bootstrap()):
-        self.engine, self.reader, self.sinks, self.ck = engine, reader, sinks, checkpoints
-        self.bootstrap = bootstrap
+class _CompareRun:
+    """One compare on an open engine and base file, over the windows ``span``."""
+
+    def __init__(self, engine, reader, job: CompareJob, sinks: Sinks, span: tuple[int, int]):
+        self.engine, self.reader, self.sinks, self.ck = engine, reader, sinks, job.checkpoints
+        self.job, self.bootstrap, self.span = job, job.bootstrap, span
         self.t0 = time.time()
 
-    def start(self, job: CompareJob) -> None:
+    def whole(self, noise_floor: dict | None, label: str = "compare") -> dict:
+        """start, loop and result, the run's three steps."""
+        self.start()
+        self.loop(label)
+        return self.result(self.job.json_path, noise_floor)
+
+    def start(self) -> None:
         """The model checked against the file, the run's identity, a checkpoint resumed, the
-        per-token writer and the routing comparison opened (``job``'s checkpoints and
-        bootstrap are the ones the run was made with)."""
-        engine, reader, sinks = self.engine, self.reader, self.sinks
-        force, chunk_range, per_token_path = job.force, job.chunk_range, job.per_token_path
-        order, stopping, depth_bins = job.order, job.stopping, job.depth_bins
-        self.warnings = check_compatible(engine, reader, force)
+        per-token writer and the routing comparison opened."""
+        engine, reader, sinks, job = self.engine, self.reader, self.sinks, self.job
+        per_token_path, order, stopping, depth_bins = job.per_token_path, job.order, job.stopping, job.depth_bins
+        self.warnings = check_compatible(engine, reader, job.force)
         windows = base_windows(reader, engine.facts.bos_id)
         for w in self.warnings:
             sinks.info("warning: " + w)
         h = reader.header
-        a, b = self.span = chunk_range or (0, h.n_chunk)
+        a, b = self.span
         self.n_seq = engine.windows_per_call(h.n_ctx)
         self.order, self.stopping, self.stopped = order, stopping, None
         self.meta = {

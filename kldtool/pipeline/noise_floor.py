@@ -27,7 +27,7 @@ def run_noise_floor(
     reader,
     json_path: str | None = None,
     sinks: Sinks | None = None,
-    chunk_range: tuple[int, int] | None = None,
+    chunks: int | None = None,
     force: bool = False,
     **compare_args,
 ) -> dict:
@@ -57,7 +57,7 @@ def run_noise_floor(
             f"({', '.join(f'{k} {v}' for k, v in this.items())}): the floor would be 0; change "
             f"--dtype, --batch-size, --device or --engine"
         )
-    result = run_compare(engine, reader, CompareJob(chunk_range=chunk_range, **compare_args), sinks)
+    result = run_compare(engine, reader, CompareJob(chunks=chunks, **compare_args), sinks)
     mark_floor(result, base, this)
     if json_path:
         write_json(json_path, result)

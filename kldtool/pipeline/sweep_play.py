@@ -16,7 +16,7 @@ from typing import Callable
 
 from kldtool.errors import KldError
 from kldtool.pipeline.checkpoints import Checkpoints
-from kldtool.pipeline.compare import CompareRun
+from kldtool.pipeline.compare import run_compare
 from kldtool.pipeline.compare_job import CompareJob
 from kldtool.pipeline.early_stop import Stopping
 from kldtool.pipeline.sinks import Sinks
@@ -97,11 +97,17 @@ def play_quant(play: Play, reader, engine_for: Callable[[str], object], q: Quant
         engine = engine_for(q.model)
         try:
             quiet = Sinks(out=lambda s: None, info=lambda s: s.startswith("warning") and notes.append(s))
-            run = CompareRun(engine, reader, quiet, Checkpoints(q.state, chunks=1, resume=True), play.bootstrap)
-            stopping = Stopping(first=play.first, cap=look)
-            run.start(CompareJob(force=play.force, chunk_range=play.span, order=play.order, stopping=stopping))
-            run.loop(label=f"sweep: {q.label}")
-            result = run.result(q.result, None)
+            a, b = play.span
+            job = CompareJob(
+                force=play.force,
+                json_path=q.result,
+                chunk_range=f"{a}:{b}",
+                checkpoints=Checkpoints(q.state, chunks=1, resume=True),
+                bootstrap=play.bootstrap,
+                order=play.order,
+                stopping=Stopping(first=play.first, cap=look),
+            )
+            result = run_compare(engine, reader, job, quiet, label=f"sweep: {q.label}")
         finally:
             engine.close()
     except KldError as e:

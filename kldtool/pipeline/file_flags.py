@@ -1,47 +1,37 @@
-"""What a compare run opens itself, as the command named it (``CompareInputs``: the base file,
-the engine's options, a noise floor of the file, an output head, the chunks, the protocol flags),
-and the job those make once the file is open: every flag that must agree with the file is
-checked there, before the model loads."""
+"""The compare flags that must agree with the base file, checked once it is open and before the
+model loads (``check_file_flags``), and what they resolve to there: the windows to score and
+the noise floor (``span_and_floor``)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-
-from kldtool.engines import EngineOptions, registry
+from kldtool.engines import registry
 from kldtool.errors import UsageError
 from kldtool.pipeline.compat import file_protocol
 from kldtool.text.protocols import parse_lengths
 
 
-@dataclass(kw_only=True, frozen=True)
-class CompareInputs:
-    base_path: str
-    engine: EngineOptions
-    noise_floor: str | None = None  # a noise-floor --json result of this base file
-    head_from: str | None = None  # --head-from: where an external head is read from
-    chunks: int | None = None  # --chunks N
-    chunk_range: str | None = None  # --chunk-range A:B
-    protocol: tuple = (None, None, None, None)  # --protocol, -c, --stride, --lengths as given
-
-
-def against_file(job, reader):
-    """``job`` (a CompareJob with ``inputs``) with what its inputs make of ``reader``'s file:
-    the chunks to score and the noise floor, its head found and checked, the protocol flags
-    refused where the file says otherwise."""
+def span_and_floor(job, reader) -> tuple[tuple[int, int], dict | None]:
+    """The windows ``job`` (a CompareJob) scores of ``reader``'s file, and its noise floor read
+    and checked against that file (None without --noise-floor)."""
     from kldtool.pipeline.floor_file import load_floor
 
-    given = job.inputs
-    floor = load_floor(given.noise_floor, reader) if given.noise_floor else job.noise_floor
-    served = registry.entry(given.engine.engine).reads_base_there if given.engine.engine else False
-    if served and given.head_from:
+    span = parse_chunk_range(job.chunk_range, job.chunks, reader.header.n_chunk, reader.path)
+    return span, (load_floor(job.noise_floor, reader) if job.noise_floor else None)
+
+
+def check_file_flags(job, reader) -> tuple[tuple[int, int], dict | None]:
+    """Every flag of ``job`` that must agree with ``reader``'s file checked, its output head
+    found and checked (unless a server's workers read it); ``span_and_floor``'s answer."""
+    served = registry.entry(job.engine.engine).reads_base_there if job.engine and job.engine.engine else False
+    if served and job.head_from:
         raise UsageError(
-            f"--head-from {given.head_from}: with --server the server's workers read the output head the base file names"
+            f"--head-from {job.head_from}: with --server the server's workers read the output head the base file names"
         )
     if not served:
-        reader.use_head(given.head_from)  # an external head is found and checked now, before the model runs
-    span = parse_chunk_range(given.chunk_range, given.chunks, reader.header.n_chunk, given.base_path)
-    check_protocol_flags(reader, *given.protocol)
-    return replace(job, chunk_range=span, noise_floor=floor)
+        reader.use_head(job.head_from)  # an external head is found and checked now, before the model runs
+    resolved = span_and_floor(job, reader)
+    check_protocol_flags(reader, *job.protocol)
+    return resolved
 
 
 def check_protocol_flags(
