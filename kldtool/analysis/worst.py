@@ -30,7 +30,11 @@ class Decoder:
     def __post_init__(self):
         from kldtool.engines import registry
 
-        self.piece = registry.offered("decoder", registry.recognise(self.source))(self.source)
+        if registry.recognise(self.source) == "llamacpp":  # a GGUF: its own vocabulary
+            from kldtool.engines.llamacpp.load import vocab_decoder
+        else:
+            from kldtool.engines.hf_tokenizer import vocab_decoder
+        self.piece = vocab_decoder(self.source)
 
     def text(self, ids) -> str:
         return self.piece(ids) if len(ids) else ""

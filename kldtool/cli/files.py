@@ -27,13 +27,13 @@ def quantize(
 ):
     """llama-quantize through llama-cpp-python, for sweeps."""
     from kldtool.provenance import model_ref
-    from kldtool.engines.registry import offered
+    from kldtool.engines.llamacpp.quantize import quantize
     from kldtool.provenance.sizes import model_size
 
     src = model_ref.local_path(src)
     if not os.path.isfile(src):
         raise UsageError(f"{src}: no such GGUF file")
-    offered("quantize")(src, dst, type_name, threads)
+    quantize(src, dst, type_name, threads)
     size = model_size(dst)
     print(
         f"{src} -> {dst} ({type_name}, {size.file_bytes / 2**20:.1f} MiB, {size.bpw_linear:.3f} bpw)", file=sys.stderr

@@ -74,8 +74,8 @@ class Engine(Protocol):
 
     def describe(self) -> dict:
         """What outputs record of the engine (the JSON's "model" block, a base file's header):
-        its own keys. Runs read some of them back (provenance/identity.py, the noise floor,
-        registry.bounds_of)."""
+        its own keys. Runs read some of them back (provenance/identity.py, the noise floor, a
+        merge of endpoint shards: endpoint/engine.py's bounded_facts)."""
 
     def close(self) -> None: ...
 

@@ -13,7 +13,6 @@ import importlib
 from dataclasses import dataclass
 from typing import Callable
 
-from kldtool.engines.contract import BOUNDED
 from kldtool.errors import UsageError
 
 PACKAGES = ("transformers", "llamacpp", "vllm", "python", "xlstm", "endpoint")
@@ -35,7 +34,6 @@ class EngineEntry:
     server_note: str = ""  # how that refusal ends
     refusal_notes: tuple[tuple[str, str], ...] = ()  # (flag, why its owners alone take it)
     preload: str | None = None  # a module with start(path, flags) and drop(): the model loaded early on a thread
-    offers: tuple[tuple[str, str], ...] = ()  # (part, "module:name"): what others reach through offered()
     text_format: str | None = None  # how its models read a text corpus file (None: as text)
     listed: bool = True  # a value of --engine
     weights: bool = True  # -m names weights (a path or hub id to resolve), not code
@@ -59,25 +57,6 @@ def _load(target: str):
     """The object a ``"module:name"`` target names (its module imported on first use)."""
     module, _, name = target.partition(":")
     return getattr(importlib.import_module(module), name)
-
-
-def offered(part: str, name: str | None = None):
-    """The object the entry ``name`` (default: the first that has one) offers as ``part``: how
-    the rest of kldtool reaches an engine's tools without naming its modules."""
-    for e in entries():
-        target = dict(e.offers).get(part)
-        if target and name in (None, e.name):
-            return _load(target)
-    raise UsageError(f"no engine{' ' + name if name else ''} offers {part}")
-
-
-def bounds_of(described: dict) -> dict | None:
-    """For a run's engine record (``describe()``, as a file keeps it): what a run of an engine
-    whose KLD is a bound knows exactly and only as a bound; None for any other engine."""
-    name = described.get("engine")
-    if name not in with_capability(BOUNDED):
-        return None
-    return offered("bounds", name)(described)
 
 
 def start_preload(e: EngineEntry, path: str | None, given: dict) -> None:

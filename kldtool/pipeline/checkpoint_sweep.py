@@ -1,5 +1,5 @@
 """``kldtool ppl -m RUN --checkpoints SPEC -o DIR``: one perplexity run per checkpoint of a
-training run (a helibrunna run: the xlstm engine offers its layout), in step order, each beside
+training run (a helibrunna run: the xlstm engine's layout), in step order, each beside
 the training loss logged at its step.
 
 Every checkpoint's result is written to ``DIR/<checkpoint>.json`` as soon as it is done, with
@@ -15,7 +15,6 @@ import os
 from pathlib import Path
 from typing import Callable
 
-from kldtool.engines.registry import offered
 from kldtool.errors import OutputError, UsageError
 from kldtool.pipeline.sinks import Sinks
 from kldtool.runtime.small_files import read_json, write_json
@@ -52,7 +51,8 @@ def run_checkpoints(
 ) -> list[dict]:
     sinks = sinks or Sinks()
     run = Path(run_dir)
-    layout = offered("training_runs")
+    from kldtool.engines.xlstm.helibrunna import LAYOUT as layout
+
     if not layout.is_run(run):
         raise UsageError(f"--checkpoints: -m {run_dir} is not a helibrunna run (tokenizer.json, checkpoint-N/)")
     chosen = layout.select(run, spec)

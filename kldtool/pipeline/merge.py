@@ -14,7 +14,6 @@ from kldtool.provenance.identity import model_identity
 from kldtool.provenance.manifest import ONE_RUN, check_manifests
 from kldtool.pipeline.sinks import Sinks
 from kldtool.provenance.manifest import run_metadata
-from kldtool.engines import registry
 from kldtool.pipeline.final_report import final_report, replay
 from kldtool.analysis.state_file import load_state
 from kldtool.report.console import TABLE_HEADER
@@ -83,10 +82,17 @@ def run_merge(
         "shards": [p for _, p in shards],
         "warnings": warnings,
     }
-    endpoint = registry.bounds_of(first.meta["model"])  # shards of a run from a server's top K stay bounds
+    endpoint = _bounds(first.meta["model"])
     keep, shown = first.meta["base"].get("keep"), bool(first.meta.get("depth_shown"))
     result["statistics"] = final_report(acc, sinks, warnings, bootstrap, keep, None, endpoint, show_depth=shown)
     result["chunk_sums"] = acc.chunk_table()
     if json_path:
         write_json(json_path, result)
     return result
+
+
+def _bounds(model: dict) -> dict | None:
+    """Shards of a run from a server's top K stay bounds: what such a run knows only as one."""
+    from kldtool.engines.endpoint.engine import bounded_facts
+
+    return bounded_facts(model)

@@ -16,7 +16,6 @@ ENTRIES = (
         server_side=("dtype", "device", "threads"),
         server_side_of=("vllm",),
         server_note=", not kldtool's with --endpoint",
-        offers=(("bounds", "kldtool.engines.endpoint.engine:bounded_facts"),),
         listed=False,
         served=True,
     ),

@@ -23,9 +23,5 @@ ENTRIES = (
         recognizes=_is_gguf,
         refusal_notes=(("contexts", " (the {engine} engine spreads one batch over its device itself)"),),
         preload="kldtool.engines.llamacpp.load",
-        offers=(
-            ("quantize", "kldtool.engines.llamacpp.quantize:quantize"),
-            ("decoder", "kldtool.engines.llamacpp.load:vocab_decoder"),
-        ),
     ),
 )

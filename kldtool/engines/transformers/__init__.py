@@ -11,6 +11,5 @@ ENTRIES = (
         engine="kldtool.engines.transformers.engine:TransformersEngine",
         can=frozenset({HIDDEN, ROUTING}),
         default=True,
-        offers=(("decoder", "kldtool.engines.hf_tokenizer:vocab_decoder"),),
     ),
 )

@@ -15,7 +15,6 @@ ENTRIES = (
         name="xlstm",
         engine="kldtool.engines.xlstm.engine:XlstmEngine",
         recognizes=_is_run,
-        offers=(("training_runs", "kldtool.engines.xlstm.helibrunna:LAYOUT"),),
         text_format="tokens",  # its tokenizer reads whitespace tokens, a document per line
     ),
 )

@@ -125,8 +125,8 @@ class History:
 
 
 class Layout:
-    """What a sweep over a training run's checkpoints needs of its layout (the registry
-    offers it as ``training_runs``): whether a path is a run, its checkpoints chosen by a
+    """What a sweep over a training run's checkpoints needs of its layout (pipeline/
+    checkpoint_sweep.py imports it): whether a path is a run, its checkpoints chosen by a
     spec, and its logged training loss."""
 
     is_run = staticmethod(is_run)
