@@ -115,10 +115,10 @@ def test_records_taken_later_are_the_same_records():
     the Triton path, as they are on a GPU; the host reducers answer at once): the same records."""
     from dataclasses import astuple
 
-    from kldtool.reduce import settled
+    from kldtool.reduce import on_host
 
     q, rows, targets = random_case(12, n=40, v=1500)
-    later = settled(reduce_rows(torch.from_numpy(q), rows_to_torch(rows), targets, defer=True))
+    later = on_host(reduce_rows(torch.from_numpy(q), rows_to_torch(rows), targets, defer=True))
     now = reduce(q, rows, targets)
     assert all(np.array_equal(a, b) for a, b in zip(astuple(later), astuple(now)))
 

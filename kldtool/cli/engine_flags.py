@@ -44,7 +44,7 @@ def _chosen_takes(argv: list[str]) -> set[str]:
     if model is None and not any(v for k, v in given.items() if k != "gguf_file"):
         return set()
     try:
-        e = registry.chosen(given, model)
+        e = registry.entry_for(given, model)
     except (UsageError, OSError):  # an unknown engine or clashing flags: the run says which, in one line
         return set()
     return set(e.takes) | set(e.selected_by)

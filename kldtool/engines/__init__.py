@@ -31,7 +31,7 @@ class EngineOptions:
 def options_from_flags(given: dict, model: str | None) -> EngineOptions:
     """The options a command's engine flags (name -> value, every group's) describe: the
     chosen engine's own flags checked by its options class, another engine's refused."""
-    e = registry.chosen(given, model)
+    e = registry.entry_for(given, model)
     registry.refuse_others(e, given)
     cls = e.options_class()
     return EngineOptions(
@@ -52,7 +52,7 @@ def start_loading(given: dict, model: str | None) -> None:
     engines/llamacpp/load.py), so that it overlaps the command's start-up; make_engine's
     engine takes it. Nothing for others, nor where the flags are wrong (make_engine says so)."""
     try:
-        e = registry.chosen(given, model)
+        e = registry.entry_for(given, model)
         if e.preload is None:
             return
         ref = _model_ref(model, given.get("revision"), given.get("gguf_file"))

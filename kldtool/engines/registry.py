@@ -131,7 +131,7 @@ def owners(flag: str) -> list[EngineEntry]:
     return sorted(taking, key=lambda e: flag not in flag_group(e))
 
 
-def chosen(given: dict, model: str | None) -> EngineEntry:
+def entry_for(given: dict, model: str | None) -> EngineEntry:
     """The entry the flags ``given`` choose: one whose selecting flag is given (--server,
     --endpoint), else the named engine (``given["engine"]``), else the one the model path (and
     ``given["gguf_file"]``) suggests."""

@@ -15,7 +15,7 @@ from kldtool.engines import registry
 from kldtool.engines.contract import HIDDEN, ROUTING, SCHEDULE, SCORES
 from kldtool.engines.schedule import Schedule
 from kldtool.errors import UsageError
-from kldtool.reduce import TokenRecords, reduce_base, settled
+from kldtool.reduce import TokenRecords, reduce_base, on_host
 from kldtool.text.protocols import Window
 
 
@@ -103,10 +103,10 @@ def _per_block(engine, windows: list[Window], fn) -> list[list]:
     for i, off, lg in engine.logit_blocks(windows):
         got = fn(windows[i], off, lg)
         if held is not None:
-            parts[held[0]].append(settled(held[1]))
+            parts[held[0]].append(on_host(held[1]))
         held = (i, got)
     if held is not None:
-        parts[held[0]].append(settled(held[1]))
+        parts[held[0]].append(on_host(held[1]))
     return parts
 
 

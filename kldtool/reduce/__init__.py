@@ -21,7 +21,7 @@ import threading
 
 import numpy as np
 
-from kldtool.reduce.records import FIELDS, PendingRecords, TokenRecords, settled, to_records
+from kldtool.reduce.records import FIELDS, PendingRecords, TokenRecords, on_host, to_records
 from kldtool.reduce.rowmath import CLAMPED_AT, TOP_K
 
 __all__ = [
@@ -33,7 +33,7 @@ __all__ = [
     "reduce_base",
     "reduce_rows",
     "reducer_for",
-    "settled",
+    "on_host",
     "warm_up",
 ]
 

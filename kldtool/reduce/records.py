@@ -66,6 +66,6 @@ class PendingRecords:
         return self._finish()
 
 
-def settled(records):
+def on_host(records):
     """``records`` on the host (a pending result waited for)."""
     return records.result() if isinstance(records, PendingRecords) else records
