@@ -37,6 +37,7 @@ class ResultRow:
     chunks: list[int] | None = None  # the chunks the run scored, with their sums (pairing runs)
     vectors: np.ndarray | None = None
     manifest: dict | None = None
+    run: dict | None = None  # the whole JSON result (report --card reads its receipts)
 
     @property
     def bpw(self) -> float | None:
@@ -74,6 +75,7 @@ def _from_json(path: str) -> ResultRow:
         chunks=chunks,
         vectors=vectors,
         manifest=run.get("manifest"),
+        run=run,
     )
 
 

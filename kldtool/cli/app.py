@@ -117,7 +117,9 @@ def _command(argv: list[str] | None) -> int:
 def _without_secrets(line: str) -> str:
     """The last guard of the terminal: a key or token from the environment never printed, and no
     control character (an escape sequence a server sent) reaches it."""
-    for name in ("KLDTOOL_ENDPOINT_KEY", "OPENAI_API_KEY", "KLDTOOL_VLLM_TOKEN"):
+    from kldtool.provenance.command_line import SECRETS
+
+    for name in SECRETS:
         secret = os.environ.get(name)
         if secret and len(secret) >= 4:
             line = line.replace(secret, "***")

@@ -108,6 +108,7 @@ def compare(
     from kldtool.cli.compare_flags import checkpoints_of, stopping_of
     from kldtool.pipeline.compare import compare_files
     from kldtool.pipeline.compare_job import CompareJob
+    from kldtool.provenance.command_line import command_line
     from kldtool.stats.depth import parse_depth_bins
 
     del kl_divergence
@@ -135,6 +136,7 @@ def compare(
         order=visit,
         stopping=stopping,
         depth_bins=depth_bins,
+        command_line=tuple(command_line()),
     )
     compare_files(job)
 

@@ -44,6 +44,9 @@ def report(
     ),
     markdown: Optional[str] = typer.Option(None, "--markdown", help="Write the table as Markdown here."),
     csv_out: Optional[str] = typer.Option(None, "--csv", help="Write the table as CSV (full precision) here."),
+    card_out: Optional[str] = typer.Option(
+        None, "--card", help="Write a model card's Markdown block here: the table and its receipts."
+    ),
     plots: Optional[str] = typer.Option(None, "--plots", help="Write PNG plots into this directory."),
     html_out: Optional[str] = typer.Option(
         None,
@@ -78,6 +81,10 @@ def report(
     from kldtool.runtime.small_files import write_text
 
     rows = load_results(results, mix=mix)
+    if card_out:  # before anything is printed: runs of two references are refused in one line
+        from kldtool.report.card import card
+
+        write_text(card_out, card(rows, title))
     floor_kld = read_floor(noise_floor, rows[0].base, rows[0].sources[0])["kld_mean"] if noise_floor else None
     pairs = ordering(rows, bootstrap_of(boot), every=paired, noise_floor=floor_kld)
     table.console(rows, title)

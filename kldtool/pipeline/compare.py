@@ -266,6 +266,8 @@ class _CompareRun:
             "warnings": self.warnings,
             "replay_floor": reader.metadata.get("replay"),
         }
+        if self.job.command_line:
+            result["command_line"] = list(self.job.command_line)
         measure = getattr(engine, "served_floor", None)  # a served model's own repeatability
         if measure:
             result["served_floor"] = measure(len(self.acc.chunks))

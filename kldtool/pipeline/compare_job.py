@@ -31,3 +31,4 @@ class CompareJob:
     order: Order = FILE_ORDER
     stopping: Stopping = Stopping()
     depth_bins: str | None = None  # --depth-bins (the depth table is kept in any case, printed when given)
+    command_line: tuple[str, ...] = ()  # what the result records to be run again (report --card)
