@@ -150,7 +150,7 @@ def test_exact_statistics_equal_the_offline_compare(runs):
         assert ep["dp_quantiles"][q] == pytest.approx(off["dp_quantiles"][q], abs=1e-4), q
     e = ep["endpoint"]
     assert e["ambiguous_positions"] == 0 and e["exactness"]["same_top_p"] == "exact"  # ids, not texts: issue 79
-    assert e["top_k"] == 20 and e["lower_bounds"] == ["kld", "rkld", "jsd"] and 0 < e["p_out_mean"] < 1
+    assert e["top_k"] == 20 and e["lower_bounds"] == ["kld", "rkld", "jsd", "same_sample_p"] and 0 < e["p_out_mean"] < 1
 
 
 def test_the_float32_model_on_a_stock_server(runs):
@@ -181,10 +181,12 @@ def test_the_float32_model_on_a_stock_server(runs):
 def test_bounds_never_exceed_the_full_divergences_at_any_position(runs):
     with h5py.File(runs["dir"] / "off.h5") as f, h5py.File(runs["dir"] / "ep.h5") as g:
         assert (f["position"][:] == g["position"][:]).all()
-        for key in ("kld", "rkld", "jsd"):
+        # the offline reducer's float32 rounding of a divergence near 0 (~1e-6 nats); Σ p·q moves
+        # with the routes' log-probs themselves (W8A8 by batch: 1.7e-5 relative at most), and
+        # where the top 20 hold nearly all of both rows the bound is that close to the full sum
+        for key, slack in (("kld", 2e-6), ("rkld", 2e-6), ("jsd", 2e-6), ("same_sample", 5e-5)):
             full, bound = f[key][:], g[key][:]
-            # the offline reducer's float32 rounding of a divergence near 0 (~1e-6 nats)
-            assert (bound <= full + 2e-6).all(), (key, float((bound - full).max()))
+            assert (bound <= full + slack).all(), (key, float((bound - full).max()))
             print(key, "bound / full:", bound.sum() / full.sum())
         # the two routes' NLL per position: measured up to 1.7e-5 nats apart (W8A8 by batch)
         np.testing.assert_allclose(g["nll_q"][:], f["nll_q"][:], atol=5e-5)
@@ -197,6 +199,9 @@ def test_bounds_never_exceed_the_full_divergences_at_any_position(runs):
 def test_what_is_a_bound_says_so(runs):
     text = runs["endpoint"].stdout
     assert "Mean    KLD ≥:" in text and "Mean    reverse KLD ≥:" in text
+    assert next(x for x in text.splitlines() if x.startswith("Same sampled p")).endswith(
+        "(a lower bound: rows known in part)"
+    )
     assert "Endpoint, top 20 log-probs a position: KLD, reverse KLD and JSD are lower bounds" in text
     assert "Base mass outside them: mean " in text
 
