@@ -30,6 +30,8 @@ SUMMARY = {
     "merge": "compare shards into the statistics of one run",
     "noise-floor": "the base model against itself: the KLD of numerics alone",
     "quantize": "llama-quantize through llama-cpp-python",
+    "pack": "a base file as a reference pack others compare against",
+    "verify": "a reference pack's every byte against its manifest",
 }
 
 

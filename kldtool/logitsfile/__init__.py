@@ -79,8 +79,15 @@ def frame_facts(reader) -> dict:
 
 
 def open_base_file(path: str | os.PathLike) -> BaseFile:
-    """Open a base file of either format, validating it before anything is sized from it."""
+    """Open a base file of either format, validating it before anything is sized from it; or the
+    base file of a reference pack (a directory, or a hub dataset's name found in the local hub
+    cache: pack.py), every byte of the pack verified first."""
     p = os.fspath(path)
+    from kldtool.logitsfile.pack import find_pack, is_pack
+
+    p = find_pack(p) or p
+    if is_pack(p):
+        return _open_pack(p)
     try:
         with open(p, "rb") as f:
             magic = f.read(8)
@@ -97,6 +104,21 @@ def open_base_file(path: str | os.PathLike) -> BaseFile:
 
         return ContainerReader(p)
     return raw.RawReader(p)
+
+
+def _open_pack(path: str) -> BaseFile:
+    """The base file of the pack at ``path``, opened through the descriptor verify_pack hashed
+    (/proc/self/fd names that very file, not the path again); named in messages by its path."""
+    from kldtool.logitsfile.pack import verify_pack
+
+    manifest, fd = verify_pack(path)
+    try:
+        via = f"/proc/self/fd/{fd}"
+        reader = open_base_file(via if os.path.exists(via) else os.path.join(path, manifest["base_file"]))
+    finally:
+        os.close(fd)
+    reader.path = os.path.join(path, manifest["base_file"])
+    return reader
 
 
 def check_layout(
