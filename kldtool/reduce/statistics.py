@@ -64,6 +64,19 @@ class Statistic:
     mean: str | None = None
 
 
+def _divergence(name: str, mean: str) -> Statistic:
+    """A divergence known as a lower bound from a server's top K, with its mean and ±."""
+    sums = _sum_and_square(name, name + "2")
+    return Statistic(name=name, dtype=np.float64, sums=sums, served="lower_bound", labels=(name,), mean=mean)
+
+
+def _overlap(k: int) -> Statistic:
+    """|top-k(q) ∩ top-k(base)|: exact from a server's top K of at least k."""
+    name = f"top{k}"
+    sums = _sum_and_square(name, name + "_2")
+    return Statistic(name=name, dtype=np.uint8, sums=sums, served="top", labels=(name,), min_k=k)
+
+
 STATISTICS = (
     Statistic(
         name="nll",  # the compared model's NLL of the target
@@ -98,34 +111,12 @@ STATISTICS = (
     ),
     # argmax agreement: counted beside the sums (the chunk vector's n_same)
     Statistic(name="same_top", dtype=np.bool_, served="top", labels=("same_top_p",)),
-    Statistic(
-        name="rkld",
-        dtype=np.float64,
-        sums=_sum_and_square("rkld", "rkld2"),
-        served="lower_bound",
-        labels=("rkld",),
-        mean="rkld_mean",
-    ),
-    Statistic(
-        name="jsd",
-        dtype=np.float64,
-        sums=_sum_and_square("jsd", "jsd2"),
-        served="lower_bound",
-        labels=("jsd",),
-        mean="jsd_mean",
-    ),
+    # KL(q‖base) and the Jensen–Shannon divergence: lower bounds from a server's top K
+    _divergence("rkld", "rkld_mean"),
+    _divergence("jsd", "jsd_mean"),
     # |top-k(q) ∩ top-k(base)|
-    Statistic(
-        name="top5", dtype=np.uint8, sums=_sum_and_square("top5", "top5_2"), served="top", labels=("top5",), min_k=5
-    ),
-    Statistic(
-        name="top10",
-        dtype=np.uint8,
-        sums=_sum_and_square("top10", "top10_2"),
-        served="top",
-        labels=("top10",),
-        min_k=10,
-    ),
+    _overlap(5),
+    _overlap(10),
     # the base's largest probability
     Statistic(name="ptop_base", dtype=np.float32, sums=_sum("ptop_base"), served="exact", labels=("ptop_base",)),
     Statistic(
