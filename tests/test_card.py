@@ -94,3 +94,19 @@ def test_runs_of_two_references_are_refused(card, tmp_path, receipt):
     (line,) = p.stderr.strip().splitlines()
     assert "other.json" in line and ("tokens_sha256" if receipt == "base" else "tokenizer") in line
     assert not out.exists()
+
+
+def test_the_recorded_command_holds_no_secret(monkeypatch):
+    """A URL's user and password and any key of the environment never reach a result's command."""
+    from kldtool.provenance.command_line import command_line
+
+    monkeypatch.setenv("KLDTOOL_ENDPOINT_KEY", "sk-kldtool-test-secret")
+    argv = ["compare", "--endpoint", "https://user:pw@host:8000/v1", "--endpoint-model", "x-sk-kldtool-test-secret"]
+    assert command_line(argv) == [
+        "kldtool",
+        "compare",
+        "--endpoint",
+        "https://***@host:8000/v1",
+        "--endpoint-model",
+        "x-***",
+    ]

@@ -18,7 +18,7 @@ from kldtool.provenance.identity import model_identity
 from kldtool.provenance.manifest import check_manifests
 from kldtool.analysis.per_token import accumulate, read_per_token
 from kldtool.provenance.sizes import model_size_dict
-from kldtool.stats.accumulator import SUMS
+from kldtool.stats.accumulator import SUMS, in_vector_order
 from kldtool.stats.bootstrap import Bootstrap
 from kldtool.stats.run_stats import statistics
 from kldtool.stats.summary import MIN_TOKENS_FOR_STATS
@@ -88,8 +88,7 @@ def _chunk_sums(table, path: str) -> tuple[list[int] | None, np.ndarray | None]:
         if not set(SUMS) <= set(columns) or len(set(columns)) != len(columns):
             return None, None  # a kldtool without some of these sums: report without pairing
         chunks = [int(c) for c in table["chunks"]]
-        vectors = np.asarray(table["vectors"], np.float64).reshape(len(chunks), len(columns))
-        vectors = vectors[:, [columns.index(c) for c in (*SUMS, "n_same", "count")]]
+        vectors = in_vector_order(np.asarray(table["vectors"], np.float64).reshape(len(chunks), len(columns)), columns)
     except (KeyError, TypeError, ValueError) as e:
         raise UsageError(f"{path}: corrupt chunk_sums ({e})") from None
     return chunks, vectors

@@ -19,7 +19,7 @@ from kldtool.provenance.identity import model_identity
 from kldtool.logitsfile.atomic import AtomicFile
 from kldtool.text.window_order import Order, order_of
 from kldtool.stats import KldAccumulator
-from kldtool.stats.accumulator import SUMS
+from kldtool.stats.accumulator import SUMS, in_vector_order
 
 KIND = "kldtool-compare-state"
 # 5: the file names its chunk sums ("sums"), so a file is read by those names and refused by the
@@ -115,7 +115,7 @@ def load_state(path: str) -> RunState:
         )
     routing = arrays.pop("routing_windows", None)
     try:
-        arrays["chunk_vectors"] = _in_our_order(arrays["chunk_vectors"], list(names))
+        arrays["chunk_vectors"] = in_vector_order(arrays["chunk_vectors"], [*names, "n_same", "count"])
         acc = KldAccumulator.from_arrays(arrays)
         state = RunState(meta, acc, routing)
         if routing is not None and (routing.ndim != 2 or len(routing) > len(acc.chunks)):
@@ -127,14 +127,6 @@ def load_state(path: str) -> RunState:
     if acc.chunks != planned[: len(acc.chunks)] or len(acc.chunks) > b - a:
         fail(f"corrupt state: chunks {acc.chunks[:3]}... are not the first of {a}:{b} in order {state.order}")
     return state
-
-
-def _in_our_order(vectors: np.ndarray, names: list[str]) -> np.ndarray:
-    """A file's chunk vectors (its sums by ``names``, then n_same and count) in this kldtool's
-    layout (``SUMS``): the columns taken by name."""
-    if vectors.ndim != 2 or vectors.shape[1] != len(names) + 2 or len(set(names)) != len(names):
-        raise ValueError(f"chunk vectors of shape {vectors.shape} for {len(names)} named sums")
-    return vectors[:, [names.index(n) for n in SUMS] + [len(names), len(names) + 1]]
 
 
 def check_fits(state: RunState, path: str, base: dict, model: dict, chunk_range: tuple[int, int], order: Order) -> None:

@@ -119,12 +119,9 @@ def _command(argv: list[str] | None) -> int:
 def _without_secrets(line: str) -> str:
     """The last guard of the terminal: a key or token from the environment never printed, and no
     control character (an escape sequence a server sent) reaches it."""
-    from kldtool.provenance.command_line import SECRETS
+    from kldtool.provenance.command_line import without_secrets
 
-    for name in SECRETS:
-        secret = os.environ.get(name)
-        if secret and len(secret) >= 4:
-            line = line.replace(secret, "***")
+    line = without_secrets(line)
     return "".join(c if c.isprintable() or c == "\n" else f"\\x{ord(c):02x}" if ord(c) < 256 else "?" for c in line)
 
 

@@ -72,19 +72,18 @@ def write_pack(base_path: str, out_dir: str, receipts: dict) -> str:
         name = "base" + (".kldt" if receipts.get("format") == "kldtool" else ".kld")
     try:
         os.mkdir(tmp)
-        files = {}
+        h, size = hashlib.sha256(), 0
         with open(base_path, "rb") as src, open(os.path.join(tmp, name), "xb") as dst:
-            shutil.copyfileobj(src, dst, _BLOCK)
-        for fname, text in ((README, _readme(name, receipts)),):
-            with open(os.path.join(tmp, fname), "x", encoding="utf-8") as f:
-                f.write(text)
-        for fname in (name, README):
-            fd = os.open(os.path.join(tmp, fname), os.O_RDONLY)
-            try:
-                size, digest = _sha256_of(fd)
-            finally:
-                os.close(fd)
-            files[fname] = {"bytes": size, "sha256": digest}
+            while block := src.read(_BLOCK):  # hashed as it is copied: read once
+                h.update(block)
+                size += dst.write(block)
+        readme = _readme(name, receipts).encode("utf-8")
+        with open(os.path.join(tmp, README), "xb") as f:
+            f.write(readme)
+        files = {
+            name: {"bytes": size, "sha256": h.hexdigest()},
+            README: {"bytes": len(readme), "sha256": hashlib.sha256(readme).hexdigest()},
+        }
         manifest = {
             "kind": KIND,
             "version": VERSION,

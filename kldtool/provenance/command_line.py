@@ -13,14 +13,16 @@ _USERINFO = re.compile(r"(?<=://)[^/@\s]+@")
 SECRETS = ("KLDTOOL_ENDPOINT_KEY", "OPENAI_API_KEY", "KLDTOOL_VLLM_TOKEN")
 
 
+def without_secrets(text: str) -> str:
+    """``text`` with every key or token of the environment (``SECRETS``) replaced by ``***``."""
+    for name in SECRETS:
+        secret = os.environ.get(name)
+        if secret and len(secret) >= 4:
+            text = text.replace(secret, "***")
+    return text
+
+
 def command_line(argv: list[str] | None = None) -> list[str]:
     """``["kldtool", *arguments]`` of this process (or ``argv``), secrets replaced by ``***``."""
-    secrets = [s for s in (os.environ.get(name) for name in SECRETS) if s and len(s) >= 4]
-
-    def clean(arg: str) -> str:
-        arg = _USERINFO.sub("***@", arg)
-        for s in secrets:
-            arg = arg.replace(s, "***")
-        return arg
-
-    return ["kldtool", *(clean(str(a)) for a in (sys.argv[1:] if argv is None else argv))]
+    args = sys.argv[1:] if argv is None else argv
+    return ["kldtool", *(without_secrets(_USERINFO.sub("***@", str(a))) for a in args)]

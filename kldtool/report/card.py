@@ -13,14 +13,17 @@ import shlex
 
 from kldtool.analysis.results import ResultRow
 from kldtool.errors import UsageError
+from kldtool.report.table import COLUMNS, Column, cell, markdown_lines
 
-# (header, statistic, scale, printf format): values and their ± at llama-perplexity's precision
-MEASURES = (
-    ("mean KLD", "kld_mean", 1.0, "%.6f"),
-    ("ln(PPL(Q)/PPL(base))", "ln_ppl_ratio", 1.0, "%.6f"),
-    ("same top %", "same_top_p", 100.0, "%.3f"),
-    ("RMS Δp %", "rms_dp", 100.0, "%.3f"),
+# The report table's columns a card shows (report/table.py), after its size in GiB.
+SIZE_GIB = Column(
+    name="size GiB",
+    csv=("size_gib",),
+    get=lambda r: ((r.size or {}).get("file_bytes", math.nan) / 2**30,),
+    fmt="%.3f",
 )
+SHOWN = ("bpw (all)", "mean KLD", "99% KLD", "ln(PPL(Q)/PPL(base))", "same top %", "RMS Δp %")
+CARD_COLUMNS = (SIZE_GIB, *(c for name in SHOWN for c in COLUMNS if c.name == name))
 
 
 def _receipt(r: ResultRow, key: str):
@@ -53,30 +56,9 @@ def _first_difference(a, b) -> str:
     return f"{a} against {b}"
 
 
-def _cell(r: ResultRow, key: str, scale: float, fmt: str) -> str:
-    pair = r.statistics.get(key) or {}
-    v, u = pair.get("value"), pair.get("uncertainty")
-    if v is None or (isinstance(v, float) and math.isnan(v)):
-        return "-"
-    return f"{fmt % (scale * v)} ± {fmt % (scale * u)}"
-
-
-def _size(r: ResultRow) -> tuple[str, str]:
-    s = r.size or {}
-    gib = f"{s['file_bytes'] / 2**30:.3f}" if s.get("file_bytes") else "-"
-    bpw = f"{s['bpw_total']:.3f}" if s.get("bpw_total") else "-"
-    return gib, bpw
-
-
 def _table(rows: list[ResultRow]) -> list[str]:
-    head = ["quant", "size GiB", "bpw (all)", *(m[0] for m in MEASURES[:1]), "99% KLD", *(m[0] for m in MEASURES[1:])]
-    lines = ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] + ["---:"] * (len(head) - 1)) + "|"]
-    for r in rows:
-        q99 = (r.statistics.get("kld_quantiles") or {}).get("99.0%")
-        cells = [_cell(r, key, scale, fmt) for _, key, scale, fmt in MEASURES]
-        row = [r.label, *_size(r), cells[0], "-" if q99 is None else f"{q99:.6f}", *cells[1:]]
-        lines.append("| " + " | ".join(row) + " |")
-    return lines
+    body = [[r.label, *(cell(c, r) for c in CARD_COLUMNS)] for r in rows]
+    return markdown_lines(["quant", *(c.name for c in CARD_COLUMNS)], body)
 
 
 def _base_lines(first: ResultRow) -> list[str]:

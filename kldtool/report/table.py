@@ -65,7 +65,8 @@ COLUMNS = (
 )
 
 
-def _text(c: Column, r: ResultRow) -> str:
+def cell(c: Column, r: ResultRow) -> str:
+    """A row's value of ``c`` as the text renderings print it (``-`` where it is not known)."""
     vals = c.get(r)
     if vals[0] is None or math.isnan(vals[0]):
         return "-"
@@ -73,15 +74,18 @@ def _text(c: Column, r: ResultRow) -> str:
 
 
 def text_rows(rows: list[ResultRow]) -> tuple[list[str], list[list[str]]]:
-    return ["quant", *(c.name for c in COLUMNS)], [[r.label, *(_text(c, r) for c in COLUMNS)] for r in rows]
+    return ["quant", *(c.name for c in COLUMNS)], [[r.label, *(cell(c, r) for c in COLUMNS)] for r in rows]
 
 
 def markdown(rows: list[ResultRow], title: str | None = None) -> str:
-    head, body = text_rows(rows)
     lines = [f"## {title}", ""] if title else []
-    lines += ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] + ["---:"] * (len(head) - 1)) + "|"]
-    lines += ["| " + " | ".join(cells) + " |" for cells in body]
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + markdown_lines(*text_rows(rows))) + "\n"
+
+
+def markdown_lines(head: list[str], body: list[list[str]]) -> list[str]:
+    """A Markdown table: the first column left-aligned, the numbers right-aligned."""
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] + ["---:"] * (len(head) - 1)) + "|"]
+    return lines + ["| " + " | ".join(cells) + " |" for cells in body]
 
 
 def csv_text(rows: list[ResultRow]) -> str:

@@ -28,6 +28,16 @@ VECTOR_LEN = len(SUMS) + 2
 VALUES = ("kld", "dp", "ptop_base", "tv", "p_out")
 
 
+def in_vector_order(vectors, columns: list[str]) -> np.ndarray:
+    """Chunk vectors written with the columns ``columns`` (sum names, "n_same", "count", in any
+    order) in this kldtool's layout (``SUMS``, then n_same and count), each column taken by its
+    name; a ValueError where the shape, a repeated name or a missing one says they do not fit."""
+    vectors = np.asarray(vectors, np.float64)
+    if vectors.ndim != 2 or vectors.shape[1] != len(columns) or len(set(columns)) != len(columns):
+        raise ValueError(f"chunk vectors of shape {vectors.shape} for {len(columns)} named columns")
+    return vectors[:, [columns.index(c) for c in (*SUMS, "n_same", "count")]]
+
+
 def _spans(counts) -> Iterator[tuple[int, int]]:
     """(start, end) of each chunk's per-token values, from the chunks' token counts."""
     ends = np.cumsum(np.asarray(counts, np.int64))

@@ -218,7 +218,9 @@ class VllmServerEngine(HookedEngine):
             )
         theirs = info.get("statistics")
         if theirs != list(FIELDS):
-            differ = sorted(set(FIELDS).symmetric_difference(theirs if isinstance(theirs, list) else []), key=str)
+            # the server's answer is checked before it is used: only a list of names is compared
+            named = isinstance(theirs, list) and all(isinstance(n, str) for n in theirs)
+            differ = sorted(set(FIELDS).symmetric_difference(theirs if named else []))
             shown = ", ".join(map(str, differ[:6])) or "their order"
             raise EngineError(
                 f"{self.url}: the server's kldtool records other statistics ({shown} differ): "
