@@ -14,7 +14,7 @@ from kldtool.errors import UsageError
 
 
 @app.command()
-@flags(boot=BOOTSTRAP, shown=PROGRESS)
+@flags(bootstrap_flags=BOOTSTRAP, display=PROGRESS)
 def attribute(
     base_model: str = typer.Argument(..., help="The base model: a transformers directory or a GGUF."),
     quant: str = typer.Argument(..., help="The quant: a GGUF (dequantized by transformers) or a checkpoint directory."),
@@ -48,13 +48,13 @@ def attribute(
         None, "--ignore-list", help="Write the --keep units as an llm-compressor ignore list, one a line."
     ),
     plot: Optional[str] = typer.Option(None, "--plot", help="PNG of the attribution by layer."),
-    boot=None,
-    shown=None,
+    bootstrap_flags=None,
+    display=None,
 ):
     """Rank a quant's layers or tensors: each unit's output error on the base model's own inputs
     (one streamed pass), and the mean KLD against the base file with only that unit quantized
     (leave-one-in) or only that unit restored (leave-one-out)."""
-    choose_progress(shown.progress)
+    choose_progress(display.progress)
     from kldtool.attribute.run import parse_modes, run_attribute
     from kldtool.report.attribute import print_table
     from kldtool.runtime.small_files import write_json
@@ -70,7 +70,16 @@ def attribute(
     if (tensor_types or ignore_list) and keep < 1:
         raise UsageError("--tensor-types/--ignore-list: give --keep N, the number of units to list")
     result = run_attribute(
-        base_model, quant, base_file, chunks, granularity, dtype, device, parse_modes(kld), budget, bootstrap_of(boot)
+        base_model,
+        quant,
+        base_file,
+        chunks,
+        granularity,
+        dtype,
+        device,
+        parse_modes(kld),
+        budget,
+        bootstrap_of(bootstrap_flags),
     )
     print_table(result["units"], top=top)
     if keep:

@@ -18,7 +18,7 @@ def wants_cluster(cluster) -> bool:
     return task_shape(cluster, ["--shards"] * bool(cluster.shards)) is not None
 
 
-def base_on_cluster(cluster, run, corpus, model, job) -> dict:
+def base_on_cluster(cluster, engine_flags, corpus, model, job) -> dict:
     """``job``: pipeline/base_job.py's BaseJob of the command's flags."""
     from kldtool.cluster.base_shards import ShardedBase, score_shards
     from kldtool.cluster.node_checks import as_workers_see, check_nodes, local_paths
@@ -34,8 +34,8 @@ def base_on_cluster(cluster, run, corpus, model, job) -> dict:
     here, model = as_workers_see(corpus.file), as_workers_see(model)
     corpus = types.SimpleNamespace(**(vars(corpus) | {"file": here}))
     sharded = ShardedBase(
-        functools.partial(open_engine, task_flags(run, shape), model, longest(job.protocol)),
-        functools.partial(corpus_of, corpus, run.engine, model),
+        functools.partial(open_engine, task_flags(engine_flags, shape), model, longest(job.protocol)),
+        functools.partial(corpus_of, corpus, engine_flags.engine, model),
         replace(job.resolved(), routing=False),
     )
     directory = os.path.dirname(os.path.abspath(job.out_path))

@@ -16,7 +16,7 @@ from kldtool.errors import UsageError
 
 
 @app.command()
-@flags(run=ENGINE, boot=BOOTSTRAP, shown=PROGRESS)
+@flags(engine_flags=ENGINE, bootstrap_flags=BOOTSTRAP, display=PROGRESS)
 def compare(
     base_file: Optional[str] = typer.Option(
         None,
@@ -98,13 +98,13 @@ def compare(
         "log2 buckets (log2; linear ones where the scored depths span fewer than 4) or bucket starts "
         "such as 1,4096,32768. The JSON has the table in any case.",
     ),
-    run=None,
-    boot=None,
-    shown=None,
+    engine_flags=None,
+    bootstrap_flags=None,
+    display=None,
 ):
     """Phase 2: run a model over a base file's tokens and print llama-perplexity's KLD statistics."""
-    choose_progress(shown.progress)
-    start_loading(run, model)
+    choose_progress(display.progress)
+    start_loading(engine_flags, model)
     from kldtool.cli.compare_flags import checkpoints_of, stopping_of
     from kldtool.pipeline.compare import compare_files
     from kldtool.pipeline.compare_job import CompareJob
@@ -115,14 +115,14 @@ def compare(
     if base_file is None:
         raise UsageError("compare needs --kl-divergence-base FILE (written by `kldtool base` or llama-perplexity)")
     checkpoints = checkpoints_of(state, checkpoint_every, resume)
-    resampling = bootstrap_of(boot)
+    resampling = bootstrap_of(bootstrap_flags)
     visit, stopping = stopping_of(order, target_ci, min_chunks)
     parse_depth_bins(depth_bins, 1, 1)  # a malformed spec fails before anything is opened
     if file is not None:
         print(f"note: -f {file} ignored: the tokens come from {base_file}", file=sys.stderr)
     job = CompareJob(
         base_path=base_file,
-        engine=engine_options(run, model),
+        engine=engine_options(engine_flags, model),
         force=force,
         json_path=json_out,
         per_token_path=per_token,
@@ -142,7 +142,7 @@ def compare(
 
 
 @app.command("noise-floor")
-@flags(run=ENGINE, shown=PROGRESS)
+@flags(engine_flags=ENGINE, display=PROGRESS)
 def noise_floor_cmd(
     base_file: Optional[str] = typer.Option(
         None, "--kl-divergence-base", help="The base file (its model is the default -m)."
@@ -158,12 +158,12 @@ def noise_floor_cmd(
     force: bool = typer.Option(
         False, "--force", help="Measure it even where the base file's llama.cpp backend (CPU, CUDA ...) is another."
     ),
-    run=None,
-    shown=None,
+    engine_flags=None,
+    display=None,
 ):
     """The base model against its own base file through another numeric path (dtype, batch size,
     device or engine): the KLD below which a quant cannot be told from the base."""
-    choose_progress(shown.progress)
+    choose_progress(display.progress)
     from kldtool.logitsfile import open_base_file
     from kldtool.pipeline.file_flags import parse_chunk_range
     from kldtool.pipeline.noise_floor import run_noise_floor
@@ -176,7 +176,7 @@ def noise_floor_cmd(
         if model is None and not named:
             raise UsageError(f"noise-floor: {base_file} does not name its model; give -m")
         parse_chunk_range(None, chunks, reader.header.n_chunk, base_file)  # refused before the model loads
-        eng = open_engine(run, model or named, reader.header.n_ctx)
+        eng = open_engine(engine_flags, model or named, reader.header.n_ctx)
         try:
             run_noise_floor(eng, reader, json_path=json_out, chunks=chunks, force=force)
         finally:

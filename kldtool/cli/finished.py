@@ -16,7 +16,7 @@ from kldtool.errors import UsageError
 
 
 @app.command()
-@flags(boot=BOOTSTRAP)
+@flags(bootstrap_flags=BOOTSTRAP)
 def merge(
     states: list[str] = typer.Argument(
         ..., help="State files of compare shards (compare --chunk-range A:B --state FILE)."
@@ -28,16 +28,16 @@ def merge(
         "--mix",
         help="Merge shards even when their manifests (engine, versions, dtype, device, instruction set...) differ.",
     ),
-    boot=None,
+    bootstrap_flags=None,
 ):
     """Combine compare shards into the statistics of one run over all their chunks."""
     from kldtool.pipeline.merge import run_merge
 
-    run_merge(states, json_path=json_out, force=force, bootstrap=bootstrap_of(boot), mix=mix)
+    run_merge(states, json_path=json_out, force=force, bootstrap=bootstrap_of(bootstrap_flags), mix=mix)
 
 
 @app.command()
-@flags(boot=BOOTSTRAP)
+@flags(bootstrap_flags=BOOTSTRAP)
 def report(
     results: list[str] = typer.Argument(
         ..., help="compare/merge --json results and compare --per-token .h5 files (those of one model are pooled)."
@@ -71,7 +71,7 @@ def report(
         "--noise-floor",
         help="A `kldtool noise-floor --json` result of the base file: differences below it are labelled so.",
     ),
-    boot=None,
+    bootstrap_flags=None,
 ):
     """One table (and plots) for many quants compared against one base file, sorted by size."""
     from kldtool.report import table
@@ -86,7 +86,7 @@ def report(
 
         write_text(card_out, card(rows, title))
     floor_kld = read_floor(noise_floor, rows[0].base, rows[0].sources[0])["kld_mean"] if noise_floor else None
-    pairs = ordering(rows, bootstrap_of(boot), every=paired, noise_floor=floor_kld)
+    pairs = ordering(rows, bootstrap_of(bootstrap_flags), every=paired, noise_floor=floor_kld)
     table.console(rows, title)
     if pairs:
         print("\n".join(pairs))
@@ -137,7 +137,7 @@ def _breakdowns(rows) -> list:
 
 
 @app.command()
-@flags(boot=BOOTSTRAP)
+@flags(bootstrap_flags=BOOTSTRAP)
 def diff(
     a: str = typer.Argument(..., help="Run A: a compare --per-token .h5 file or a compare --state file."),
     b: str = typer.Argument(..., help="Run B, against the same base file over the same chunks."),
@@ -147,7 +147,7 @@ def diff(
     mix: bool = typer.Option(
         False, "--mix", help="Pair runs whose manifests (dtype, device, instruction set...) disagree."
     ),
-    boot=None,
+    bootstrap_flags=None,
 ):
     """Two quants against one base file, paired chunk by chunk: A − B with a paired block
     bootstrap interval and chunk wins for mean KLD, ln PPL ratio, same top p and RMS Δp."""
@@ -155,7 +155,7 @@ def diff(
     from kldtool.report.diff import print_diff
     from kldtool.runtime.small_files import write_json
 
-    result = run_diff(a, b, bootstrap_of(boot), mix=mix)
+    result = run_diff(a, b, bootstrap_of(bootstrap_flags), mix=mix)
     print_diff(result)
     if json_out:
         write_json(json_out, result)

@@ -82,9 +82,9 @@ def task_shape(ns, only_with_ray: list[str]):
     return TaskShape(ns.cpus, ns.gpus, parse_resources(ns.resources), ns.retries)
 
 
-def task_flags(run, shape):
+def task_flags(engine_flags, shape):
     """The ENGINE flags a task builds its engine from: -t unset, it takes the CPUs it asked
     for, not every core of its node."""
     import types
 
-    return types.SimpleNamespace(**(vars(run) | {"threads": run.threads or shape.threads()}))
+    return types.SimpleNamespace(**(vars(engine_flags) | {"threads": engine_flags.threads or shape.threads()}))

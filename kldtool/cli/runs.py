@@ -16,7 +16,7 @@ from kldtool.errors import OutputError, UsageError
 
 
 @app.command()
-@flags(corpus=CORPUS, scoring=SCORING, run=ENGINE, shown=PROGRESS, cluster=RAY | SHARDS)
+@flags(corpus=CORPUS, scoring=SCORING, engine_flags=ENGINE, display=PROGRESS, cluster=RAY | SHARDS)
 def base(
     model: Optional[str] = ModelOpt,
     out: Optional[str] = typer.Option(
@@ -86,14 +86,14 @@ def base(
     ),
     corpus=None,
     scoring=None,
-    run=None,
-    shown=None,
+    engine_flags=None,
+    display=None,
     cluster=None,
 ):
     """Phase 1: run the base model over a text, print its PPL and store its log-probs."""
-    choose_progress(shown.progress)
+    choose_progress(display.progress)
     if cluster.ray is None:  # on a cluster the workers load it
-        start_loading(run, model)
+        start_loading(engine_flags, model)
     from kldtool.cli.base_layout import checked_layout
     from kldtool.pipeline import run_base
     from kldtool.pipeline.base_job import BaseJob
@@ -103,9 +103,9 @@ def base(
     spec = protocol_of(scoring)
     top, clamp = checked_layout(fmt, codec, keep, clamp, frame_rows, spec.name)  # before the model loads
     check_store(store, fmt, top, replay_tolerance, head)
-    if run.contexts is not None:
+    if engine_flags.contexts is not None:
         # The rows of a batch stream to the file as they come; lanes would hold whole batches.
-        raise UsageError(f"--contexts {run.contexts}: for compare and ppl; base runs one context")
+        raise UsageError(f"--contexts {engine_flags.contexts}: for compare and ppl; base runs one context")
     from kldtool.cli.base_ray import base_on_cluster, wants_cluster
 
     job = BaseJob(
@@ -125,10 +125,10 @@ def base(
         routing=routing,
     )
     if wants_cluster(cluster):
-        result = base_on_cluster(cluster, run, corpus, model, job)
+        result = base_on_cluster(cluster, engine_flags, corpus, model, job)
         return write_json(json_out, result) if json_out else None
-    text = corpus_of(corpus, run.engine, model)
-    eng = open_engine(run, model, longest(spec))
+    text = corpus_of(corpus, engine_flags.engine, model)
+    eng = open_engine(engine_flags, model, longest(spec))
     try:
         if resume and not out:
             raise UsageError("--resume needs --kl-divergence-base FILE (the base file to continue)")
@@ -140,7 +140,7 @@ def base(
 
 
 @app.command()
-@flags(corpus=CORPUS, scoring=SCORING, run=ENGINE, shown=PROGRESS)
+@flags(corpus=CORPUS, scoring=SCORING, engine_flags=ENGINE, display=PROGRESS)
 def ppl(
     models: Optional[list[str]] = typer.Option(
         None,
@@ -167,12 +167,12 @@ def ppl(
     ),
     corpus=None,
     scoring=None,
-    run=None,
-    shown=None,
+    engine_flags=None,
+    display=None,
 ):
     """Score mode: a model's perplexity under any protocol, without a base file."""
-    choose_progress(shown.progress)
-    start_loading(run, (models or [None])[0])
+    choose_progress(display.progress)
+    start_loading(engine_flags, (models or [None])[0])
     from kldtool.pipeline.ppl import run_ppl
     from kldtool.pipeline.ppl_job import PplJob
     from kldtool.runtime.small_files import write_json, write_text
@@ -184,10 +184,10 @@ def ppl(
         raise UsageError("--plot draws PPL against --lengths: give --protocol documents --lengths N,N,...")
     if checkpoints is not None and (len(models or []) != 1 or out_dir is None):
         raise UsageError("--checkpoints: give one -m RUN_DIR (a helibrunna run) and -o DIR for the results")
-    text = corpus_of(corpus, run.engine, (models or [None])[0])
+    text = corpus_of(corpus, engine_flags.engine, (models or [None])[0])
 
     def score(model: str | None) -> dict:
-        eng = open_engine(run, model, longest(spec))
+        eng = open_engine(engine_flags, model, longest(spec))
         try:
             return run_ppl(eng, text, PplJob(spec, scoring.chunks, scoring.force))
         finally:

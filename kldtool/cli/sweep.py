@@ -17,7 +17,7 @@ from kldtool.errors import KldError, UsageError
 
 
 @app.command()
-@flags(run=ENGINE, boot=BOOTSTRAP, shown=PROGRESS, cluster=RAY | SHIP)
+@flags(engine_flags=ENGINE, bootstrap_flags=BOOTSTRAP, display=PROGRESS, cluster=RAY | SHIP)
 def sweep(
     base_file: Optional[str] = typer.Option(
         None, "--kl-divergence-base", help="Base file written by `kldtool base` or llama-perplexity."
@@ -36,14 +36,14 @@ def sweep(
     chunks: Optional[int] = typer.Option(None, "--chunks", help="Use only the base file's first N chunks."),
     markdown: Optional[str] = typer.Option(None, "--markdown", help="Also write the table as Markdown here."),
     force: bool = typer.Option(False, "--force", help="As compare's --force."),
-    run=None,
-    boot=None,
-    shown=None,
+    engine_flags=None,
+    bootstrap_flags=None,
+    display=None,
     cluster=None,
 ):
     """Rank quants against one base file in rounds of windows, in one random order, until each
     quant's place is settled: the report table with intervals and the windows each needed."""
-    choose_progress(shown.progress)
+    choose_progress(display.progress)
     from kldtool.cli.compare_flags import stopping_of
     from kldtool.pipeline.file_flags import parse_chunk_range
     from kldtool.logitsfile import open_base_file
@@ -54,13 +54,13 @@ def sweep(
     visit, stopping = stopping_of(order, target_ci, min_chunks)
     if not visit.random:
         raise UsageError(f"--order {order}: a sweep stops quants early, so it needs random[:SEED]")
-    resampling = bootstrap_of(boot)
+    resampling = bootstrap_of(bootstrap_flags)
     if resampling.resamples < 100:
         raise UsageError(f"--bootstrap {resampling.resamples}: the stopping rule needs at least 100 resamples")
     quants = quants_of(models, out_dir)
     reader = open_base_file(base_file)
     try:
-        with _players(cluster, run, reader, quants) as players:
+        with _players(cluster, engine_flags, reader, quants) as players:
             sw = Sweep(
                 reader=reader,
                 quants=quants,
@@ -78,7 +78,7 @@ def sweep(
     _print(log, sw, resampling, markdown)
 
 
-def _players(cluster, run, reader, quants):
+def _players(cluster, engine_flags, reader, quants):
     """Who plays the rounds' turns: this process, or tasks on the Ray cluster --ray names."""
     import contextlib
     import functools
@@ -88,10 +88,12 @@ def _players(cluster, run, reader, quants):
 
     shape = task_shape(cluster, ["--ship-base"] * cluster.ship_base)
     if shape is None:
-        return contextlib.nullcontext(LocalPlayers(reader, lambda model: open_engine(run, model, reader.header.n_ctx)))
+        return contextlib.nullcontext(
+            LocalPlayers(reader, lambda model: open_engine(engine_flags, model, reader.header.n_ctx))
+        )
     from kldtool.cluster.ray_players import on_cluster
 
-    engine_for = functools.partial(open_engine, task_flags(run, shape))
+    engine_for = functools.partial(open_engine, task_flags(engine_flags, shape))
     return on_cluster(cluster.ray, shape, reader, cluster.ship_base, engine_for, quants)
 
 
