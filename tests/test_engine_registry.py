@@ -68,15 +68,17 @@ def test_a_server_refuses_the_settings_that_are_its_own():
         with pytest.raises(errors.UsageError, match="the server's own settings"):
             options_from_flags(_given(**{selector: "http://127.0.0.1:9", flag: "x"}), None)
     got = options_from_flags(_given(server="http://127.0.0.1:9", logits_block=64), None)
-    assert got.engine == "vllm-server" and got.own.logits_block == 64 and got.own.server == "http://127.0.0.1:9"
+    assert (
+        got.engine == "vllm-server" and got.specific.logits_block == 64 and got.specific.server == "http://127.0.0.1:9"
+    )
 
 
 def test_options_reach_their_engine_typed():
     got = options_from_flags(_given(contexts=3, kv_cache_dtype="q8_0", flash_attn="on"), "m.gguf")
-    assert got.engine == "llamacpp" and got.own.contexts == 3
-    assert (got.own.attention.kv_cache, got.own.attention.flash_attn) == ("q8_0", "on")
+    assert got.engine == "llamacpp" and got.specific.contexts == 3
+    assert (got.specific.attention.kv_cache, got.specific.attention.flash_attn) == ("q8_0", "on")
     v = options_from_flags(_given(engine="vllm", max_model_len=99, enforce_eager=True, vllm_arg=["seed=3"]), "d")
-    assert v.own.max_model_len == 99 and dict(v.own.llm_args) == {"enforce_eager": True, "seed": 3}
+    assert v.specific.max_model_len == 99 and dict(v.specific.llm_args) == {"enforce_eager": True, "seed": 3}
 
 
 class ToyEngine:
@@ -87,7 +89,7 @@ class ToyEngine:
 
     @classmethod
     def from_options(cls, opts, n_ctx):
-        return cls(opts.own.scale if opts.own else 1.0)
+        return cls(opts.specific.scale if opts.specific else 1.0)
 
     def __init__(self, scale: float):
         self.w = np.random.default_rng(0).normal(size=(40, 40)).astype(np.float32) * scale

@@ -14,7 +14,7 @@ from kldtool.provenance import model_ref
 
 @dataclass(kw_only=True, frozen=True)
 class EngineOptions:
-    """What every engine is built from; ``own`` is the chosen engine's options (its package's
+    """What every engine is built from; ``specific`` is the chosen engine's own options (its package's
     options.py), None for its defaults."""
 
     engine: str | None = None  # an entry's name (None: the one the model path suggests)
@@ -25,38 +25,38 @@ class EngineOptions:
     batch_tokens: int = 2048
     revision: str | None = None  # a hub id's branch, tag or commit
     gguf_file: str | None = None  # a GGUF inside the hub repository -m names
-    own: object = None
+    specific: object = None
 
 
-def options_from_flags(given: dict, model: str | None) -> EngineOptions:
+def options_from_flags(flags: dict, model: str | None) -> EngineOptions:
     """The options a command's engine flags (name -> value, every group's) describe: the
     chosen engine's own flags checked by its options class, another engine's refused."""
-    e = registry.entry_for(given, model)
-    registry.refuse_others(e, given)
+    e = registry.entry_for(flags, model)
+    registry.refuse_others(e, flags)
     cls = e.options_class()
     return EngineOptions(
         engine=e.name,
         model=model,
-        dtype=given.get("dtype"),
-        device=given.get("device"),
-        threads=given.get("threads"),
-        batch_tokens=given.get("batch", 2048),
-        revision=given.get("revision"),
-        gguf_file=given.get("gguf_file"),
-        own=cls.from_flags({k: given.get(k) for k in (*e.selected_by, *e.takes)}) if cls is not None else None,
+        dtype=flags.get("dtype"),
+        device=flags.get("device"),
+        threads=flags.get("threads"),
+        batch_tokens=flags.get("batch", 2048),
+        revision=flags.get("revision"),
+        gguf_file=flags.get("gguf_file"),
+        specific=cls.from_flags({k: flags.get(k) for k in (*e.selected_by, *e.takes)}) if cls is not None else None,
     )
 
 
-def start_loading(given: dict, model: str | None) -> None:
+def start_loading(flags: dict, model: str | None) -> None:
     """Begin loading the model of an engine that can load it on a thread (llama.cpp's GGUF:
     engines/llamacpp/load.py), so that it overlaps the command's start-up; make_engine's
     engine takes it. Nothing for others, nor where the flags are wrong (make_engine says so)."""
     try:
-        e = registry.entry_for(given, model)
+        e = registry.entry_for(flags, model)
         if e.preload is None:
             return
-        ref = _model_ref(model, given.get("revision"), given.get("gguf_file"))
-        registry.start_preload(e, ref.path if ref else None, given)  # None: the engine's built-in model
+        ref = _model_ref(model, flags.get("revision"), flags.get("gguf_file"))
+        registry.start_preload(e, ref.path if ref else None, flags)  # None: the engine's built-in model
     except (EngineError, UsageError):
         pass
 

@@ -59,9 +59,9 @@ def _load(target: str):
     return getattr(importlib.import_module(module), name)
 
 
-def start_preload(e: EngineEntry, path: str | None, given: dict) -> None:
+def start_preload(e: EngineEntry, path: str | None, flags: dict) -> None:
     if e.preload is not None:
-        importlib.import_module(e.preload).start(path, given)
+        importlib.import_module(e.preload).start(path, flags)
 
 
 def drop_preloads() -> None:
@@ -131,35 +131,35 @@ def owners(flag: str) -> list[EngineEntry]:
     return sorted(taking, key=lambda e: flag not in flag_group(e))
 
 
-def entry_for(given: dict, model: str | None) -> EngineEntry:
-    """The entry the flags ``given`` choose: one whose selecting flag is given (--server,
-    --endpoint), else the named engine (``given["engine"]``), else the one the model path (and
-    ``given["gguf_file"]``) suggests."""
-    engine = given.get("engine")
-    by_flag = [e for e in entries() if any(given.get(f) for f in e.selected_by)]
+def entry_for(flags: dict, model: str | None) -> EngineEntry:
+    """The entry the command's ``flags`` choose: one whose selecting flag is set (--server,
+    --endpoint), else the named engine (``flags["engine"]``), else the one the model path (and
+    ``flags["gguf_file"]``) suggests."""
+    engine = flags.get("engine")
+    by_flag = [e for e in entries() if any(flags.get(f) for f in e.selected_by)]
     if by_flag:
         e = by_flag[0]
-        others = [f for o in entries() if o is not e for f in o.selected_by if given.get(f)]
+        others = [f for o in entries() if o is not e for f in o.selected_by if flags.get(f)]
         if others or (engine is not None and engine not in e.with_engine):
             conflicting = ", ".join(_flag(f) for o in entries() if o is not e for f in o.selected_by)
             if not e.with_engine:
                 raise UsageError(f"{_flag(e.selected_by[0])}: a server of its own; not with {conflicting} or --engine")
             raise UsageError(f"{_flag(e.selected_by[0])}: a vLLM server; --engine {engine} does not apply")
         return e
-    return entry(engine or recognise(model, given.get("gguf_file")))
+    return entry(engine or recognise(model, flags.get("gguf_file")))
 
 
-def refuse_others(e: EngineEntry, given: dict) -> None:
-    """A one-line error for the first kind of engine-specific flag ``given`` (name -> value,
+def refuse_others(e: EngineEntry, flags: dict) -> None:
+    """A one-line error for the first kind of engine-specific flag ``flags`` (name -> value,
     unset ones None or False) that ``e`` does not take."""
-    server = [f for f in server_settings(e) if _set(given.get(f))]
+    server = [f for f in server_settings(e) if _set(flags.get(f))]
     if server:
         raise UsageError(f"{', '.join(_flag(f) for f in server)}: the server's own settings{e.server_note}")
-    f = next((f for f in all_flags() if _set(given.get(f)) and f not in e.takes and f not in e.selected_by), None)
+    f = next((f for f in all_flags() if _set(flags.get(f)) and f not in e.takes and f not in e.selected_by), None)
     if f is not None:
         also = owners(f) or [o for o in entries() if f in o.selected_by]
         why = next((w for o in also for k, w in o.refusal_notes if k == f), "")
-        raise UsageError(f"{_flag(f, given[f])}: only {_where(also)}{why.format(engine=e.name)}")
+        raise UsageError(f"{_flag(f, flags[f])}: only {_where(also)}{why.format(engine=e.name)}")
 
 
 def server_settings(e: EngineEntry) -> list[str]:

@@ -128,14 +128,21 @@ def checked_url(url: str, flag: str) -> str:
     return url
 
 
+def _printable(c: str) -> str:
+    """A character as a terminal line may hold it: itself, a space for a line break or tab, an
+    escape for another control byte, ? for any other unprintable character."""
+    if c.isprintable():
+        return c
+    return " " if c in "\r\n\t" else f"\\x{ord(c):02x}" if ord(c) < 256 else "?"
+
+
 def shown(text, secret: str | None = None, limit: int = SHOWN_CHARS) -> str:
     """A server's text as kldtool prints it: one line, control characters escaped (no escape
     sequence reaches the terminal), ``secret`` replaced by ``***``, at most ``limit`` characters."""
     text = str(text)
     if secret:
         text = text.replace(secret, "***")
-    out = "".join(c if c.isprintable() else (" " if c in "\r\n\t" else f"\\x{ord(c):02x}" if ord(c) < 256 else "?")
-                  for c in text)  # fmt: skip
+    out = "".join(_printable(c) for c in text)
     out = " ".join(out.split())
     if secret:  # a key split by an escape or a cut is still the key's start: never print part of it
         out = out.replace(secret, "***")

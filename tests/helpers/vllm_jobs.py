@@ -67,7 +67,7 @@ def run_group(jobs: list[dict], out: str, max_ctx: int) -> None:
     def shared(cls, opts, n_ctx):
         # Keyed by where the weights really are: a hub snapshot's files link to a directory's.
         weights = os.path.realpath(os.path.join(opts.model, "config.json")) if opts.model else None
-        own = dataclasses.asdict(opts.own or VllmOptions())  # a probe's defaults are the CLI's
+        own = dataclasses.asdict(opts.specific or VllmOptions())  # a probe's defaults are the CLI's
         key = (weights, opts.dtype, json.dumps(own, sort_keys=True, default=str))
         if key not in engines:
             engine = build(cls, opts, max_ctx)

@@ -29,8 +29,8 @@ def topk_records(
         raise UsageError(f"--keep top-{k}: the server's answer names fewer than {k} token ids a position")
     out = np.zeros((len(ids), topk_width(k)), np.uint16)
     for a in range(0, len(ids), BLOCK):
-        out[a : a + BLOCK] = _block(ids[a : a + BLOCK], lps[a : a + BLOCK], target_lp[a : a + BLOCK],
-                                    np.asarray(targets[a : a + BLOCK], np.int64), n_vocab, coding)  # fmt: skip
+        at = slice(a, a + BLOCK)
+        out[at] = _block(ids[at], lps[at], target_lp[at], np.asarray(targets[at], np.int64), n_vocab, coding)
     return out
 
 

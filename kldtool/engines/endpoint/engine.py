@@ -43,11 +43,18 @@ class EndpointEngine:
 
     @classmethod
     def from_options(cls, opts, n_ctx: int) -> "EndpointEngine":
-        own = opts.own or EndpointOptions()
+        specific = opts.specific or EndpointOptions()
         return cls(
-            own.url, opts.model, n_ctx, own.model, own.top_k, own.concurrency, own.api, own.timeout,
-            own.follow_redirects,
-        )  # fmt: skip
+            specific.url,
+            tokenizer=opts.model,
+            n_ctx=n_ctx,
+            model=specific.model,
+            top_k=specific.top_k,
+            concurrency=specific.concurrency,
+            api=specific.api,
+            timeout=specific.timeout,
+            follow_redirects=specific.follow_redirects,
+        )
 
     def __init__(
         self,

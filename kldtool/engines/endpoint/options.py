@@ -81,17 +81,17 @@ class EndpointOptions:
     follow_redirects: bool = False
 
     @classmethod
-    def from_flags(cls, given: dict) -> "EndpointOptions":
-        api = given.get("endpoint_api") or "auto"
+    def from_flags(cls, flags: dict) -> "EndpointOptions":
+        api = flags.get("endpoint_api") or "auto"
         if api not in (*APIS, "auto"):
             raise UsageError(f"--endpoint-api {api}: one of {', '.join(APIS)}, auto")
-        concurrency = given.get("concurrency")
+        concurrency = flags.get("concurrency")
         return cls(
-            url=given["endpoint"],
-            model=given.get("endpoint_model"),
+            url=flags["endpoint"],
+            model=flags.get("endpoint_model"),
             api=api,
-            top_k=given.get("top_k"),
+            top_k=flags.get("top_k"),
             concurrency=concurrency or 4,
-            timeout=given.get("endpoint_timeout") or TIMEOUT_S,
-            follow_redirects=bool(given.get("endpoint_follow_redirects")),
+            timeout=flags.get("endpoint_timeout") or TIMEOUT_S,
+            follow_redirects=bool(flags.get("endpoint_follow_redirects")),
         )

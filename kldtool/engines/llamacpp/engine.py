@@ -44,14 +44,14 @@ class LlamaCppEngine:
             raise UsageError(f"--dtype {opts.dtype}: the llamacpp engine runs the GGUF's own types; drop --dtype")
         if opts.device not in (None, "cpu"):
             raise UsageError(f"--device {opts.device}: the llamacpp engine places layers with -ngl, -sm, -mg, -ts")
-        own = opts.own or LlamaCppOptions()
+        specific = opts.specific or LlamaCppOptions()
         return cls(
             opts.model or defaults.default_gguf(),
             threads=opts.threads,
             batch_tokens=opts.batch_tokens,
-            contexts=own.contexts,
-            attention=own.attention,
-            offload=own.offload,
+            contexts=specific.contexts,
+            attention=specific.attention,
+            offload=specific.offload,
         )
 
     def __init__(

@@ -64,9 +64,9 @@ class _Load:
         self.model = None
 
 
-def start(path: str | None, given: dict) -> None:
+def start(path: str | None, flags: dict) -> None:
     """Begin loading the GGUF at ``path`` (None: the built-in one) on a thread, placed as the
-    command's flags ``given`` say (once; nothing for a path that is no file, nor for offload
+    command's ``flags`` say (once; nothing for a path that is no file, nor for offload
     flags the engine will refuse)."""
     if path is None:
         from kldtool.engines import defaults
@@ -75,7 +75,7 @@ def start(path: str | None, given: dict) -> None:
     if not os.path.isfile(path):
         return
     try:
-        offload = Offload.from_flags(given)
+        offload = Offload.from_flags(flags)
     except UsageError:
         return
     with _lock:

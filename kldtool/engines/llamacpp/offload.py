@@ -27,10 +27,10 @@ class Offload:
     kv_offload: bool = True
 
     @classmethod
-    def from_flags(cls, given: dict) -> "Offload":
+    def from_flags(cls, flags: dict) -> "Offload":
         """The flags' values (name -> value; unset ones None or False), checked: a one-line
         usage error that names the flag and its value."""
-        ngl, sm, mg, ts = (given.get(k) for k in ("n_gpu_layers", "split_mode", "main_gpu", "tensor_split"))
+        ngl, sm, mg, ts = (flags.get(k) for k in ("n_gpu_layers", "split_mode", "main_gpu", "tensor_split"))
         layers = ALL if ngl is None else _layers(str(ngl))
         mode = "layer" if sm is None else sm.lower()
         if mode not in SPLIT_MODES:
@@ -42,7 +42,7 @@ class Offload:
             split_mode=mode,
             main_gpu=mg or 0,
             tensor_split=_proportions(ts) if ts is not None else (),
-            kv_offload=not given.get("no_kv_offload"),
+            kv_offload=not flags.get("no_kv_offload"),
         )
 
     @property

@@ -77,9 +77,9 @@ class LlamaCppOptions:
     offload: Offload = Offload()
 
     @classmethod
-    def from_flags(cls, given: dict) -> "LlamaCppOptions":
-        contexts = given.get("contexts")
+    def from_flags(cls, flags: dict) -> "LlamaCppOptions":
+        contexts = flags.get("contexts")
         if contexts is not None and contexts < 1:
             raise UsageError(f"--contexts {contexts}: must be at least 1")
-        attention = Attention.from_flags(given.get("kv_cache_dtype"), given.get("flash_attn"))
-        return cls(contexts, attention, Offload.from_flags(given))
+        attention = Attention.from_flags(flags.get("kv_cache_dtype"), flags.get("flash_attn"))
+        return cls(contexts, attention, Offload.from_flags(flags))

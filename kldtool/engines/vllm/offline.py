@@ -39,14 +39,14 @@ class VllmEngine(HookedEngine):
 
         if opts.device not in (None, "cuda", "cpu"):
             raise UsageError(f"--device {opts.device}: vLLM picks its devices itself (see --tensor-parallel-size)")
-        own = opts.own or VllmOptions()
+        specific = opts.specific or VllmOptions()
         return cls(
             opts.model or defaults.default_transformers_model(),
             dtype=opts.dtype,
-            max_model_len=own.max_model_len or (n_ctx + 1 if n_ctx else None),
+            max_model_len=specific.max_model_len or (n_ctx + 1 if n_ctx else None),
             windows_per_call=max(4, 65536 // (n_ctx or 2048)),
-            logits_block=own.logits_block,
-            vllm_args=dict(own.llm_args),
+            logits_block=specific.logits_block,
+            vllm_args=dict(specific.llm_args),
         )
 
     def __init__(

@@ -105,10 +105,10 @@ class VllmOptions:
     logits_block: int | None = None  # None: 256 MiB of logits
 
     @classmethod
-    def from_flags(cls, given: dict) -> "VllmOptions":
+    def from_flags(cls, flags: dict) -> "VllmOptions":
         # Only what the user set reaches vLLM; an unset switch is False.
-        args = {k: v for k in LLM_ARGS if (v := given.get(k)) is not None and v is not False}
-        args.update(parse_vllm_args(given.get("vllm_arg") or []))
+        args = {k: v for k in LLM_ARGS if (v := flags.get(k)) is not None and v is not False}
+        args.update(parse_vllm_args(flags.get("vllm_arg") or []))
         return cls(args, args.pop("max_model_len", None), args.pop("logits_block", None))
 
 
@@ -120,7 +120,7 @@ class ServedOptions:
     logits_block: int | None = None
 
     @classmethod
-    def from_flags(cls, given: dict) -> "ServedOptions":
-        if not given.get("server"):
+    def from_flags(cls, flags: dict) -> "ServedOptions":
+        if not flags.get("server"):
             raise UsageError("--exchange-dir: only with --server URL")
-        return cls(given["server"], given.get("exchange_dir"), given.get("logits_block"))
+        return cls(flags["server"], flags.get("exchange_dir"), flags.get("logits_block"))

@@ -59,16 +59,16 @@ class VllmServerEngine(HookedEngine):
 
     @classmethod
     def from_options(cls, opts, n_ctx: int) -> "VllmServerEngine":
-        own = opts.own or ServedOptions()
-        if not own.server:
+        specific = opts.specific or ServedOptions()
+        if not specific.server:
             raise UsageError("--exchange-dir: only with --server URL")
         return cls(
-            own.server,
+            specific.server,
             tokenizer=opts.model,
-            exchange_dir=own.exchange_dir,
+            exchange_dir=specific.exchange_dir,
             n_ctx=n_ctx,
             windows_per_call=max(4, 65536 // (n_ctx or 2048)),
-            logits_block=own.logits_block,
+            logits_block=specific.logits_block,
         )
 
     def __init__(
