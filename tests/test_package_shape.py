@@ -1,7 +1,8 @@
 """The package's layering, read from its source: no import cycle (imports inside functions
 count: they are cycles deferred, not avoided), the codec beneath the reducer, results beside
-the run layer rather than under it, engines beneath the pipeline, a package root that holds
-little, and modules, CLI modules and functions small enough to read."""
+the run layer rather than under it, engines beneath the pipeline, provenance beneath the
+engines, a package root that holds little, and modules, CLI modules and functions small
+enough to read."""
 
 from __future__ import annotations
 
@@ -74,6 +75,8 @@ def test_layers():
             assert not any(m.startswith("kldtool.reduce") for m in _reachable(graph, mod)), mod
         if mod.startswith("kldtool.report"):
             assert not any(m.startswith("kldtool.pipeline") for m in _reachable(graph, mod)), mod
+        if mod.startswith("kldtool.provenance"):  # the engines record their provenance, not the reverse
+            assert not any(m.startswith("kldtool.engines") for m in graph[mod]), mod
 
 
 def test_cli_modules_stay_small():

@@ -11,6 +11,7 @@ import os
 import numpy as np
 
 from kldtool.errors import UsageError
+from kldtool.engines.registry import bounded_engines
 from kldtool.provenance.manifest import check_manifests
 from kldtool.stats.accumulator import KldAccumulator
 from kldtool.stats.bootstrap import Bootstrap
@@ -53,7 +54,7 @@ def run_diff(path_a: str, path_b: str, bootstrap: Bootstrap, mix: bool = False) 
     """Both runs' paired measures (report/diff.py prints them), as ``diff --json`` writes them."""
     (meta_a, acc_a), (meta_b, acc_b) = load_run(path_a), load_run(path_b)
     if not mix:
-        check_manifests([(path_a, meta_a.get("manifest")), (path_b, meta_b.get("manifest"))])
+        check_manifests([(path_a, meta_a.get("manifest")), (path_b, meta_b.get("manifest"))], bounded=bounded_engines())
     if meta_a.get("base") != meta_b.get("base"):
         raise UsageError(
             f"{path_b}: compared against another base file than {path_a} (header or tokens "

@@ -15,6 +15,7 @@ import numpy as np
 
 from kldtool.errors import UsageError
 from kldtool.provenance.identity import model_identity
+from kldtool.engines.registry import bounded_engines
 from kldtool.provenance.manifest import check_manifests
 from kldtool.analysis.per_token import accumulate, read_per_token
 from kldtool.provenance.sizes import model_size_dict
@@ -162,5 +163,5 @@ def load_results(paths: list[str], mix: bool = False) -> list[ResultRow]:
                     f"{r.sources[0]}: protocol {r.protocol} differs from {ref.sources[0]}'s "
                     f"{ref.protocol}; --mix reports them together anyway"
                 )
-        check_manifests([(r.sources[0], r.manifest) for r in rows])
+        check_manifests([(r.sources[0], r.manifest) for r in rows], bounded=bounded_engines())
     return sorted(rows, key=lambda r: (r.size is None, (r.size or {}).get("file_bytes", 0), r.label))

@@ -96,6 +96,14 @@ def with_capability(can: str) -> list[str]:
     return [e.name for e in entries() if can in e.can]
 
 
+def bounded_engines() -> list[str]:
+    """The engines whose KLD is a lower bound (they see the compared model's top K only): what
+    provenance/manifest.check_manifests keeps apart from full values."""
+    from kldtool.engines.contract import BOUNDED
+
+    return with_capability(BOUNDED)
+
+
 def named_with(can: str) -> str:
     """The --engine values with capability ``can``, as a sentence names them ("a, b and c")."""
     names = [n for n in with_capability(can) if n in listed()]

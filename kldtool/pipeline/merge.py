@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from kldtool.errors import StateError
 from kldtool.provenance.identity import model_identity
+from kldtool.engines.registry import bounded_engines
 from kldtool.provenance.manifest import ONE_RUN, check_manifests
 from kldtool.pipeline.sinks import Sinks
 from kldtool.provenance.manifest import run_metadata
@@ -37,10 +38,9 @@ def run_merge(
     first, first_path = shards[0]
     warnings = []
     for s, p in shards:
-        a, b = s.chunk_range
         if not s.complete:
             raise StateError(
-                f"{p}: shard {a}:{b} is unfinished (holds {s.progress()}); "
+                f"{p}: shard {':'.join(map(str, s.chunk_range))} is unfinished (holds {s.progress()}); "
                 f"finish it with `compare --resume --state {p}`"
             )
         if s.meta["base"] != first.meta["base"]:
@@ -55,7 +55,9 @@ def run_merge(
             warnings.append("FORCED: " + msg)
         warnings.extend(w for w in s.meta.get("warnings", []) if w not in warnings)
     if not mix:
-        check_manifests([(p, s.meta.get("manifest")) for s, p in shards], ONE_RUN, per_engine=False)
+        check_manifests(
+            [(p, s.meta.get("manifest")) for s, p in shards], ONE_RUN, per_engine=False, bounded=bounded_engines()
+        )
     for (s, p), (t, q) in zip(shards, shards[1:]):
         if t.chunk_range[0] < s.chunk_range[1]:
             raise StateError(

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import datetime
 import platform
+from typing import Collection
 
 from kldtool import __version__
 from kldtool.errors import UsageError
@@ -48,12 +49,16 @@ def check_manifests(
     fields: tuple[str, ...] = NUMERIC,
     per_engine: bool = True,
     hint: str = "--mix",
+    *,
+    bounded: Collection[str],
 ) -> None:
     """Refuse, naming the first field, two manifests that disagree on ``fields`` (between runs
-    of one engine when ``per_engine``). Runs without a manifest (older kldtool) are not checked,
-    nor a field one of the two lacks (a kldtool older than the field: unknown, not different)."""
+    of one engine when ``per_engine``), and a run of an engine in ``bounded`` (whose KLD is a
+    lower bound: the registry's engines with that capability) beside one of another. Runs
+    without a manifest (older kldtool) are not checked, nor a field one of the two lacks (a
+    kldtool older than the field: unknown, not different)."""
     _check_revisions(items, hint)
-    _check_kld_kinds(items, hint)
+    _check_kld_kinds(items, hint, bounded)
     seen: dict = {}
     for where, m in items:
         if not m:
@@ -84,13 +89,9 @@ def backend_change(base: dict | None, facts) -> str | None:
     )
 
 
-def _check_kld_kinds(items: list[tuple[str, dict | None]], hint: str) -> None:
+def _check_kld_kinds(items: list[tuple[str, dict | None]], hint: str, bounded_engines: Collection[str]) -> None:
     """Refuse a run whose KLD is a lower bound beside one whose KLD is the full value: side by
     side they would read as a ranking that one of them cannot give."""
-    from kldtool.engines.contract import BOUNDED
-    from kldtool.engines.registry import with_capability
-
-    bounded_engines = with_capability(BOUNDED)  # they see the compared model's top K only
     kinds = [(where, (m or {}).get("engine") in bounded_engines) for where, m in items if m]
     bounded = [w for w, b in kinds if b]
     full = [w for w, b in kinds if not b]

@@ -12,6 +12,8 @@ bounds, total variation as an interval.
 
 from __future__ import annotations
 
+import dataclasses
+
 import re
 from concurrent.futures import ThreadPoolExecutor
 
@@ -43,18 +45,8 @@ class EndpointEngine:
 
     @classmethod
     def from_options(cls, opts, n_ctx: int) -> "EndpointEngine":
-        specific = opts.specific or EndpointOptions()
-        return cls(
-            specific.url,
-            tokenizer=opts.model,
-            n_ctx=n_ctx,
-            model=specific.model,
-            top_k=specific.top_k,
-            concurrency=specific.concurrency,
-            api=specific.api,
-            timeout=specific.timeout,
-            follow_redirects=specific.follow_redirects,
-        )
+        specific = dataclasses.asdict(opts.specific or EndpointOptions())  # every field but url is a keyword here
+        return cls(specific.pop("url"), tokenizer=opts.model, n_ctx=n_ctx, **specific)
 
     def __init__(
         self,
