@@ -20,16 +20,18 @@ REV = "0123456789abcdef0123456789abcdef01234567"
 
 @pytest.fixture(scope="module")
 def packed(fixture_base, requant, tmp_path_factory):
+    """llama-perplexity's full-row file packed as it is, and packed by default (top-64 records)."""
     d = tmp_path_factory.mktemp("pack")
-    run_cli("pack", fixture_base, "-o", d / "pack")
+    run_cli("pack", fixture_base, "-o", d / "pack", "--keep", "all")
+    run_cli("pack", fixture_base, "-o", d / "top")
     return d, d / "pack", requant("Q2_K")
 
 
 @pytest.fixture(scope="module")
 def victim(packed):
-    """A copy of the pack that the tests below alter, each restoring it after."""
-    d, pack, _ = packed
-    shutil.copytree(pack, d / "victim")
+    """A copy of the top-64 pack that the tests below alter, each restoring it after."""
+    d = packed[0]
+    shutil.copytree(d / "top", d / "victim")
     return d / "victim"
 
 
@@ -55,6 +57,27 @@ def test_a_quant_against_the_pack_prints_what_it_prints_against_the_file(packed,
 
 
 @pytest.mark.full_tier
+def test_a_top64_pack_is_small_and_bounds_the_full_kld(packed, direct, fixture_base):
+    """The default pack of the full file: top-64 records at most 1/50 of the raw file; against
+    it, the quant's mean KLD lower bound sits at or below the full file's, and the estimate's
+    interval covers it; PPL and Δp are exact."""
+    d, _, quant = packed
+    top = d / "top"
+    name = f"{fixture_base.stem}.top64.kldt"
+    assert sorted(os.listdir(top)) == sorted(["README.md", name, "manifest.json"])
+    assert (top / name).stat().st_size <= fixture_base.stat().st_size / 50
+    readme = (top / "README.md").read_text()
+    out = json.loads((top / "manifest.json").read_text())["receipts"]["outside_mass"]
+    assert f"{100 * out['mean']:.1f} % of the probability mass out" in readme and 0 < out["mean"] < out["p99"] < 1
+    run_cli("compare", "-m", quant, "--kl-divergence-base", top, "--json", d / "top.json")
+    full, got = (json.loads((d / n).read_text())["statistics"] for n in ("direct.json", "top.json"))
+    c, exact = got["compact_base"], full["kld_mean"]["value"]
+    assert c["keep"] == 64 and c["kld_mean_lower_bound"] <= exact <= c["kld_mean_lower_bound"] + c["bound"]
+    for key in ("ppl_q", "ppl_base", "dp_mean"):
+        assert got[key]["value"] == pytest.approx(full[key]["value"], rel=1e-6), key
+
+
+@pytest.mark.full_tier
 def test_found_by_a_hub_datasets_name_offline(packed, direct, tmp_path):
     d, pack, quant = packed
     cache = tmp_path / "hub"
@@ -66,6 +89,8 @@ def test_found_by_a_hub_datasets_name_offline(packed, direct, tmp_path):
     assert "2 files match" in run_cli("verify", "kldtool-test/smollm2-ref", env_extra=env).stdout
     by_name = run_cli("compare", "-m", quant, "--kl-divergence-base", "kldtool-test/smollm2-ref", env_extra=env)
     assert by_name.stdout == direct.stdout
+    at_rev = run_cli("compare", "-m", quant, "--kl-divergence-base", f"kldtool-test/smollm2-ref@{REV}", env_extra=env)
+    assert at_rev.stdout == direct.stdout
     gone = run_cli("verify", "kldtool-test/not-there", env_extra=env, check_rc=UsageError.exit_code)
     assert "not a reference pack" in gone.stderr
 
@@ -74,14 +99,14 @@ def test_found_by_a_hub_datasets_name_offline(packed, direct, tmp_path):
     "name, where, code",
     [
         (None, 0, CorruptData.exit_code),  # the base file's header, its first byte
-        (None, -1, CorruptData.exit_code),  # the last row's last byte
+        (None, -1, CorruptData.exit_code),  # its last byte
         ("README.md", 10, CorruptData.exit_code),
         ("manifest.json", 0, MetadataError.exit_code),
     ],
 )
 def test_one_flipped_byte_anywhere_is_refused(packed, victim, fixture_base, tmp_path, name, where, code):
     quant, bad = packed[2], victim
-    path = bad / (name or fixture_base.name)
+    path = bad / (name or f"{fixture_base.stem}.top64.kldt")
     with open(path, "r+b") as f:
         f.seek(where, os.SEEK_SET if where >= 0 else os.SEEK_END)
         at = f.tell()
@@ -122,4 +147,11 @@ def test_pack_refuses_an_existing_directory_and_leaves_nothing_half_written(pack
     p = run_cli("pack", fixture_base, "-o", pack, check_rc=UsageError.exit_code)
     assert "exists" in p.stderr
     run_cli("pack", tmp_path / "no-such.kld", "-o", tmp_path / "p", check_rc=None)
+    p = run_cli("pack", fixture_base, "-o", tmp_path / "p", "--keep", "top-3", check_rc=UsageError.exit_code)
+    assert "K >= 10" in p.stderr
+    p = run_cli("convert", fixture_base, tmp_path / "a.kld", "--keep", "top-64", "--to", "llamacpp", check_rc=2)
+    assert "live in the kldtool container" in p.stderr
+    top = packed[0] / "top" / f"{fixture_base.stem}.top64.kldt"
+    p = run_cli("convert", top, tmp_path / "b.kldt", "--keep", "top-32", check_rc=UsageError.exit_code)
+    assert "already holds top-64 records" in p.stderr
     assert sorted(os.listdir(tmp_path)) == []

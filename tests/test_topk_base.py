@@ -12,7 +12,8 @@ from conftest import WIKI, run_cli
 from kldtool.codec import Coding, decode_np, encode_np
 from kldtool.reduce import CLAMPED_AT
 from kldtool.reduce.topk_rows import reduce_topk_rows
-from kldtool.codec.topk_records import encode_topk_torch, split_records, topk_width
+from kldtool.codec.topk_records import encode_topk_torch, rest_np, split_records, topk_width
+from kldtool.logitsfile import open_base_file
 
 pytestmark = pytest.mark.quick
 
@@ -105,6 +106,18 @@ def test_topk_and_full_base_files_of_one_run(tmp_path, requant):
     tv_full, tv_top = f["extra"]["tv"], t["extra"]["tv"]
     assert tv_full["exact"] and not tv_top["exact"]
     assert tv_top["mean"]["value"] <= tv_full["mean"]["value"] <= tv_top["mean_upper"]
+    # The full file made top-64 afterwards (convert --keep; what pack does) holds the run's own
+    # records: ids, codes, row parameters and target codes bit for bit; the rest mass is read
+    # from the stored codes (clamped entries count 0, as the full file's reader counts them),
+    # so it sits below the run's own by at most the clamped entries' mass, each under e^-16.
+    run_cli("convert", full, tmp_path / "conv.kldt", "--keep", "top-64")
+    made, ran = (open_base_file(str(tmp_path / n)) for n in ("conv.kldt", "top.kldt"))
+    assert made.header == ran.header and (made.tokens == ran.tokens).all()
+    for c in range(ran.header.n_chunk):
+        a, b = made.read_chunk(c), ran.read_chunk(c)
+        assert (np.delete(a, [4, 5], axis=1) == np.delete(b, [4, 5], axis=1)).all()
+        assert (rest_np(a) <= rest_np(b) * (1 + 1e-4) + 1e-7).all()
+        assert (rest_np(b) - rest_np(a) <= ran.header.n_vocab * np.exp(ran.header.clamped_at)).all()
 
 
 def test_topk_needs_the_container_and_a_sane_k(tmp_path):

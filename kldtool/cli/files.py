@@ -130,18 +130,25 @@ def convert(
     src: str = typer.Argument(..., help="Base file to read."),
     dst: str = typer.Argument(..., help="Base file to write."),
     to: Optional[str] = typer.Option(None, "--to", help="kldtool or llamacpp (default: the other format)."),
+    keep: Optional[str] = typer.Option(
+        None, "--keep", help="top-K: keep each row's K most probable entries and the rest's mass (a container)."
+    ),
     frame_rows: Optional[int] = FRAME_ROWS,
 ):
     """Convert a base file between llama.cpp's raw layout and the kldtool container, or
-    re-frame a container (lossless; a frame at a time). A hidden-state file becomes the full
-    rows it replays."""
+    re-frame a container (lossless; a frame at a time), or make a full-row file top-K
+    (``--keep top-K``). A hidden-state file becomes the full rows it replays."""
+    from kldtool.codec.topk_records import keep_of
     from kldtool.logitsfile import FORMATS, create_writer, iter_chunks, open_base_file
     from kldtool.logitsfile.header import CONTAINER, RAW_LAYOUT
     from kldtool.routing.section import RoutingReader, RoutingSection
 
+    top = keep_of(keep)
+    if top and to not in (None, CONTAINER):
+        raise UsageError(f"--keep {keep}: top-K records live in the kldtool container, not --to {to}")
     reader = open_base_file(src)
     try:
-        target = to or (RAW_LAYOUT if reader.format_name == CONTAINER else CONTAINER)
+        target = CONTAINER if top else to or (RAW_LAYOUT if reader.format_name == CONTAINER else CONTAINER)
         if target not in FORMATS:
             raise UsageError(f"--to {target!r}: expected one of {', '.join(FORMATS)}")
         if os.path.abspath(src) == os.path.abspath(dst):
@@ -150,6 +157,11 @@ def convert(
         meta.setdefault("converted_from", {"path": src, "format": reader.format_name})
         for key in ("store", "hidden", "head", "routing"):  # a hidden-state file converts to the rows it replays
             meta.pop(key, None)
+        if top:
+            from kldtool.logitsfile.to_topk import write_topk
+
+            write_topk(reader, dst, top, meta, frame_rows)
+            return print(f"{src} ({reader.format_name}) -> {dst} (kldtool, top-{top})", file=sys.stderr)
         routing = RoutingReader(reader)
         writer = create_writer(dst, target, reader.header, reader.tokens, meta, frame_rows=frame_rows)
         if routing.shape and target == "kldtool":  # llama.cpp's raw layout has no room for it

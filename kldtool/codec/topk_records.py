@@ -17,7 +17,7 @@ PPL and Δp stay exact.
 from __future__ import annotations
 
 from kldtool.codec.keys import order_keys
-from kldtool.codec.rows import HEADER_SLOTS, Coding, encode_torch
+from kldtool.codec.rows import HEADER_SLOTS, Coding, decode_torch, encode_torch
 from kldtool.errors import UsageError
 
 HEAD = 8
@@ -32,26 +32,48 @@ def encode_topk_torch(logits, targets, coding: Coding):
     """(int16 records (R, topk_width(coding.keep)) on the logits' device, M = max + lse per row)."""
     import torch
 
-    k = coding.keep
     logits = logits.to(torch.float32)
     full, norm = encode_torch(logits, coding.codec, coding.clamp)
     codes = full[:, HEADER_SLOTS : HEADER_SLOTS + logits.shape[1]]
-    # rank by code (what a reader of the full row sees), ties to the lower id
-    ids = order_keys(codes.to(torch.int32) & 0xFFFF).topk(k, dim=1).indices
+    ids = _top_ids(codes, coding.keep)
     p = torch.exp((logits - norm[:, None]).to(torch.float64))
-    rest = p.scatter(1, ids, 0.0).sum(dim=1).to(torch.float32)
-    t = torch.as_tensor(targets, dtype=torch.int64, device=logits.device)[:, None]
-    n = logits.shape[0]
+    return _records(full, codes, ids, p.scatter(1, ids, 0.0).sum(dim=1), targets), norm
+
+
+def topk_of_rows(rows, targets, k: int, n_vocab: int):
+    """Top-``k`` records of full int16 rows (a stored full base file's): the same ids, codes and
+    row parameters as the records the run itself would have written. The rest mass is summed
+    over the stored codes not kept, as the full file's reader sees them (clamped entries count
+    0: their log-probs are not stored), so it can fall below the run's own by that mass."""
+    import torch
+
+    codes = rows[:, HEADER_SLOTS : HEADER_SLOTS + n_vocab]
+    ids = _top_ids(codes, k)
+    p = torch.exp(decode_torch(rows, n_vocab).to(torch.float64)).masked_fill(codes == 0, 0.0)
+    return _records(rows, codes, ids, p.scatter(1, ids, 0.0).sum(dim=1), targets)
+
+
+def _top_ids(codes, k: int):
+    import torch
+
+    # ranked by code (what a reader of the full row sees), ties to the lower id
+    return order_keys(codes.to(torch.int32) & 0xFFFF).topk(k, dim=1).indices
+
+
+def _records(full, codes, ids, rest, targets):
+    import torch
+
+    t = torch.as_tensor(targets, dtype=torch.int64, device=codes.device)[:, None]
     head = torch.cat(
         [
             full[:, :HEADER_SLOTS],
-            rest[:, None].contiguous().view(torch.int16),
+            rest.to(torch.float32)[:, None].contiguous().view(torch.int16),
             codes.gather(1, t),
-            torch.zeros((n, 1), dtype=torch.int16, device=logits.device),
+            torch.zeros((len(codes), 1), dtype=torch.int16, device=codes.device),
         ],
         dim=1,
     )
-    return torch.cat([head, ids.to(torch.int32).contiguous().view(torch.int16), codes.gather(1, ids)], dim=1), norm
+    return torch.cat([head, ids.to(torch.int32).contiguous().view(torch.int16), codes.gather(1, ids)], dim=1)
 
 
 def split_records(rows, k: int):
@@ -62,6 +84,13 @@ def split_records(rows, k: int):
     ids = rows[:, HEAD : HEAD + 2 * k].contiguous().view(torch.int32).to(torch.int64)
     codes = rows[:, HEAD + 2 * k : HEAD + 3 * k].to(torch.int32) & 0xFFFF
     return f32[:, 0], f32[:, 1], f32[:, 2], rows[:, 6].to(torch.int32) & 0xFFFF, ids, codes
+
+
+def rest_np(records) -> "np.ndarray":
+    """The float32 rest mass of each uint16 (or int16) top-K record, on the host."""
+    import numpy as np
+
+    return np.ascontiguousarray(records[:, 4:6]).view(np.float32)[:, 0]
 
 
 def keep_of(spec: str | None) -> int | None:

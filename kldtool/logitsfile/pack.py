@@ -43,45 +43,58 @@ def _sha256_of(fd: int) -> tuple[int, str]:
 
 
 def _readme(name: str, receipts: dict) -> str:
-    keep = receipts["base"].get("keep")
+    from kldtool.stats.run_stats import TAIL_ALLOWANCE
+
+    base = receipts["base"]
+    keep, out = base.get("keep"), receipts.get("outside_mass")
     what = (
-        f"the top {keep} log-probs of every scored position (and the rest's mass): compare gives the mean KLD "
-        f"as a lower bound (guaranteed) and a tail-corrected estimate with an empirical interval"
+        f"the top {keep} log-probs of every scored position and the mass of the rest"
         if keep
-        else "every scored position's full-vocabulary log-probs: compare gives the full KLD"
+        else "every scored position's full-vocabulary log-probs"
+    )
+    gives = (
+        f"The kept entries leave {100 * out['mean']:.1f} % of the probability mass out on average "
+        f"({100 * out['p99']:.1f} % at the 99th percentile). `compare` against this pack gives PPL, Δp and "
+        f"same top p exactly, and the mean KLD as a lower bound (guaranteed: the rest counts as one "
+        f"entry) with a tail-corrected estimate and an interval [lower bound, lower bound + "
+        f"{TAIL_ALLOWANCE} x the tail estimate] that is empirical: it held for every quant measured "
+        f"(kldtool's docs/metrics.md), but it is not a theorem.\n\n"
+        if keep
+        else "`compare` against this pack gives every statistic as against the base model's own run.\n\n"
     )
     model = (receipts.get("model") or {}).get("model") or "not recorded in the base file"
     return (
         f"# kldtool reference pack\n\n"
-        f"`{name}` holds {what}, over the tokens whose sha256 is `{receipts['base']['tokens_sha256']}` "
-        f"({receipts['base']['n_chunk']} windows of {receipts['base']['n_ctx']} tokens). Base model: {model}.\n\n"
+        f"`{name}` holds {what}, over the tokens whose sha256 is `{base['tokens_sha256']}` "
+        f"({base['n_chunk']} windows of {base['n_ctx']} tokens). Base model: {model}.\n\n{gives}"
         f"`{MANIFEST}` lists every file's size and sha256 and what the base file was measured from.\n\n"
         f"```\nkldtool verify DIR\nkldtool compare -m QUANT --kl-divergence-base DIR --json q.json\n```\n"
     )
 
 
-def write_pack(base_path: str, out_dir: str, receipts: dict) -> str:
-    """The pack of ``base_path`` in the new directory ``out_dir``: written beside it under
-    another name and renamed into place whole, so no half-written pack looks complete."""
+def write_pack(out_dir: str, put_base, receipts_of) -> str:
+    """A pack in the new directory ``out_dir``: ``put_base(tmp)`` writes the base file into the
+    directory being built and returns its name, ``receipts_of(path)`` says what it was measured
+    from. Built beside ``out_dir`` under another name and renamed into place whole, so no
+    half-written pack looks complete."""
     out_dir = os.path.abspath(out_dir)
     if os.path.lexists(out_dir):
         raise UsageError(f"pack -o {out_dir}: exists; give a new directory")
     tmp = f"{out_dir}.partial-{os.getpid()}"
-    name = os.path.basename(base_path.rstrip("/"))
-    if not _NAME.fullmatch(name):
-        name = "base" + (".kldt" if receipts.get("format") == "kldtool" else ".kld")
     try:
         os.mkdir(tmp)
-        h, size = hashlib.sha256(), 0
-        with open(base_path, "rb") as src, open(os.path.join(tmp, name), "xb") as dst:
-            while block := src.read(_BLOCK):  # hashed as it is copied: read once
-                h.update(block)
-                size += dst.write(block)
+        name = put_base(tmp)
+        receipts = receipts_of(os.path.join(tmp, name))
+        fd = os.open(os.path.join(tmp, name), os.O_RDONLY | os.O_NOFOLLOW)
+        try:
+            size, digest = _sha256_of(fd)
+        finally:
+            os.close(fd)
         readme = _readme(name, receipts).encode("utf-8")
         with open(os.path.join(tmp, README), "xb") as f:
             f.write(readme)
         files = {
-            name: {"bytes": size, "sha256": h.hexdigest()},
+            name: {"bytes": size, "sha256": digest},
             README: {"bytes": len(readme), "sha256": hashlib.sha256(readme).hexdigest()},
         }
         manifest = {
@@ -103,6 +116,12 @@ def write_pack(base_path: str, out_dir: str, receipts: dict) -> str:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out_dir
+
+
+def file_name(path: str, fallback: str) -> str:
+    """``path``'s base name where it is one a manifest accepts, else ``fallback``."""
+    name = os.path.basename(path.rstrip("/"))
+    return name if _NAME.fullmatch(name) else fallback
 
 
 def is_pack(path: str) -> bool:
@@ -192,14 +211,18 @@ def verify_pack(path: str) -> tuple[dict, int]:
         os.close(dfd)
 
 
-def find_pack(name: str, revision: str | None = None) -> str | None:
-    """A pack by hub dataset name (``org/name``), in the local hub cache's dataset layout, offline;
-    None where ``name`` is not such a name or the cache holds no such dataset."""
-    if os.path.exists(name) or name.count("/") != 1 or not all(_NAME.fullmatch(p) for p in name.split("/")):
+def find_pack(name: str) -> str | None:
+    """A pack by hub dataset name (``org/name``, or ``org/name@revision`` for a branch, tag or
+    commit), in the local hub cache's dataset layout, offline; None where ``name`` is not such
+    a name or the cache holds no such dataset."""
+    repo, _, revision = name.partition("@")
+    if os.path.exists(name) or repo.count("/") != 1 or not all(_NAME.fullmatch(p) for p in repo.split("/")):
+        return None
+    if "@" in name and not _NAME.fullmatch(revision):
         return None
     try:
         from huggingface_hub import snapshot_download
 
-        return snapshot_download(name, repo_type="dataset", revision=revision, local_files_only=True)
+        return snapshot_download(repo, repo_type="dataset", revision=revision or None, local_files_only=True)
     except Exception:  # not cached, or no hub library: the caller says the file is not there
         return None

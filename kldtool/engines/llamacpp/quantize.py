@@ -15,9 +15,12 @@ def quantize(src: str, dst: str, type_name: str, threads: int | None = None) -> 
     from kldtool.engines.llamacpp.load import silence_llama_logs
 
     silence_llama_logs(lib)
-    ftype = getattr(lib, f"LLAMA_FTYPE_MOSTLY_{type_name.upper()}", None)
+    # F32 is llama.cpp's one "ALL_" type: every tensor in float32 (a quant's fp32 form)
+    ftype = getattr(
+        lib, f"LLAMA_FTYPE_MOSTLY_{type_name.upper()}", getattr(lib, f"LLAMA_FTYPE_ALL_{type_name.upper()}", None)
+    )
     if ftype is None:
-        raise UsageError(f"unknown GGUF quant type {type_name!r} (e.g. Q8_0, Q6_K, Q4_K_M, Q2_K)")
+        raise UsageError(f"unknown GGUF quant type {type_name!r} (e.g. F32, Q8_0, Q6_K, Q4_K_M, Q2_K)")
     params = lib.llama_model_quantize_default_params()
     params.ftype = ftype
     params.allow_requantize = True
