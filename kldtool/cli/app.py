@@ -25,6 +25,7 @@ SUMMARY = {
     "worst": "the positions and windows where a quant departs most",
     "attribute": "which layers or tensors cause a quant's divergence",
     "ppl": "a model's perplexity alone, under any protocol",
+    "generate": "a model's own answers to prompts -> a corpus for base -f",
     "info": "a base file's header, metadata, sizes and completeness",
     "convert": "a base file between llama.cpp's layout and kldtool's",
     "merge": "compare shards into the statistics of one run",

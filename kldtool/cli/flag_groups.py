@@ -62,22 +62,31 @@ CORPUS = {
         typer.Option(
             "auto",
             "--corpus-format",
-            help="text, lines (a document per line), jsonl, dir, tokens (token strings) or ids (default: from -f).",
+            help="text, lines (a document per line), jsonl, dir, tokens (token strings), ids or generated "
+            "(default: from -f; a corpus of kldtool generate is known by its header).",
         ),
     ),
     "text_field": (str, typer.Option("text", "--text-field", help="jsonl: the field that holds a document's text.")),
+    "score": (
+        Optional[str],
+        typer.Option(
+            None,
+            "--score",
+            help="A corpus of kldtool generate: generated (the default: the answers' positions only) or all.",
+        ),
+    ),
 }
 
 SCORING = {
     "protocol": (
-        str,
+        Optional[str],
         typer.Option(
-            "llamacpp",
+            None,
             "--protocol",
-            help="llamacpp (chunks of -c, second half scored), exl3 "
+            help="llamacpp (chunks of -c, second half scored; the default), exl3 "
             "(windows of -c every --stride, all positions), stride "
-            "(Hugging Face's: each token once), documents (--lengths) "
-            "or rolling (lm-eval's loglikelihood_rolling).",
+            "(Hugging Face's: each token once), documents (--lengths; the default for a corpus of "
+            "kldtool generate) or rolling (lm-eval's loglikelihood_rolling).",
         ),
     ),
     "ctx_size": (

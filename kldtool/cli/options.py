@@ -51,7 +51,7 @@ def engine_options(opts: SimpleNamespace, model: str | None):
 
     if opts.threads is not None and opts.threads < 1:
         raise UsageError(f"--threads {opts.threads}: must be at least 1")
-    if opts.batch < 1:
+    if getattr(opts, "batch", 1) < 1:  # a command without -b (generate) runs no batches
         raise UsageError(f"--batch-size {opts.batch}: must be at least 1")
     return options_from_flags(vars(opts), model)
 
@@ -66,12 +66,17 @@ def open_engine(opts: SimpleNamespace, model: str | None, n_ctx: int):
     return engine
 
 
-def protocol_of(opts: SimpleNamespace):
-    from kldtool.text.protocols import Protocol
+def protocol_of(opts: SimpleNamespace, corpus: SimpleNamespace):
+    """The protocol the SCORING flags name; unnamed, llama.cpp's chunks, or for a corpus of
+    ``kldtool generate`` its samples as documents."""
+    from kldtool.text.generated import is_generated
+    from kldtool.text.protocols import HALF_SCORED_CHUNKS, Protocol
 
-    return Protocol.from_flags(
-        opts.protocol, opts.ctx_size, opts.stride, opts.lengths, opts.prefix_token, opts.full_length_only
-    )
+    name = opts.protocol
+    if name is None:
+        own = corpus.file is not None and corpus.corpus_format in ("auto", "generated") and is_generated(corpus.file)
+        name = "documents" if own else HALF_SCORED_CHUNKS
+    return Protocol.from_flags(name, opts.ctx_size, opts.stride, opts.lengths, opts.prefix_token, opts.full_length_only)
 
 
 def longest(spec) -> int:
@@ -92,7 +97,7 @@ def corpus_of(opts: SimpleNamespace, engine: str | None = None, model: str | Non
         name = engine or registry.recognise(model)
         if name in registry.listed():  # an unknown --engine is refused once the engine is built
             fmt = registry.entry(name).text_format or fmt
-    return open_corpus(opts.file, fmt, opts.text_field)
+    return open_corpus(opts.file, fmt, opts.text_field, opts.score)
 
 
 def bootstrap_of(opts: SimpleNamespace):

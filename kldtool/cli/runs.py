@@ -100,7 +100,7 @@ def base(
     from kldtool.pipeline.hidden_base import check_store
     from kldtool.runtime.small_files import write_json
 
-    spec = protocol_of(scoring)
+    spec = protocol_of(scoring, corpus)
     top, clamp = checked_layout(fmt, codec, keep, clamp, frame_rows, spec.name)  # before the model loads
     check_store(store, fmt, top, replay_tolerance, head)
     if engine_flags.contexts is not None:
@@ -177,7 +177,7 @@ def ppl(
     from kldtool.pipeline.ppl_job import PplJob
     from kldtool.runtime.small_files import write_json, write_text
 
-    spec = protocol_of(scoring)
+    spec = protocol_of(scoring, corpus)
     if checkpoints is None and out_dir is not None:
         raise UsageError("-o/--out-dir: only with --checkpoints (a result per checkpoint)")
     if plot and not spec.lengths and checkpoints is None:

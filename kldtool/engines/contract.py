@@ -24,7 +24,8 @@ ROUTING = "routing"  # MoE routing: routing_shape and record_routing (Routing)
 SCHEDULE = "schedule"  # its own way of running batches: schedule(batches) (llama.cpp's lanes)
 SCORES = "scores"  # a Scorer: no logits leave the engine
 BOUNDED = "bounded"  # its KLD is a lower bound (it sees the compared model's top K only)
-CAN = (HIDDEN, ROUTING, SCHEDULE, SCORES, BOUNDED)
+SAMPLES = "samples"  # kldtool generate: chat_template, tokenize_rendered and sample (Sampler)
+CAN = (HIDDEN, ROUTING, SCHEDULE, SCORES, BOUNDED, SAMPLES)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -120,6 +121,33 @@ class HiddenStates(Protocol):
 
     def output_head(self):
         """The head as the engine applies it (logitsfile/hidden.py's OutputHead)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Sampling:
+    """How ``kldtool generate`` samples, as the ecosystem's flags name it: temperature 0 is
+    greedy; top_k 0, top_p 1 and min_p 0 are off; max_tokens new tokens at most."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    max_tokens: int = 256
+
+
+class Sampler(Protocol):
+    """``kldtool generate``: the model's own answers to prompts."""
+
+    def chat_template(self):
+        """The model's chat template (text/chat.py's ChatTemplate) with its tokenizer's special
+        tokens, or None where the model has none."""
+
+    def tokenize_rendered(self, text: str) -> np.ndarray:
+        """A rendered prompt's ids: special tokens written in the text are parsed, none added."""
+
+    def sample(self, prompt: np.ndarray, sampling: Sampling, seed: int) -> tuple[np.ndarray, str]:
+        """(the generated ids, "stop" when an end-of-turn token ended them (kept) or "length"),
+        the same for the same prompt, settings and seed."""
 
 
 class Routing(Protocol):

@@ -34,6 +34,7 @@ class Plan:
     n_source_tokens: int  # tokens of the corpus before any cut
     documents: dict = field(default_factory=dict)  # documents: counts per length
     text_size: dict | None = None  # bytes and words the scored tokens cover (bits per byte)
+    scored: str | None = None  # "generated": only a generated corpus's answers are scored
 
     @property
     def n_ctx(self) -> int:
@@ -44,10 +45,17 @@ class Plan:
         out = self.protocol.describe() | {"bos_id": bos_id, "windows": len(self.windows)}
         if self.documents:
             out["documents"] = self.documents
+        if self.scored:
+            out["scored"] = self.scored
         return out
 
 
 def make_plan(engine, corpus: Corpus, protocol: Protocol, chunks: int | None, force: bool = False) -> Plan:
+    if corpus.score_from is not None and protocol.name != "documents":
+        raise UsageError(
+            f"--protocol {protocol.name}: {corpus.name} is kldtool generate's, scored by its samples' answers as "
+            "documents (--protocol documents); --score all scores it as any token stream"
+        )
     if protocol.name == "documents":
         plan = _documents_plan(engine, corpus, protocol, chunks)
         _check_context(engine, plan.n_ctx, f"documents cut to {plan.n_ctx} tokens (--lengths)", force)
@@ -61,7 +69,8 @@ def make_plan(engine, corpus: Corpus, protocol: Protocol, chunks: int | None, fo
 
 
 def _documents_plan(engine, corpus: Corpus, p: Protocol, chunks: int | None) -> Plan:
-    docs = document_windows(corpus.document_tokens(engine), p.lengths, p.full_only)
+    firsts = [n - 1 for n in corpus.score_from] if corpus.score_from is not None else None  # P-1 predicts P
+    docs = document_windows(corpus.document_tokens(engine), p.lengths, p.full_only, firsts)
     windows = limit(docs.windows, chunks)
     end = windows[-1].end
     lens = docs.doc_lengths
@@ -78,6 +87,7 @@ def _documents_plan(engine, corpus: Corpus, p: Protocol, chunks: int | None) -> 
         n_source_tokens=int(lens.sum()),
         documents=counts,
         text_size=corpus.size(whole_stream=False) if whole else None,
+        scored="generated" if firsts is not None else None,
     )
 
 

@@ -1,8 +1,9 @@
 """Corpora: plain text (read as llama-perplexity reads ``-f``: raw bytes, CR kept, one
 trailing newline dropped), one document per line, JSONL with a text field, a directory of
 files, pretokenized files (whitespace-separated token strings of the model's vocabulary,
-or integer ids; one document per line) and a raw WikiText file paged and detokenized as
-lm-eval's ``wikitext`` task reads it. The built-in default is the Python standard library's
+or integer ids; one document per line), a raw WikiText file paged and detokenized as
+lm-eval's ``wikitext`` task reads it, and a model's own samples (``kldtool generate``'s corpus,
+text/generated.py: recognised by its header). The built-in default is the Python standard library's
 own help text.
 
 Stream protocols see a text corpus's documents joined by a blank line and tokenized once
@@ -20,19 +21,23 @@ from pathlib import Path
 import numpy as np
 
 from kldtool.errors import CorpusError, EmptyText, UndecodableText, UsageError
+from kldtool.text.generated import is_generated, read_generated
 
 DEFAULT_CORPUS_NAME = "builtin:pydoc_data.topics"
-FORMATS = ("auto", "text", "lines", "jsonl", "dir", "tokens", "ids", "wikitext")
-PRETOKENIZED = ("tokens", "ids")
+FORMATS = ("auto", "text", "lines", "jsonl", "dir", "tokens", "ids", "wikitext", "generated")
+PRETOKENIZED = ("tokens", "ids", "generated")
+SCORES = ("generated", "all")  # a generated corpus's positions scored: the answers' only, or every one
 JOIN = b"\n\n"
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Corpus:
     name: str
     format: str
     documents: list  # bytes per document; str lists (tokens) or int arrays (ids) when pretokenized
     counted: list | None = None  # bytes per document that words and bytes are counted on, if not the scored
+    score_from: list | None = None  # generated corpora: each document's first generated token (None: all scored)
+    header: dict | None = None  # generated corpora: what made them (text/generated.py)
 
     @property
     def pretokenized(self) -> bool:
@@ -49,7 +54,7 @@ class Corpus:
     def document_tokens(self, engine) -> list[np.ndarray]:
         if not self.pretokenized:
             return [engine.tokenize(d) for d in self.documents]
-        if self.format == "ids":
+        if self.format in ("ids", "generated"):
             docs = self.documents
         else:
             vocab = {t.decode("utf-8", "replace"): i for i, t in enumerate(engine.token_strings())}
@@ -174,14 +179,23 @@ def _ids(path: str) -> list[np.ndarray]:
     return docs
 
 
-def open_corpus(path: str | None, fmt: str = "auto", text_field: str = "text") -> Corpus:
+def open_corpus(path: str | None, fmt: str = "auto", text_field: str = "text", score: str | None = None) -> Corpus:
+    """The corpus at ``path`` (None: the built-in one) read as ``fmt``; ``score``: which positions
+    of a generated corpus are scored (default: the generated ones)."""
     if fmt not in FORMATS:
         raise UsageError(f"--corpus-format {fmt!r}: expected one of {', '.join(FORMATS)}")
+    if score is not None and score not in SCORES:
+        raise UsageError(f"--score {score!r}: expected one of {', '.join(SCORES)}")
+    generated = path is not None and (fmt == "generated" or (fmt == "auto" and is_generated(os.fspath(path))))
+    if score is not None and not generated:
+        raise UsageError(f"--score {score}: only for a corpus of kldtool generate")
+    if generated:
+        return _generated(os.fspath(path), score or "generated")
     if path is None:
         if fmt not in ("auto", "text"):
             raise UsageError(f"--corpus-format {fmt} needs -f FILE")
         name, text = default_corpus()
-        return Corpus(name, "text", [text])
+        return Corpus(name=name, format="text", documents=[text])
     p = os.fspath(path)
     fmt = guess_format(p) if fmt == "auto" else fmt
     if fmt == "text":
@@ -202,7 +216,15 @@ def open_corpus(path: str | None, fmt: str = "auto", text_field: str = "text") -
         docs = _ids(p)
     if not docs:
         raise EmptyText(f"{p}: no documents ({fmt})")
-    return Corpus(p, fmt, docs)
+    return Corpus(name=p, format=fmt, documents=docs)
+
+
+def _generated(path: str, score: str) -> Corpus:
+    """A corpus of ``kldtool generate``: each sample a document, its prompt and its answer."""
+    header, samples = read_generated(path)
+    docs = [np.concatenate([s["prompt_ids"], s["ids"]]) for s in samples]
+    starts = [len(s["prompt_ids"]) for s in samples] if score == "generated" else None
+    return Corpus(name=path, format="generated", documents=docs, score_from=starts, header=header)
 
 
 def _wikitext(path: str) -> Corpus:
@@ -213,5 +235,8 @@ def _wikitext(path: str) -> Corpus:
     if not found:
         raise EmptyText(f"{path}: no WikiText articles (--corpus-format wikitext)")
     return Corpus(
-        path, "wikitext", [wikitext.detokenize(p).encode("utf-8") for p in found], [p.encode("utf-8") for p in found]
+        name=path,
+        format="wikitext",
+        documents=[wikitext.detokenize(p).encode("utf-8") for p in found],
+        counted=[p.encode("utf-8") for p in found],
     )

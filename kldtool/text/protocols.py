@@ -250,23 +250,30 @@ class Documents:
     doc_lengths: np.ndarray  # tokens of every document before truncation
 
 
-def document_windows(docs: list[np.ndarray], lengths: tuple[int, ...], full_only: bool = True) -> Documents:
+def document_windows(
+    docs: list[np.ndarray], lengths: tuple[int, ...], full_only: bool = True, firsts: list[int] | None = None
+) -> Documents:
     """Each document cut to the longest length it counts at: with ``full_only``, the longest N
-    it reaches (none: skipped); else its first max(N) tokens, all of a shorter one."""
+    it reaches (none: skipped); else its first max(N) tokens, all of a shorter one. ``firsts``:
+    each document's first scored position (a generated sample's answer; default 0); a document
+    with no scored position left after the cut is skipped."""
     sizes = np.array([len(d) for d in docs], dtype=np.int64)
     parts, windows, at = [], [], 0
-    for d in docs:
+    for k, d in enumerate(docs):
         if not lengths:
             keep = len(d)
         elif full_only:
             keep = max((n for n in lengths if n <= len(d)), default=0)
         else:
             keep = min(len(d), lengths[-1])
-        if keep < 2:
+        first = firsts[k] if firsts is not None else 0
+        if keep < 2 or first + 1 >= keep:
             continue
         w = np.array(d[:keep], dtype=np.int32)
         parts.append(w)
-        windows.append(Window(index=len(windows), tokens=w, first=0, targets=w[1:].astype(np.int64), start=at))
+        windows.append(
+            Window(index=len(windows), tokens=w, first=first, targets=w[first + 1 :].astype(np.int64), start=at)
+        )
         at += keep
     if not windows:
         need = lengths[0] if lengths and full_only else 2

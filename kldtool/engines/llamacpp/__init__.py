@@ -1,11 +1,12 @@
 """The llama.cpp engine through llama-cpp-python (engine.py): its model loaded on a thread during
 start-up (load.py), its flags (options.py), its KV-cache and flash-attention settings
 (attention.py), contexts side by side (lanes.py) on pieces of batches with unchanged logits
-(pieces.py), MoE routing through its eval callback (routing.py), and llama-quantize (quantize.py)."""
+(pieces.py), MoE routing through its eval callback (routing.py), llama-quantize (quantize.py) and answers
+sampled for kldtool generate (sampling.py)."""
 
 from pathlib import Path
 
-from kldtool.engines.contract import HIDDEN, ROUTING, SCHEDULE
+from kldtool.engines.contract import HIDDEN, ROUTING, SAMPLES, SCHEDULE
 from kldtool.engines.registry import EngineEntry
 
 
@@ -17,7 +18,7 @@ ENTRIES = (
     EngineEntry(
         name="llamacpp",
         engine="kldtool.engines.llamacpp.engine:LlamaCppEngine",
-        can=frozenset({HIDDEN, ROUTING, SCHEDULE}),
+        can=frozenset({HIDDEN, ROUTING, SCHEDULE, SAMPLES}),
         options="kldtool.engines.llamacpp.options:LlamaCppOptions",
         also_takes=("kv_cache_dtype",),
         recognizes=_is_gguf,

@@ -7,10 +7,9 @@ to llama-perplexity's on the same build.
 
 ``contexts`` > 1 (compare's default with two threads or more) splits the threads among that
 many contexts on the one loaded model, each decoding its own batches of chunks on its own
-thread (lanes.py; the pieces of a batch a lane may take: pieces.py). A logit
-is computed by the same kernels whichever thread count holds it, so the numbers stay
-llama-perplexity's; the lanes gain what ggml's threads lose waiting for each other at every
-operation of a decode (docs/benchmarks.md measures it).
+thread (lanes.py; the pieces of a batch a lane may take: pieces.py). A logit is computed by the
+same kernels whichever thread count holds it, so the numbers stay llama-perplexity's; the lanes
+gain what ggml's threads lose waiting for each other at every operation of a decode.
 """
 
 from __future__ import annotations
@@ -28,11 +27,12 @@ from kldtool.engines.llamacpp.backend import placement
 from kldtool.engines.llamacpp.load import cpu_features, silence_llama_logs
 from kldtool.engines.llamacpp.offload import Offload
 from kldtool.engines.llamacpp.options import LlamaCppOptions
+from kldtool.engines.llamacpp.sampling import Sampler
 from kldtool.errors import EngineError, UsageError
 from kldtool.text.protocols import Window
 
 
-class LlamaCppEngine:
+class LlamaCppEngine(Sampler):
     name = "llamacpp"
     source = None  # set by make_engine
 

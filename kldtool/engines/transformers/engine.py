@@ -10,13 +10,14 @@ import numpy as np
 from kldtool.engines import hf_tokenizer
 from kldtool.engines.transformers import ENTRIES
 from kldtool.engines.contract import Facts, carried_blocks, whole_windows
+from kldtool.engines.transformers.sampling import Sampler
 from kldtool.errors import EngineError, UsageError
 from kldtool.text.protocols import Window
 
 DTYPES = ("float32", "bfloat16", "float16", "float64")  # float64: reference runs
 
 
-class TransformersEngine:
+class TransformersEngine(Sampler):
     name = "transformers"
     source = None  # set by make_engine
 

@@ -1,0 +1,129 @@
+"""A corpus of a model's own samples (``kldtool generate``): JSONL whose first line is a header
+(``{"kldtool": "generated", ...}``: the engine and model, the tokenizer's identity, the sampling
+settings and seed, the prompts' file and sha256, the chat template's sha256), then one line per
+sample: the prompt's token ids exactly as the model saw them, the generated ids, which prompt and
+sample it is, its seed and why it ended (``stop``: an end-of-turn token, which is kept, or
+``length``: --max-tokens reached).
+
+``base -f`` reads it as documents (prompt + answer, pretokenized) and by default scores only the
+generated positions. A corpus is input like any other: each line is checked whole (types, sizes,
+ids non-negative; the vocabulary's bound is checked once the engine is known) before any window
+is built, and a bad line is a one-line error naming it. The writer goes through a partial file
+renamed into place, so no half-written corpus looks complete."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+
+from kldtool.errors import CorpusError
+
+KIND = "generated"
+VERSION = 1
+FINISH = ("stop", "length")
+MAX_LINE = 16 << 20  # bytes of one line: a sample of ~1M ids
+MAX_IDS = 1 << 20  # ids of one sample's prompt or answer
+
+
+def is_generated(path: str) -> bool:
+    """Whether the file at ``path`` starts with a generated corpus's header (a cheap look)."""
+    try:
+        with open(path, "rb") as f:
+            first = f.readline(1 << 20)
+        head = json.loads(first)
+    except (OSError, ValueError):
+        return False
+    return isinstance(head, dict) and head.get("kldtool") == KIND
+
+
+class CorpusWriter:
+    """Samples written as they come to a partial file beside ``path``; ``finish`` renames it."""
+
+    def __init__(self, path: str, header: dict):
+        self.path = os.path.abspath(path)
+        self.tmp = f"{self.path}.partial-{os.getpid()}"
+        try:
+            fd = os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except OSError as e:
+            raise CorpusError(f"{path}: cannot write the corpus ({e.strerror})") from None
+        self.f = os.fdopen(fd, "w", encoding="utf-8")
+        self._line({"kldtool": KIND, "version": VERSION, **header})
+        self.count = 0
+
+    def _line(self, rec: dict) -> None:
+        self.f.write(json.dumps(rec, separators=(",", ":"), ensure_ascii=False) + "\n")
+
+    def add(self, prompt: int, sample: int, seed: int, prompt_ids, ids, finish: str) -> None:
+        rec = {"prompt": prompt, "sample": sample, "seed": seed, "finish": finish}
+        self._line(rec | {"prompt_ids": [int(i) for i in prompt_ids], "ids": [int(i) for i in ids]})
+        self.count += 1
+
+    def finish(self) -> None:
+        self.f.flush()
+        os.fsync(self.f.fileno())
+        self.f.close()
+        os.replace(self.tmp, self.path)
+
+    def abort(self) -> None:
+        self.f.close()
+        try:
+            os.unlink(self.tmp)
+        except OSError:
+            pass
+
+
+def read_generated(path: str) -> tuple[dict, list[dict]]:
+    """(header, samples) of a generated corpus, every line checked; a sample's ``prompt_ids``
+    and ``ids`` become int64 arrays."""
+    try:
+        f = open(path, "rb")
+    except OSError as e:
+        raise CorpusError(f"{path}: cannot read ({e.strerror})") from None
+    with f:
+        head = _json(f.readline(MAX_LINE + 1), path, 1)
+        if head.get("kldtool") != KIND or head.get("version") != VERSION:
+            raise CorpusError(f"{path}: line 1: not a kldtool generated corpus of version {VERSION}")
+        samples = []
+        for number, raw in enumerate(iter(lambda: f.readline(MAX_LINE + 1), b""), 2):
+            if raw.strip():
+                samples.append(_sample(_json(raw, path, number), f"{path}: line {number}"))
+    if not samples:
+        raise CorpusError(f"{path}: no samples")
+    return head, samples
+
+
+def _json(raw: bytes, path: str, number: int) -> dict:
+    if len(raw) > MAX_LINE:
+        raise CorpusError(f"{path}: line {number}: over {MAX_LINE >> 20} MiB")
+    try:
+        rec = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CorpusError(f"{path}: line {number}: not JSON ({type(e).__name__})") from None
+    if not isinstance(rec, dict):
+        raise CorpusError(f"{path}: line {number}: not a JSON object")
+    return rec
+
+
+def _ids(value, where: str, name: str, empty: bool) -> np.ndarray:
+    ok = isinstance(value, list) and len(value) <= MAX_IDS and (empty or value)
+    if not ok or not all(type(i) is int and 0 <= i < 1 << 31 for i in value):
+        raise CorpusError(f"{where}: {name} must be a list of token ids (0 <= id < 2^31), at most {MAX_IDS}")
+    return np.asarray(value, dtype=np.int64)
+
+
+def _sample(rec: dict, where: str) -> dict:
+    if rec.get("finish") not in FINISH:
+        raise CorpusError(f"{where}: finish must be one of {', '.join(FINISH)}")
+    for key in ("prompt", "sample", "seed"):
+        if type(rec.get(key)) is not int or rec[key] < 0:
+            raise CorpusError(f"{where}: {key} must be a non-negative integer")
+    return {
+        "prompt": rec["prompt"],
+        "sample": rec["sample"],
+        "seed": rec["seed"],
+        "finish": rec["finish"],
+        "prompt_ids": _ids(rec.get("prompt_ids"), where, "prompt_ids", empty=False),
+        "ids": _ids(rec.get("ids"), where, "ids", empty=False),
+    }

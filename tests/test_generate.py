@@ -1,0 +1,184 @@
+"""``kldtool generate`` on the built-in model (SmolLM2-135M-Instruct, an instruct model with a chat
+template): its corpus is the same for the same seed; the prompts it saw are what transformers'
+own ``apply_chat_template`` gives; greedy answers are what transformers' ``generate`` gives; a
+base run over the corpus scores exactly the answers' positions (its PPL is a float64 forward's
+over those tokens), and compare runs over it; bad input is one line, nothing written."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from conftest import run_cli
+from kldtool.errors import CorpusError, UsageError
+from kldtool.text.prompts import read_prompts
+
+pytestmark = pytest.mark.quick
+
+SMALL = ("--num-prompts", 3, "-n", 2, "--max-tokens", 16)
+
+
+def _corpus(path):
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    return lines[0], lines[1:]
+
+
+@pytest.fixture(scope="module")
+def tokenizer(fp32_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(fp32_dir)
+
+
+@pytest.fixture(scope="module")
+def llamacpp_corpus(tmp_path_factory):
+    d = tmp_path_factory.mktemp("generate")
+    run_cli("generate", "-o", d / "a.jsonl", *SMALL, "--json", d / "a.json")
+    return d, d / "a.jsonl"
+
+
+@pytest.mark.full_tier
+def test_the_same_seed_gives_the_same_corpus_and_another_seed_another(llamacpp_corpus):
+    d, first = llamacpp_corpus
+    run_cli("generate", "-o", d / "again.jsonl", *SMALL)
+    assert (d / "again.jsonl").read_bytes() == first.read_bytes()
+    run_cli("generate", "-o", d / "other.jsonl", *SMALL, "--seed", 1)
+    (_, a), (_, b) = _corpus(first), _corpus(d / "other.jsonl")
+    assert [s["prompt_ids"] for s in a] == [s["prompt_ids"] for s in b]
+    assert [s["ids"] for s in a] != [s["ids"] for s in b]
+    head, samples = _corpus(first)
+    assert head["kldtool"] == "generated" and head["engine"] == "llamacpp"
+    settings = {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0, "max_tokens": 16}
+    assert head["sampling"] == settings | {"samples": 2, "seed": 0}
+    assert [(s["prompt"], s["sample"]) for s in samples] == [(i, j) for i in range(3) for j in range(2)]
+    assert all(len(s["ids"]) <= 16 and (s["finish"] == "length") == (len(s["ids"]) == 16) for s in samples)
+    figures = json.loads((d / "a.json").read_text())["degeneration"]
+    assert figures["samples"] == 6 and 0 < figures["distinct_2"] <= 1
+
+
+@pytest.mark.full_tier
+def test_the_prompts_are_the_chat_template_as_transformers_renders_it(llamacpp_corpus, tokenizer):
+    """llama.cpp's run renders the GGUF's own template with kldtool's renderer; transformers'
+    apply_chat_template of the same messages gives the same ids, on every prompt asked and, for
+    the text, on every built-in prompt."""
+    from kldtool.engines.transformers.sampling import Sampler
+    from types import SimpleNamespace
+
+    _, samples = _corpus(llamacpp_corpus[1])
+    prompts = read_prompts(None).items
+    for s in samples:
+        messages = list(prompts[s["prompt"]].messages)
+        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        assert s["prompt_ids"] == tokenizer(text, add_special_tokens=False)["input_ids"]
+    ours = Sampler.chat_template(SimpleNamespace(tokenizer=tokenizer, model_path="smollm2"))
+    for p in prompts:
+        theirs = tokenizer.apply_chat_template(list(p.messages), add_generation_prompt=True, tokenize=False)
+        assert ours.render(list(p.messages), f"line {p.line}") == theirs
+
+
+@pytest.mark.full_tier
+def test_greedy_answers_through_transformers_are_its_own_generate(tmp_path, fp32_dir, tokenizer):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    run_cli("generate", "--engine", "transformers", "-o", tmp_path / "g.jsonl", *SMALL, "--temperature", 0)
+    head, samples = _corpus(tmp_path / "g.jsonl")
+    assert head["engine"] == "transformers"
+    model = AutoModelForCausalLM.from_pretrained(fp32_dir, dtype=torch.float32).eval()
+    for s in samples[::2]:
+        ids = torch.tensor([s["prompt_ids"]])
+        stop = tokenizer.eos_token_id
+        out = model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            do_sample=False,
+            max_new_tokens=16,
+            eos_token_id=stop,
+            pad_token_id=stop,
+        )
+        assert s["ids"] == out[0, ids.shape[1] :].tolist()
+    assert [s["ids"] for s in samples[::2]] == [s["ids"] for s in samples[1::2]]  # greedy: seeds change nothing
+
+
+@pytest.mark.full_tier
+def test_base_scores_the_answers_only_and_compare_runs_over_them(llamacpp_corpus, fp32_dir, requant):
+    """transformers' base over the corpus: its PPL is exp of the mean NLL of the answers' tokens
+    from a float64 forward of the same model; --score all scores every position; a quant compares."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    d, corpus = llamacpp_corpus
+    _, samples = _corpus(corpus)
+    common = ("base", "--engine", "transformers", "-m", fp32_dir, "-f", corpus)
+    run_cli(*common, "--kl-divergence-base", d / "b.kldt", "--json", d / "b.json")
+    got = json.loads((d / "b.json").read_text())
+    model = AutoModelForCausalLM.from_pretrained(fp32_dir, dtype=torch.float64).eval()
+    nll = []
+    for s in samples:
+        tokens = torch.tensor([s["prompt_ids"] + s["ids"]])
+        with torch.no_grad():
+            logp = torch.log_softmax(model(tokens).logits[0].double(), -1)
+        p = len(s["prompt_ids"])
+        nll += [-float(logp[p - 1 + k, t]) for k, t in enumerate(s["ids"])]
+    assert got["scored_tokens"] == len(nll) == sum(len(s["ids"]) for s in samples)
+    assert got["ppl"] == pytest.approx(np.exp(np.mean(nll)), rel=1e-4)
+    run_cli(*common, "--score", "all", "--json", d / "all.json")
+    every = sum(len(s["prompt_ids"]) + len(s["ids"]) - 1 for s in samples)
+    assert json.loads((d / "all.json").read_text())["scored_tokens"] == every
+    run_cli("compare", "-m", requant("Q8_0"), "--kl-divergence-base", d / "b.kldt", "--json", d / "q.json")
+    assert json.loads((d / "q.json").read_text())["statistics"]["count"] == len(nll)
+
+
+@pytest.mark.parametrize(
+    "case, code, says",
+    [
+        ("broken", CorpusError.exit_code, "line 2: not JSON"),
+        ("empty", CorpusError.exit_code, "line 1: an empty prompt"),
+        ("template", UsageError.exit_code, "failed to render it: no system prompts here"),
+        ("too_long", UsageError.exit_code, "passes the model's context of 8192"),
+    ],
+)
+def test_bad_input_is_one_line_and_writes_nothing(tmp_path, case, code, says):
+    prompts = tmp_path / "p.jsonl"
+    good = json.dumps({"messages": [{"role": "user", "content": "Hi"}]})
+    prompts.write_text(
+        {"broken": good + "\n{oops\n", "empty": json.dumps({"prompt": "  "}) + "\n"}.get(case, good + "\n")
+    )
+    extra = ()
+    if case == "template":
+        (tmp_path / "t.jinja").write_text("{{ raise_exception('no system prompts here') }}")
+        extra = ("--chat-template", tmp_path / "t.jinja")
+    if case == "too_long":
+        extra = ("--max-tokens", 9000)
+    p = run_cli("generate", "--prompts", prompts, "-o", tmp_path / "c.jsonl", *extra, check_rc=code)
+    (line,) = p.stderr.strip().splitlines()
+    assert says in line and "Traceback" not in p.stderr
+    assert sorted(os.listdir(tmp_path)) == sorted(n for n in ("p.jsonl", "t.jinja") if (tmp_path / n).exists())
+
+
+def test_a_generated_corpus_is_refused_by_a_stream_protocol_and_checked_line_by_line(tmp_path):
+    """A corpus as generate writes it (written here by hand: its format is the claim), read by ppl."""
+    head = {"kldtool": "generated", "version": 1, "engine": "llamacpp"}
+    sample = {"prompt": 0, "sample": 0, "seed": 7, "finish": "length", "prompt_ids": [1, 4093, 198], "ids": [504, 314]}
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text(json.dumps(head) + "\n" + json.dumps(sample) + "\n")
+    p = run_cli("ppl", "-f", corpus, "--protocol", "llamacpp", "-c", 16, check_rc=UsageError.exit_code)
+    assert "--protocol documents" in p.stderr
+    for broken, says in (
+        ({"finish": "maybe"}, "line 2: finish must be one of stop, length"),
+        ({"ids": [504, -1]}, "line 2: ids must be a list of token ids"),
+        ({"prompt_ids": []}, "line 2: prompt_ids must be a list of token ids"),
+    ):
+        corpus.write_text(json.dumps(head) + "\n" + json.dumps(sample | broken) + "\n")
+        p = run_cli("ppl", "-f", corpus, check_rc=CorpusError.exit_code)
+        (line,) = p.stderr.strip().splitlines()
+        assert says in line
+
+
+def test_an_engine_that_cannot_sample_and_bad_settings_are_refused_before_a_model_loads(tmp_path):
+    p = run_cli("generate", "--engine", "vllm", "-o", tmp_path / "c.jsonl", check_rc=UsageError.exit_code)
+    assert "the vllm engine does not sample answers (the transformers and llamacpp engines do)" in p.stderr
+    p = run_cli("generate", "--top-p", 0, "-o", tmp_path / "c.jsonl", check_rc=UsageError.exit_code)
+    assert "--top-p 0.0 (0 < p <= 1)" in p.stderr
+    assert not list(tmp_path.iterdir())
