@@ -16,7 +16,9 @@ from kldtool.text.prompts import read_prompts
 
 pytestmark = pytest.mark.quick
 
-SMALL = ("--num-prompts", 3, "-n", 2, "--max-tokens", 16)
+PROMPTS, SAMPLES, MAX_TOKENS = 4, 2, 24  # over 100 tokens: compare's final statistics need 100
+SMALL = ("--num-prompts", PROMPTS, "-n", SAMPLES, "--max-tokens", MAX_TOKENS)
+END_OF_TURN = (0, 2)  # SmolLM2's <|endoftext|> and <|im_end|>
 
 
 def _corpus(path):
@@ -49,12 +51,15 @@ def test_the_same_seed_gives_the_same_corpus_and_another_seed_another(llamacpp_c
     assert [s["ids"] for s in a] != [s["ids"] for s in b]
     head, samples = _corpus(first)
     assert head["kldtool"] == "generated" and head["engine"] == "llamacpp"
-    settings = {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0, "max_tokens": 16}
-    assert head["sampling"] == settings | {"samples": 2, "seed": 0}
-    assert [(s["prompt"], s["sample"]) for s in samples] == [(i, j) for i in range(3) for j in range(2)]
-    assert all(len(s["ids"]) <= 16 and (s["finish"] == "length") == (len(s["ids"]) == 16) for s in samples)
+    settings = {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0, "max_tokens": MAX_TOKENS}
+    assert head["sampling"] == settings | {"samples": SAMPLES, "seed": 0}
+    assert [(s["prompt"], s["sample"]) for s in samples] == [(i, j) for i in range(PROMPTS) for j in range(SAMPLES)]
+    for s in samples:
+        ended = s["ids"][-1] in END_OF_TURN
+        assert s["finish"] == ("stop" if ended else "length") and len(s["ids"]) <= MAX_TOKENS
+        assert ended or len(s["ids"]) == MAX_TOKENS
     figures = json.loads((d / "a.json").read_text())["degeneration"]
-    assert figures["samples"] == 6 and 0 < figures["distinct_2"] <= 1
+    assert figures["samples"] == PROMPTS * SAMPLES and 0 < figures["distinct_2"] <= 1
 
 
 @pytest.mark.full_tier
@@ -93,7 +98,7 @@ def test_greedy_answers_through_transformers_are_its_own_generate(tmp_path, fp32
             ids,
             attention_mask=torch.ones_like(ids),
             do_sample=False,
-            max_new_tokens=16,
+            max_new_tokens=MAX_TOKENS,
             eos_token_id=stop,
             pad_token_id=stop,
         )
@@ -126,8 +131,24 @@ def test_base_scores_the_answers_only_and_compare_runs_over_them(llamacpp_corpus
     run_cli(*common, "--score", "all", "--json", d / "all.json")
     every = sum(len(s["prompt_ids"]) + len(s["ids"]) - 1 for s in samples)
     assert json.loads((d / "all.json").read_text())["scored_tokens"] == every
-    run_cli("compare", "-m", requant("Q8_0"), "--kl-divergence-base", d / "b.kldt", "--json", d / "q.json")
-    assert json.loads((d / "q.json").read_text())["statistics"]["count"] == len(nll)
+    # compare: depths count from each answer's start; the KLD split by how each answer ended
+    bins = ("--depth-bins", "4,8")
+    q = run_cli("compare", "-m", requant("Q8_0"), "--kl-divergence-base", d / "b.kldt", *bins, "--json", d / "q.json")
+    stats = json.loads((d / "q.json").read_text())["statistics"]
+    assert stats["count"] == len(nll) and "KLD by depth (position in the answer)" in q.stdout
+    lengths = np.array([len(s["ids"]) for s in samples])
+    expected = [
+        int(np.clip(lengths, 0, 3).sum()),
+        int(np.clip(lengths - 3, 0, 4).sum()),
+        int(np.clip(lengths - 7, 0, None).sum()),
+    ]
+    assert [r["tokens"] for r in stats["depth"]["rows"]] == expected
+    by_finish = stats["by_finish"]
+    for reason, group in by_finish.items():
+        mine = [s for s in samples if s["finish"] == reason]
+        assert (group["windows"], group["tokens"]) == (len(mine), sum(len(s["ids"]) for s in mine))
+    mean = sum(g["kld_mean"] * g["tokens"] for g in by_finish.values()) / len(nll)
+    assert mean == pytest.approx(stats["kld_mean"]["value"], rel=1e-9)
 
 
 @pytest.mark.parametrize(

@@ -35,6 +35,7 @@ from kldtool.report.console import TABLE_HEADER, chunk_line
 from kldtool.provenance.sizes import model_size_dict
 from kldtool.runtime.small_files import write_json
 from kldtool.stats import summarize
+from kldtool.stats.by_label import by_label_line, kld_by_label
 from kldtool.stats.depth import depth_block, parse_depth_bins, window_depths
 
 
@@ -64,12 +65,14 @@ def run_compare(
     return _CompareRun(engine, reader, job, sinks or Sinks(), span).whole(floor, label)
 
 
-def depth_bounds(windows, spec: str | None) -> list[int]:
-    """The depth buckets' bounds over the depths the windows score."""
+def depth_bounds(windows, spec: str | None, from_answer: bool = False) -> list[int]:
+    """The depth buckets' bounds over the depths the windows score (``from_answer``: counted from
+    each window's first scored position, a generated answer's start)."""
     scored = [w for w in windows if w.n_scored]
     if not scored:
         return [1, 2]
-    return parse_depth_bins(spec, min(w.first + 1 for w in scored), max(w.first + w.n_scored for w in scored))
+    origin = (lambda w: 0) if from_answer else (lambda w: w.first)
+    return parse_depth_bins(spec, min(origin(w) + 1 for w in scored), max(origin(w) + w.n_scored for w in scored))
 
 
 class _CompareRun:
@@ -93,6 +96,7 @@ class _CompareRun:
         per_token_path, order, stopping, depth_bins = job.per_token_path, job.order, job.stopping, job.depth_bins
         self.warnings = check_compatible(engine, reader, job.force)
         windows = base_windows(reader, engine.facts.bos_id)
+        self.from_answer = file_protocol(reader).get("scored") == "generated"
         for w in self.warnings:
             sinks.info("warning: " + w)
         h = reader.header
@@ -110,9 +114,11 @@ class _CompareRun:
             "protocol": file_protocol(reader),
             "manifest": run_manifest(engine),
             # From every window of the file, so shards of one run have the same buckets.
-            "depth_bounds": depth_bounds(windows, depth_bins),
+            "depth_bounds": depth_bounds(windows, depth_bins, self.from_answer),
             "depth_shown": depth_bins is not None,
         }
+        if self.from_answer:  # a generated corpus's base: depths count from each answer's start
+            self.meta["depth_origin"] = "answer"
         self.state = start_state(self.ck, self.meta, sinks)
         self.in_range = order.arrange(windows[a:b])
         self.ends = stopping.ends(b - a)
@@ -197,7 +203,8 @@ class _CompareRun:
                     if self.routing:
                         self.routing.add(w, rec)
                     bounds = acc.depth_bounds
-                    acc.add(rec, w.index, bounds and depth_block(rec, window_depths(w.first, len(rec)), bounds))
+                    depths = window_depths(0 if self.from_answer else w.first, len(rec))
+                    acc.add(rec, w.index, bounds and depth_block(rec, depths, bounds))
                     sinks.line(chunk_line(w.index + 1, summarize(acc, with_quantiles=False)))
                     shown.advance(tokens=len(rec))
                 due = (
@@ -284,7 +291,12 @@ class _CompareRun:
             noise_floor,
             bounded(resumed=bool(self.state.meta.get("resumed"))) if bounded else None,
             show_depth=meta["depth_shown"],
+            depth_origin=meta.get("depth_origin", "window"),
         )
+        finish = (reader.metadata.get("generated") or {}).get("finish")
+        if finish and acc.count:
+            groups = result["statistics"]["by_finish"] = kld_by_label(acc, finish)
+            self.sinks.line(by_label_line("Mean KLD by how the answer ended", groups))
         if self.routing:
             result["statistics"]["routing"] = self.routing.report(self.sinks, self.bootstrap)
         if self.stopped:

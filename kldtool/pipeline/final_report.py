@@ -31,6 +31,7 @@ def final_report(
     noise_floor: dict | None = None,
     endpoint: dict | None = None,
     show_depth: bool = False,
+    depth_origin: str = "window",
 ) -> dict:
     """llama.cpp's three statistic blocks, kldtool's extra block, with ``show_depth`` the depth
     table (and any --force warning again), returning the statistics. ``endpoint``: what a run
@@ -42,7 +43,7 @@ def final_report(
             "multiple": (summary.kld_mean[0] / noise_floor["kld_mean"] if noise_floor["kld_mean"] > 0 else float("inf"))
         }
     if acc.count >= MIN_TOKENS_FOR_STATS:
-        shown = depth_lines(stats.get("depth"), bool(endpoint)) if show_depth else []
+        shown = depth_lines(stats.get("depth"), bool(endpoint), depth_origin) if show_depth else []
         for line in final_blocks(summary, "KLD ≥" if endpoint else "KLD") + extra_block(stats) + shown:
             sinks.line(line)
     else:

@@ -84,17 +84,17 @@ def run_merge(
         "shards": [p for _, p in shards],
         "warnings": warnings,
     }
-    endpoint = _bounds(first.meta["model"])
-    keep, shown = first.meta["base"].get("keep"), bool(first.meta.get("depth_shown"))
-    result["statistics"] = final_report(acc, sinks, warnings, bootstrap, keep, None, endpoint, show_depth=shown)
+    result["statistics"] = _statistics(first.meta, acc, sinks, warnings, bootstrap)
     result["chunk_sums"] = acc.chunk_table()
     if json_path:
         write_json(json_path, result)
     return result
 
 
-def _bounds(model: dict) -> dict | None:
-    """Shards of a run from a server's top K stay bounds: what such a run knows only as one."""
+def _statistics(meta: dict, acc, sinks: Sinks, warnings: list[str], bootstrap: Bootstrap) -> dict:
+    """The merged run's final report, as its shards' compare would print it."""
     from kldtool.engines.endpoint.engine import bounded_facts
 
-    return bounded_facts(model)
+    keep, shown, origin = meta["base"].get("keep"), bool(meta.get("depth_shown")), meta.get("depth_origin", "window")
+    # shards of a run from a server's top K stay bounds: what such a run knows only as one
+    return final_report(acc, sinks, warnings, bootstrap, keep, None, bounded_facts(meta["model"]), shown, origin)

@@ -35,6 +35,7 @@ class Plan:
     documents: dict = field(default_factory=dict)  # documents: counts per length
     text_size: dict | None = None  # bytes and words the scored tokens cover (bits per byte)
     scored: str | None = None  # "generated": only a generated corpus's answers are scored
+    finish: list | None = None  # a generated corpus's windows: why each answer ended
 
     @property
     def n_ctx(self) -> int:
@@ -88,6 +89,7 @@ def _documents_plan(engine, corpus: Corpus, p: Protocol, chunks: int | None) -> 
         documents=counts,
         text_size=corpus.size(whole_stream=False) if whole else None,
         scored="generated" if firsts is not None else None,
+        finish=[corpus.finish[k] for k in docs.sources[: len(windows)]] if corpus.finish else None,
     )
 
 

@@ -149,6 +149,7 @@ def setup_base(engine, corpus, job: BaseJob, hidden=None) -> BaseSetup:
             "n_seq": n_seq,
         }
         | (hidden.metadata if hidden else {})
+        | ({"generated": {"finish": plan.finish}} if plan.finish else {})  # compare splits its KLD by them
     )
     settings = {
         "format": fmt,

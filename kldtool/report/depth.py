@@ -6,13 +6,14 @@ from __future__ import annotations
 from kldtool.report.console import cf
 
 
-def depth_lines(table: dict | None, bound: bool = False) -> list[str]:
-    """``bound``: the KLD is a lower bound (an endpoint run's), labelled ≥ as llama.cpp's blocks are."""
+def depth_lines(table: dict | None, bound: bool = False, origin: str = "window") -> list[str]:
+    """``bound``: the KLD is a lower bound (an endpoint run's), labelled ≥ as llama.cpp's blocks
+    are; ``origin``: what depths count from, the window's start or (a generated corpus's) the answer's."""
     if not table or not table["rows"]:
         return []
     ge = " ≥" if bound else "  "
     lines = [
-        "====== kldtool: KLD by depth (position in the window) ======",
+        f"====== kldtool: KLD by depth (position in the {origin}) ======",
         f"depth              tokens     share    mean KLD{ge}  [95 % interval]          ln PPL ratio"
         "   RMS Δp    same top p",
     ]

@@ -38,6 +38,7 @@ class Corpus:
     counted: list | None = None  # bytes per document that words and bytes are counted on, if not the scored
     score_from: list | None = None  # generated corpora: each document's first generated token (None: all scored)
     header: dict | None = None  # generated corpora: what made them (text/generated.py)
+    finish: list | None = None  # generated corpora: why each answer ended ("stop", "length")
 
     @property
     def pretokenized(self) -> bool:
@@ -224,7 +225,8 @@ def _generated(path: str, score: str) -> Corpus:
     header, samples = read_generated(path)
     docs = [np.concatenate([s["prompt_ids"], s["ids"]]) for s in samples]
     starts = [len(s["prompt_ids"]) for s in samples] if score == "generated" else None
-    return Corpus(name=path, format="generated", documents=docs, score_from=starts, header=header)
+    finish = [s["finish"] for s in samples]
+    return Corpus(name=path, format="generated", documents=docs, score_from=starts, header=header, finish=finish)
 
 
 def _wikitext(path: str) -> Corpus:

@@ -240,7 +240,7 @@ def stride_windows(tokens: np.ndarray, length: int, stride: int) -> list[Window]
     return out
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Documents:
     """Documents laid end to end in one stream, each cut to the longest length it is used at."""
 
@@ -248,6 +248,7 @@ class Documents:
     windows: list[Window]
     n_documents: int  # all documents of the corpus, the skipped ones included
     doc_lengths: np.ndarray  # tokens of every document before truncation
+    sources: list[int] | None = None  # each window's document (documents protocol)
 
 
 def document_windows(
@@ -258,7 +259,7 @@ def document_windows(
     each document's first scored position (a generated sample's answer; default 0); a document
     with no scored position left after the cut is skipped."""
     sizes = np.array([len(d) for d in docs], dtype=np.int64)
-    parts, windows, at = [], [], 0
+    parts, windows, sources, at = [], [], [], 0
     for k, d in enumerate(docs):
         if not lengths:
             keep = len(d)
@@ -274,6 +275,7 @@ def document_windows(
         windows.append(
             Window(index=len(windows), tokens=w, first=first, targets=w[first + 1 :].astype(np.int64), start=at)
         )
+        sources.append(k)
         at += keep
     if not windows:
         need = lengths[0] if lengths and full_only else 2
@@ -282,7 +284,7 @@ def document_windows(
             f"longest {int(sizes.max()) if len(sizes) else 0} tokens)"
         )
     stream = np.concatenate(parts) if parts else np.zeros(0, np.int32)
-    return Documents(stream, windows, len(docs), sizes)
+    return Documents(stream=stream, windows=windows, n_documents=len(docs), doc_lengths=sizes, sources=sources)
 
 
 def rolling_windows(docs: list[np.ndarray], length: int, prefix: int) -> Documents:
@@ -306,7 +308,7 @@ def rolling_windows(docs: list[np.ndarray], length: int, prefix: int) -> Documen
             windows.append(_span(stream, len(windows), end - length, end, length - k, k))
             m += k
         at += n + 1
-    return Documents(stream, windows, len(docs), sizes)
+    return Documents(stream=stream, windows=windows, n_documents=len(docs), doc_lengths=sizes)
 
 
 def windows_from_table(stream: np.ndarray, table) -> list[Window]:
