@@ -177,6 +177,7 @@ def test_vocab_mismatch(tmp_path, q4_1_gguf):
     one_line_error(p, errors.VocabMismatch, "v1000.kld", "vocabulary of 1000", "49152")
 
 
+@pytest.mark.full_tier
 def test_tokenizer_mismatch_and_force(small_container, tmp_path, q4_1_gguf):
     data = small_container.read_bytes()
     meta = json.loads(container_tail(data)[2])

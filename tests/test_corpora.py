@@ -18,6 +18,7 @@ def _ppl(gguf, tmp_path, *args, **kw):
     return run_cli("ppl", "-m", gguf, "--protocol", "documents", "--json", tmp_path / "r.json", *args, **kw)
 
 
+@pytest.mark.full_tier
 def test_every_document_format_scores_the_same_documents(gguf, tmp_path):
     docs = [
         "The river flows past the old mill and into the sea.",

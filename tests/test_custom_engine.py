@@ -53,6 +53,7 @@ def test_ppl_of_a_custom_model_equals_float64(text, tmp_path):
     assert r["model"]["engine"] == "python" and r["model"]["name"] == "tiny-gru"
 
 
+@pytest.mark.full_tier
 def test_base_and_compare_with_a_custom_model(text, tmp_path):
     base = tmp_path / "base.kldt"
     run_cli(

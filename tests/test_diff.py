@@ -91,6 +91,7 @@ def test_a_run_against_its_rerun_is_not_significant(runs, tmp_path):
     assert "mean KLD: no significant difference" in text
 
 
+@pytest.mark.full_tier
 def test_diff_refuses_what_it_cannot_pair(runs, fixture_base, requant, tmp_path):
     other = tmp_path / "other.h5"
     run_cli("compare", "-m", requant("Q8_0"), "--kl-divergence-base", fixture_base, "--chunks", 4, "--per-token", other)

@@ -115,6 +115,7 @@ def long_docs(tmp_path_factory):
     return path
 
 
+@pytest.mark.full_tier
 def test_step_api_runs_long_documents_block_by_block(long_docs, tmp_path):
     """tiny_lm's step(ids, state) carries the GRU's state from block to block: the same
     perplexities at every length as the whole-window call."""
@@ -146,6 +147,7 @@ def test_step_api_runs_long_documents_block_by_block(long_docs, tmp_path):
         assert x["ppl"] == pytest.approx(y["ppl"], rel=1e-9)
 
 
+@pytest.mark.full_tier
 def test_long_window_base_and_compare_in_frames_equal_one_frame(tmp_path):
     """Windows of 3,000 tokens from blocks of 256 rows, stored in frames of 100 rows (written
     as the blocks come, read back block by block): the one-frame layout's rows and statistics."""

@@ -119,6 +119,7 @@ def _rewritten(state, out, meta_change, order=None):
     return out
 
 
+@pytest.mark.full_tier
 def test_a_state_file_is_read_by_the_names_of_its_sums(shards, tmp_path):
     """The chunk sums are taken by the names the file lists, in whatever order; a file of a
     kldtool before the names (version 3: the sums of its time, before the confidence shift's)

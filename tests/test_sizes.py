@@ -69,6 +69,7 @@ def test_what_is_not_a_model(tmp_path):
         model_size(str(tmp_path))
 
 
+@pytest.mark.full_tier
 def test_gguf_tensor_table_matches_the_gguf_packages_reader(q4_1_gguf, tmp_path):
     """The header walk against gguf's own (slow, full) reader: same tensors, elements, bytes."""
     import gguf

@@ -449,9 +449,11 @@ def test_vllm_compare_on_a_rolling_base_file(fp32_runs):
 
 
 @pytest.mark.quick
-def test_a_malformed_vllm_arg_is_refused_before_vllm_starts(fixture_base, tmp_path):
-    out = tmp_path / "r.json"
-    p = run_cli("compare", "--engine", "vllm", "--vllm-arg", "nonsense", "--kl-divergence-base", fixture_base,
-                "--json", out, check_rc=2)  # fmt: skip
+def test_a_malformed_vllm_arg_is_refused_before_vllm_starts(tmp_path):
+    # refused before vLLM starts and before the base file is opened: it need not exist
+    out, base = tmp_path / "r.json", tmp_path / "never-opened.kldt"
+    p = run_cli(
+        "compare", "--engine", "vllm", "--vllm-arg", "nonsense", "--kl-divergence-base", base, "--json", out, check_rc=2
+    )
     assert p.stderr.strip().splitlines() == ["kldtool: error: --vllm-arg 'nonsense': expected KEY=VALUE"]
     assert not out.exists()

@@ -330,7 +330,9 @@ def test_a_missing_or_wrong_token_is_named_as_the_cause(fp32_server):
 
 
 @pytest.mark.quick
-def test_server_flag_errors(hf_base, tmp_path):
+def test_server_flag_errors(tmp_path):
+    hf_base = tmp_path / "tiny.kldt"  # a real base file, the smallest: compare opens it before the server
+    run_cli("base", "-c", 16, "--chunks", 1, "--kl-divergence-base", hf_base)
     p = run_cli("compare", "--server", "http://127.0.0.1:9", "--kl-divergence-base", hf_base, check_rc=6)
     assert p.stderr.strip().splitlines() == [
         "kldtool: error: http://127.0.0.1:9: cannot reach the vLLM server ([Errno 111] Connection refused)"
