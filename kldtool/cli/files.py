@@ -139,9 +139,8 @@ def convert(
     re-frame a container (lossless; a frame at a time), or make a full-row file top-K
     (``--keep top-K``). A hidden-state file becomes the full rows it replays."""
     from kldtool.codec.topk_records import keep_of
-    from kldtool.logitsfile import FORMATS, create_writer, iter_chunks, open_base_file
+    from kldtool.logitsfile import FORMATS, open_base_file
     from kldtool.logitsfile.header import CONTAINER, RAW_LAYOUT
-    from kldtool.routing.section import RoutingReader, RoutingSection
 
     top = keep_of(keep)
     if top and to not in (None, CONTAINER):
@@ -161,22 +160,30 @@ def convert(
             from kldtool.logitsfile.to_topk import write_topk
 
             write_topk(reader, dst, top, meta, frame_rows)
-            return print(f"{src} ({reader.format_name}) -> {dst} (kldtool, top-{top})", file=sys.stderr)
-        routing = RoutingReader(reader)
-        writer = create_writer(dst, target, reader.header, reader.tokens, meta, frame_rows=frame_rows)
-        if routing.shape and target == "kldtool":  # llama.cpp's raw layout has no room for it
-            writer.sections = [RoutingSection.copied(routing)]
-        frames = reader.frames
-        try:
-            for k, rows in iter_chunks(reader, range(frames.n_frames), read=reader.read_frame_rows):
-                writer.write_rows(rows)
-                chunk, row0, n = frames.span(k)
-                if row0 + n == reader.header.rows_of(chunk):
-                    writer.end_chunk()
-            writer.finish()
-        except BaseException:
-            writer.abort()
-            raise
+        else:
+            _copy_rows(reader, dst, target, meta, frame_rows)
     finally:
         reader.close()
-    print(f"{src} ({reader.format_name}) -> {dst} ({target})", file=sys.stderr)
+    print(f"{src} ({reader.format_name}) -> {dst} ({target}{f', top-{top}' if top else ''})", file=sys.stderr)
+
+
+def _copy_rows(reader, dst: str, target: str, meta: dict, frame_rows: int | None) -> None:
+    """``reader``'s rows as they are, a frame at a time, to ``dst`` in ``target``'s layout."""
+    from kldtool.logitsfile import create_writer, iter_chunks
+    from kldtool.routing.section import RoutingReader, RoutingSection
+
+    routing = RoutingReader(reader)
+    writer = create_writer(dst, target, reader.header, reader.tokens, meta, frame_rows=frame_rows)
+    if routing.shape and target == "kldtool":  # llama.cpp's raw layout has no room for it
+        writer.sections = [RoutingSection.copied(routing)]
+    frames = reader.frames
+    try:
+        for k, rows in iter_chunks(reader, range(frames.n_frames), read=reader.read_frame_rows):
+            writer.write_rows(rows)
+            chunk, row0, n = frames.span(k)
+            if row0 + n == reader.header.rows_of(chunk):
+                writer.end_chunk()
+        writer.finish()
+    except BaseException:
+        writer.abort()
+        raise

@@ -21,6 +21,7 @@ from kldtool.codec.rows import HEADER_SLOTS, Coding, decode_torch, encode_torch
 from kldtool.errors import UsageError
 
 HEAD = 8
+REST = 4  # the float32 rest mass's first uint16 slot (the layout above)
 MIN_KEEP = 10  # top-10 agreement needs the base's ten first
 
 
@@ -90,7 +91,7 @@ def rest_np(records) -> "np.ndarray":
     """The float32 rest mass of each uint16 (or int16) top-K record, on the host."""
     import numpy as np
 
-    return np.ascontiguousarray(records[:, 4:6]).view(np.float32)[:, 0]
+    return np.ascontiguousarray(records[:, REST : REST + 2]).view(np.float32)[:, 0]
 
 
 def keep_of(spec: str | None) -> int | None:

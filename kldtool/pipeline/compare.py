@@ -96,7 +96,8 @@ class _CompareRun:
         per_token_path, order, stopping, depth_bins = job.per_token_path, job.order, job.stopping, job.depth_bins
         self.warnings = check_compatible(engine, reader, job.force)
         windows = base_windows(reader, engine.facts.bos_id)
-        self.from_answer = file_protocol(reader).get("scored") == "generated"
+        protocol = file_protocol(reader)
+        self.from_answer = protocol.get("scored") == "generated"
         for w in self.warnings:
             sinks.info("warning: " + w)
         h = reader.header
@@ -111,7 +112,7 @@ class _CompareRun:
             "order": order.describe(),
             "n_seq": self.n_seq,
             "warnings": self.warnings,
-            "protocol": file_protocol(reader),
+            "protocol": protocol,
             "manifest": run_manifest(engine),
             # From every window of the file, so shards of one run have the same buckets.
             "depth_bounds": depth_bounds(windows, depth_bins, self.from_answer),

@@ -37,7 +37,6 @@ class Corpus:
     documents: list  # bytes per document; str lists (tokens) or int arrays (ids) when pretokenized
     counted: list | None = None  # bytes per document that words and bytes are counted on, if not the scored
     score_from: list | None = None  # generated corpora: each document's first generated token (None: all scored)
-    header: dict | None = None  # generated corpora: what made them (text/generated.py)
     finish: list | None = None  # generated corpora: why each answer ended ("stop", "length")
 
     @property
@@ -222,11 +221,11 @@ def open_corpus(path: str | None, fmt: str = "auto", text_field: str = "text", s
 
 def _generated(path: str, score: str) -> Corpus:
     """A corpus of ``kldtool generate``: each sample a document, its prompt and its answer."""
-    header, samples = read_generated(path)
+    _, samples = read_generated(path)
     docs = [np.concatenate([s["prompt_ids"], s["ids"]]) for s in samples]
     starts = [len(s["prompt_ids"]) for s in samples] if score == "generated" else None
     finish = [s["finish"] for s in samples]
-    return Corpus(name=path, format="generated", documents=docs, score_from=starts, header=header, finish=finish)
+    return Corpus(name=path, format="generated", documents=docs, score_from=starts, finish=finish)
 
 
 def _wikitext(path: str) -> Corpus:
