@@ -6,6 +6,9 @@ over those tokens), and compare runs over it; bad input is one line, nothing wri
 
 import json
 import os
+import subprocess
+import sys
+import time
 
 import numpy as np
 import pytest
@@ -63,6 +66,30 @@ def test_the_same_seed_gives_the_same_corpus_and_another_seed_another(llamacpp_c
 
 
 @pytest.mark.full_tier
+def test_a_killed_run_resumes_to_the_corpus_of_an_uninterrupted_one(llamacpp_corpus, tmp_path):
+    """generate killed (SIGKILL) after two samples, a torn line left as a crash mid-write leaves
+    one: nothing at the corpus's path; without --resume the partial file is refused; with it, the
+    run keeps the complete samples and ends with the uninterrupted run's bytes."""
+    _, first = llamacpp_corpus
+    out, partial = tmp_path / "r.jsonl", tmp_path / "r.jsonl.partial"
+    p = subprocess.Popen([sys.executable, "-m", "kldtool", "generate", "-o", str(out), *map(str, SMALL)])
+    deadline = time.monotonic() + 120
+    while (not partial.exists() or partial.read_bytes().count(b"\n") < 3) and time.monotonic() < deadline:
+        assert p.poll() is None, "the run ended before it could be stopped"
+        time.sleep(0.01)
+    p.kill()
+    p.wait()
+    assert not out.exists()
+    with open(partial, "ab") as f:
+        f.write(b'{"prompt":3,"sam')
+    refused = run_cli("generate", "-o", out, *SMALL, check_rc=CorpusError.exit_code)
+    assert "--resume continues it" in refused.stderr and not out.exists()
+    resumed = run_cli("generate", "-o", out, *SMALL, "--resume")
+    assert "generate: resuming after" in resumed.stderr
+    assert out.read_bytes() == first.read_bytes() and not partial.exists()
+
+
+@pytest.mark.full_tier
 def test_the_prompts_are_the_chat_template_as_transformers_renders_it(llamacpp_corpus, tokenizer):
     """llama.cpp's run renders the GGUF's own template with kldtool's renderer; transformers'
     apply_chat_template of the same messages gives the same ids, on every prompt asked and, for
@@ -76,7 +103,7 @@ def test_the_prompts_are_the_chat_template_as_transformers_renders_it(llamacpp_c
         messages = list(prompts[s["prompt"]].messages)
         text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
         assert s["prompt_ids"] == tokenizer(text, add_special_tokens=False)["input_ids"]
-    ours = Sampler.chat_template(SimpleNamespace(tokenizer=tokenizer, model_path="smollm2"))
+    ours = Sampler.chat_template(SimpleNamespace(tokenizer=tokenizer, facts=SimpleNamespace(model="smollm2")))
     for p in prompts:
         theirs = tokenizer.apply_chat_template(list(p.messages), add_generation_prompt=True, tokenize=False)
         assert ours.render(list(p.messages), f"line {p.line}") == theirs
@@ -149,6 +176,49 @@ def test_base_scores_the_answers_only_and_compare_runs_over_them(llamacpp_corpus
         assert (group["windows"], group["tokens"]) == (len(mine), sum(len(s["ids"]) for s in mine))
     mean = sum(g["kld_mean"] * g["tokens"] for g in by_finish.values()) / len(nll)
     assert mean == pytest.approx(stats["kld_mean"]["value"], rel=1e-9)
+    # in two shards, merged: the same split and the same depths from the answers' starts
+    half = len(samples) // 2
+    for k, span in enumerate((f"0:{half}", f"{half}:{len(samples)}")):
+        shard = ("--chunk-range", span, "--state", d / f"s{k}.npz", *bins)
+        run_cli("compare", "-m", requant("Q8_0"), "--kl-divergence-base", d / "b.kldt", *shard)
+    m = run_cli("merge", d / "s0.npz", d / "s1.npz", "--json", d / "m.json")
+    merged = json.loads((d / "m.json").read_text())["statistics"]
+    assert merged["by_finish"].keys() == by_finish.keys() and "Mean KLD by how the answer ended" in m.stdout
+    for reason, group in by_finish.items():
+        assert merged["by_finish"][reason] == group | {"kld_mean": pytest.approx(group["kld_mean"], rel=1e-12)}
+    assert [r["tokens"] for r in merged["depth"]["rows"]] == expected
+
+
+@pytest.mark.full_tier
+def test_report_puts_corpora_side_by_side_and_refuses_answers_to_other_prompts(llamacpp_corpus, tmp_path):
+    """report of generated corpora: one row per corpus, its figures from its own samples (counted
+    here from the file's lines); a corpus of other settings is refused in one line."""
+    d, corpus = llamacpp_corpus
+    head, samples = _corpus(corpus)
+    answers = [s["ids"] for s in samples]
+    bigrams = [tuple(a[i : i + 2]) for a in answers for i in range(len(a) - 1)]
+    grams = [[tuple(a[i : i + 4]) for i in range(len(a) - 3)] for a in answers]
+    want = [
+        str(len(samples)),
+        f"{100 * np.mean([s['finish'] == 'length' for s in samples]):.1f}",
+        f"{np.mean([len(a) for a in answers]):.1f}",
+        f"{len(set(bigrams)) / len(bigrams):.3f}",
+        f"{100 * np.mean([1 - len(set(g)) / len(g) for g in grams if g]):.1f}",
+    ]
+    model = os.path.basename(head["model"]["model"])
+    other = tmp_path / "other.jsonl"
+    lines = corpus.read_text().splitlines()
+    other.write_text("\n".join([json.dumps(head | {"engine": "elsewhere"}), *lines[1:]]) + "\n")
+    run_cli("report", corpus, other, "--markdown", tmp_path / "r.md")
+    rows = [line.split("|")[1:-1] for line in (tmp_path / "r.md").read_text().splitlines() if line.startswith("| ")]
+    assert [c.strip() for c in rows[0]][:4] == ["corpus", "model", "engine", "samples"]
+    assert [[c.strip() for c in r] for r in rows[1:]] == [
+        [corpus.name, model, "llamacpp", *want],
+        [other.name, model, "elsewhere", *want],
+    ]
+    other.write_text("\n".join([json.dumps(head | {"sampling": head["sampling"] | {"seed": 1}}), *lines[1:]]) + "\n")
+    p = run_cli("report", corpus, other, "--markdown", tmp_path / "no.md", check_rc=UsageError.exit_code)
+    assert "its header's 'sampling' differs" in p.stderr and not (tmp_path / "no.md").exists()
 
 
 @pytest.mark.parametrize(
@@ -203,3 +273,28 @@ def test_an_engine_that_cannot_sample_and_bad_settings_are_refused_before_a_mode
     p = run_cli("generate", "--top-p", 0, "-o", tmp_path / "c.jsonl", check_rc=UsageError.exit_code)
     assert "--top-p 0.0 (0 < p <= 1)" in p.stderr
     assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize(
+    "ids, finish, says",
+    [
+        ([1, 2, 49152], "stop", "not ids of the model's 49152-token vocabulary"),
+        ([1, -1], "stop", "not ids of the model's"),
+        ([1, True], "stop", "not ids of the model's"),
+        ("1 2", "stop", "not ids of the model's"),
+        ([1] * 5, "length", "5 ids ending by 'length' for --max-tokens 4"),
+        ([1, 2], "length", "2 ids ending by 'length'"),
+        ([1, 2], "abort", "ending by 'abort'"),
+    ],
+)
+def test_a_served_answer_is_checked_whole(ids, finish, says):
+    """A vLLM server's sampled answer comes from another process: refused unless it is ids of
+    the vocabulary, no more than asked for, and ends for one of the two reasons."""
+    from kldtool.engines.contract import Sampling
+    from kldtool.engines.vllm.sampling import checked
+    from kldtool.errors import EngineError
+
+    with pytest.raises(EngineError, match=says.replace("(", r"\(")):
+        checked(ids, finish, Sampling(max_tokens=4), 49152, "http://127.0.0.1:1: sample 0")
+    got, why = checked([5, 49151], "stop", Sampling(max_tokens=4), 49152, "here")
+    assert got.tolist() == [5, 49151] and why == "stop"

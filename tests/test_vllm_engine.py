@@ -25,6 +25,8 @@ pytest.importorskip("vllm")
 pytestmark = [pytest.mark.filterwarnings("ignore"), pytest.mark.long_module]
 # DeepSeek V3's shape in bfloat16 (8 bits of mantissa) against float64: 1.3e-2 nats measured.
 BF16_NLL = 0.05
+# kldtool generate's runs: prompts and new tokens (the issue's "a handful ... a few dozen")
+GEN_PROMPTS, GEN_TOKENS = 8, 32
 STRIDE_TEXT = 2000  # bytes of wikitext: 539 tokens, the first stride window of 256 and those after it
 
 
@@ -138,6 +140,17 @@ def fp32_runs(fp32_dir, hf_base, fixture_base, hub_env, vocab_base, tmp_path_fac
         ("tp3", ["compare", *tp3, "--kl-divergence-base", hf_base]),
         ("steps", ["compare", *vllm, "--vllm-arg", "max_num_batched_tokens=96", "--kl-divergence-base", steps]),
     ]
+    # kldtool generate through vLLM: greedy, and sampled twice with one seed; a base file of the
+    # greedy answers; the same prompts' greedy answers through transformers, for the ties probe.
+    size, greedy = ("--num-prompts", GEN_PROMPTS, "--max-tokens", GEN_TOKENS), ("--temperature", 0)
+    gen = ("generate", *vllm, *size)
+    run_cli("generate", "--engine", "transformers", "-m", fp32_dir, *size, *greedy, "-o", d / "greedy-hf.jsonl")
+    jobs += [
+        ("gen-greedy", [*gen, *greedy, "-o", d / "greedy.jsonl"]),
+        ("gen-sampled", [*gen, "-n", 2, "-o", d / "sampled.jsonl"]),
+        ("gen-sampled-again", [*gen, "-n", 2, "-o", d / "sampled-again.jsonl"]),
+        ("gen-base", ["base", *vllm, "-f", d / "greedy.jsonl", "--kl-divergence-base", d / "greedy.kldt"]),
+    ]
     spec = [{"name": n, "argv": [*argv, "--json", d / f"{n}.json"]} for n, argv in jobs]
     # vLLM's own prompt logprobs against the hook, on the engines above (tests/helpers/vllm_probe.py):
     # bf16 on its own base file; fp32, without them, with blocks of 16 rows and a 2048-token
@@ -153,6 +166,8 @@ def fp32_runs(fp32_dir, hf_base, fixture_base, hub_env, vocab_base, tmp_path_fac
             "own": False,
         },
     }
+    ties = {"model": fp32_dir, "dtype": "float32", "ties": d / "greedy.jsonl", "transformers": d / "greedy-hf.jsonl"}
+    probes["ties"] = ties  # after gen-greedy, in the fp32 group
     spec += [{"name": n, "probe": job} for n, job in probes.items()]
 
     # vLLM-CPU runs an engine in three processes (the command's, the engine core's and its
@@ -457,3 +472,34 @@ def test_a_malformed_vllm_arg_is_refused_before_vllm_starts(tmp_path):
     )
     assert p.stderr.strip().splitlines() == ["kldtool: error: --vllm-arg 'nonsense': expected KEY=VALUE"]
     assert not out.exists()
+
+
+def test_greedy_answers_are_transformers_or_part_at_a_near_tie(fp32_runs):
+    """vLLM's greedy answers (kldtool generate through the offline engine) against transformers'
+    in float32: where they part, the first parting is a near-tie in both engines (their top two
+    next tokens under 1e-3 apart), each shown with both engines' top two."""
+    r = fp32_runs["ties"][3]
+    assert r["samples"] == GEN_PROMPTS and r["tokens"] > GEN_PROMPTS
+    print(f"{len(r['partings'])} of {r['samples']} greedy answers ({r['tokens']} tokens) part from transformers'")
+    for p in r["partings"]:
+        print(p)
+        assert p["vllm_gap"] < 1e-3 and p["transformers_gap"] < 1e-3
+        assert {p["vllm_chose"], p["transformers_chose"]} <= {t for t, _ in p["vllm_top2"]} | {None}
+
+
+def test_a_sampled_vllm_corpus_is_the_same_for_its_seed_and_its_answers_are_scored(fp32_runs, fp32_dir, tmp_path):
+    """The same seed gives vLLM the same corpus; vLLM's base file of its greedy answers scores
+    exactly the answers' tokens, and transformers compares against it (both float32)."""
+    d = fp32_runs["dir"]
+    assert (d / "sampled.jsonl").read_bytes() == (d / "sampled-again.jsonl").read_bytes()
+    head = json.loads((d / "sampled.jsonl").read_text().splitlines()[0])
+    assert head["engine"] == "vllm" and head["sampling"]["temperature"] == 1.0
+    answers = [json.loads(x) for x in (d / "greedy.jsonl").read_text().splitlines()[1:]]
+    base = fp32_runs["gen-base"][3]
+    assert base["scored_tokens"] == sum(len(s["ids"]) for s in answers)
+    r = compare_json(d / "greedy.kldt", tmp_path, "--engine", "transformers", "-m", fp32_dir, "--dtype", "float32")
+    s = r["statistics"]
+    print("transformers on vLLM's greedy answers:", s["kld_mean"], s["ln_ppl_ratio"])
+    assert s["count"] == base["scored_tokens"]
+    # the two engines in float32: the fp32 vocabulary shapes above measured 1e-8 to 1e-7
+    assert abs(s["kld_mean"]["value"]) < 1e-6 and abs(s["ln_ppl_ratio"]["value"]) < 1e-4

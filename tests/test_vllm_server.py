@@ -154,6 +154,26 @@ def test_served_shards_merge_to_one_served_run_and_hidden_states_replay_in_the_w
     assert server.cli("compare", "--server", server.url, "--kl-divergence-base", hidden).stdout == single.stdout
 
 
+def test_served_greedy_answers_are_transformers_answers(fp32_server, fp32_dir, tmp_path):
+    """kldtool generate on the served model (its ids come back with each completion) gives
+    transformers' float32 greedy answers, or parts from them only at a near-tie."""
+    from helpers.greedy_ties import first_difference, samples, transformers_top2
+    from transformers import AutoModelForCausalLM
+
+    size = ("--num-prompts", 2, "--max-tokens", 16, "--temperature", 0)
+    fp32_server.cli("generate", "--server", fp32_server.url, *size, "-o", tmp_path / "served.jsonl")
+    run_cli("generate", "--engine", "transformers", "-m", fp32_dir, *size, "-o", tmp_path / "hf.jsonl")
+    served, hf = samples(tmp_path / "served.jsonl"), samples(tmp_path / "hf.jsonl")
+    assert [s["prompt_ids"] for s in served] == [s["prompt_ids"] for s in hf] and len(served) == 2
+    model = AutoModelForCausalLM.from_pretrained(fp32_dir, dtype=torch.float32).eval()
+    for a, b in zip(served, hf):
+        at = first_difference(a["ids"], b["ids"])
+        if at is not None:
+            top = transformers_top2(model, a["prompt_ids"] + a["ids"][:at])
+            print(f"served parts from transformers at {at}: {top}")
+            assert top[0][1] - top[1][1] < 1e-3
+
+
 def test_a_window_the_workers_cannot_score_is_its_error_and_the_server_lives_on(fp32_server, hf_base, tmp_path):
     """Rows that only the server's worker reads are damaged (the client reads the header and
     index): that window fails with the worker's reason in one line, and the server goes on. A

@@ -40,7 +40,9 @@ def merge(
 @flags(bootstrap_flags=BOOTSTRAP)
 def report(
     results: list[str] = typer.Argument(
-        ..., help="compare/merge --json results and compare --per-token .h5 files (those of one model are pooled)."
+        ...,
+        help="compare/merge --json results and compare --per-token .h5 files (those of one model are pooled); "
+        "generate corpora (.jsonl: their degeneration figures side by side, the base's first).",
     ),
     markdown: Optional[str] = typer.Option(None, "--markdown", help="Write the table as Markdown here."),
     csv_out: Optional[str] = typer.Option(None, "--csv", help="Write the table as CSV (full precision) here."),
@@ -80,6 +82,9 @@ def report(
     from kldtool.analysis.results import load_results
     from kldtool.runtime.small_files import write_text
 
+    corpora, results = _corpora(results)
+    if corpora and not results:
+        return _degeneration(corpora, markdown)
     rows = load_results(results, mix=mix)
     if card_out:  # before anything is printed: runs of two references are refused in one line
         from kldtool.report.card import card
@@ -88,6 +93,10 @@ def report(
     floor_kld = read_floor(noise_floor, rows[0].base, rows[0].sources[0])["kld_mean"] if noise_floor else None
     pairs = ordering(rows, bootstrap_of(bootstrap_flags), every=paired, noise_floor=floor_kld)
     table.console(rows, title)
+    if corpora:
+        from kldtool.report.degeneration import console as degeneration_console
+
+        degeneration_console(corpora)
     if pairs:
         print("\n".join(pairs))
     per_token = [r for r in rows if r.sources[0].endswith((".h5", ".hdf5"))]
@@ -100,6 +109,10 @@ def report(
         from kldtool.report.routing import routing_markdown
 
         text = table.markdown(rows, title) + listed + "".join("\n" + p for p in parts) + routing_markdown(rows)
+        if corpora:
+            from kldtool.report.degeneration import markdown as degeneration_markdown
+
+            text += "\n" + degeneration_markdown(corpora)
         write_text(markdown, text)
     if csv_out:
         write_text(csv_out, table.csv_text(rows))
@@ -120,6 +133,28 @@ def report(
                 views.append((r, str(e)))
         write_text(html_out, render(rows, pairs, title, views, splits))
         print(f"report: wrote {html_out}", file=sys.stderr)
+
+
+def _degeneration(corpora: list, markdown: str | None) -> None:
+    from kldtool.report import degeneration
+    from kldtool.runtime.small_files import write_text
+
+    degeneration.console(corpora)
+    if markdown:
+        write_text(markdown, degeneration.markdown(corpora))
+
+
+def _corpora(paths: list[str]) -> tuple[list, list[str]]:
+    """The degeneration rows of the generated corpora among ``paths`` (read and checked before
+    anything is printed), and the other paths."""
+    from kldtool.text.generated import is_generated
+
+    mine = [p for p in paths if not p.endswith((".h5", ".hdf5")) and is_generated(p)]
+    if not mine:
+        return [], paths
+    from kldtool.report.degeneration import corpus_rows
+
+    return corpus_rows(mine), [p for p in paths if p not in mine]
 
 
 def _breakdowns(rows) -> list:

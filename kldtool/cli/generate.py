@@ -13,9 +13,9 @@ from kldtool.cli.options import flags, open_engine
 from kldtool.errors import UsageError
 from kldtool.runtime.progress import choose as choose_progress
 
-# The engine flags that apply to a model run here; the engines' own groups are for scoring runs
-# (and --top-k below is the sampler's, not an endpoint's log-prob count).
-RUN = {k: ENGINE[k] for k in ("engine", "dtype", "device", "threads", "revision", "gguf_file")}
+# Every engine flag but those of scoring runs only (tokens per call, llama.cpp's scoring lanes,
+# vLLM's logits blocks) and an endpoint's log-prob count, whose --top-k is the sampler's here.
+RUN = {k: v for k, v in ENGINE.items() if k not in ("batch", "contexts", "logits_block", "top_k")}
 
 
 @app.command()
@@ -40,6 +40,9 @@ def generate(
         None, "--chat-template", help="A Jinja chat template file in place of the model's own."
     ),
     json_out: Optional[str] = typer.Option(None, "--json", help="Write the run's settings and figures here."),
+    resume: bool = typer.Option(
+        False, "--resume", help="Go on from an interrupted run of the same command (its FILE.partial)."
+    ),
     engine_flags=None,
     display=None,
 ):
@@ -63,6 +66,7 @@ def generate(
         samples=samples,
         seed=seed,
         chat_template=chat_template,
+        resume=resume,
     )
     check_sampling(job.sampling, job.samples)
     eng = open_engine(engine_flags, model, 0)

@@ -145,9 +145,11 @@ class Sampler(Protocol):
     def tokenize_rendered(self, text: str) -> np.ndarray:
         """A rendered prompt's ids: special tokens written in the text are parsed, none added."""
 
-    def sample(self, prompt: np.ndarray, sampling: Sampling, seed: int) -> tuple[np.ndarray, str]:
-        """(the generated ids, "stop" when an end-of-turn token ended them (kept) or "length"),
-        the same for the same prompt, settings and seed."""
+    samples_per_call: int  # prompts one ``sample`` call takes at most (an engine that batches: many)
+
+    def sample(self, prompts: list[np.ndarray], sampling: Sampling, seeds: list[int]) -> list[tuple[np.ndarray, str]]:
+        """Per prompt, (the generated ids, "stop" when an end-of-turn token ended them (kept) or
+        "length"), the same for the same prompt, settings and seed in the same call."""
 
 
 class Routing(Protocol):

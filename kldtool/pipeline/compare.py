@@ -35,7 +35,6 @@ from kldtool.report.console import TABLE_HEADER, chunk_line
 from kldtool.provenance.sizes import model_size_dict
 from kldtool.runtime.small_files import write_json
 from kldtool.stats import summarize
-from kldtool.stats.by_label import by_label_line, kld_by_label
 from kldtool.stats.depth import depth_block, parse_depth_bins, window_depths
 
 
@@ -120,6 +119,9 @@ class _CompareRun:
         }
         if self.from_answer:  # a generated corpus's base: depths count from each answer's start
             self.meta["depth_origin"] = "answer"
+        finish = (reader.metadata.get("generated") or {}).get("finish")
+        if finish:  # each answer's finish reason, for the KLD by it (merge reads it here too)
+            self.meta["finish"] = finish
         self.state = start_state(self.ck, self.meta, sinks)
         self.in_range = order.arrange(windows[a:b])
         self.ends = stopping.ends(b - a)
@@ -293,11 +295,8 @@ class _CompareRun:
             bounded(resumed=bool(self.state.meta.get("resumed"))) if bounded else None,
             show_depth=meta["depth_shown"],
             depth_origin=meta.get("depth_origin", "window"),
+            finish=meta.get("finish"),
         )
-        finish = (reader.metadata.get("generated") or {}).get("finish")
-        if finish and acc.count:
-            groups = result["statistics"]["by_finish"] = kld_by_label(acc, finish)
-            self.sinks.line(by_label_line("Mean KLD by how the answer ended", groups))
         if self.routing:
             result["statistics"]["routing"] = self.routing.report(self.sinks, self.bootstrap)
         if self.stopped:

@@ -9,6 +9,7 @@ from kldtool.report.console import chunk_line, extra_block, final_blocks
 from kldtool.report.depth import depth_lines
 from kldtool.stats import KldAccumulator, summarize
 from kldtool.stats.bootstrap import Bootstrap
+from kldtool.stats.by_label import by_label_line, kld_by_label
 from kldtool.stats.run_stats import statistics
 from kldtool.stats.summary import MIN_TOKENS_FOR_STATS
 
@@ -32,10 +33,12 @@ def final_report(
     endpoint: dict | None = None,
     show_depth: bool = False,
     depth_origin: str = "window",
+    finish: list[str] | None = None,
 ) -> dict:
     """llama.cpp's three statistic blocks, kldtool's extra block, with ``show_depth`` the depth
     table (and any --force warning again), returning the statistics. ``endpoint``: what a run
-    from a server's top-K log-probs knows only as a bound (engines/endpoint)."""
+    from a server's top-K log-probs knows only as a bound (engines/endpoint). ``finish``: each
+    window's finish reason (a generated corpus's answers), for the mean KLD by it."""
     sinks.line()
     summary, stats = statistics(acc, bootstrap, keep, endpoint)
     if noise_floor and acc.count:
@@ -50,6 +53,9 @@ def final_report(
         sinks.info(
             f"compare: only {acc.count} tokens scored (< {MIN_TOKENS_FOR_STATS}); no final statistics, as llama.cpp"
         )
+    if finish and acc.count:
+        stats["by_finish"] = kld_by_label(acc, finish)
+        sinks.line(by_label_line("Mean KLD by how the answer ended", stats["by_finish"]))
     for w in warnings:
         sinks.line("warning: " + w)
     return stats

@@ -2,7 +2,8 @@
 (text/generated.py). Every prompt is rendered and tokenized, and checked against the model's
 context, before the first sample is drawn; each sample's seed is derived from the run's seed and
 the sample's place (prompt, sample), so a run and its rerun give the same corpus on one engine,
-whatever else ran between them."""
+whatever else ran between them. An engine that batches (vLLM) takes its samples_per_call at once,
+in the corpus's order."""
 
 from __future__ import annotations
 
@@ -33,6 +34,7 @@ class GenerateJob:
     samples: int = 1  # answers per prompt
     seed: int = 0
     chat_template: str | None = None  # a template file in place of the model's
+    resume: bool = False  # go on from an interrupted run's partial corpus
 
 
 def sample_seed(seed: int, prompt: int, sample: int) -> int:
@@ -54,7 +56,9 @@ def _template(engine, path: str | None) -> ChatTemplate | None:
 
 def _prompt_ids(engine, job: GenerateJob, prompts, template) -> list[np.ndarray]:
     """Every prompt's ids, checked to leave room for --max-tokens in the model's context."""
-    limit, out = engine.facts.n_ctx_train, []
+    # A server's max_model_len may be shorter than the model's trained context.
+    limit = min((n for n in (engine.facts.n_ctx_train, getattr(engine, "max_model_len", None)) if n), default=None)
+    out = []
     for p in prompts.items:
         where = f"{prompts.name}: line {p.line}"
         if p.is_chat:
@@ -92,6 +96,19 @@ def check_sampling(s: Sampling, samples: int) -> None:
         raise UsageError(f"--max-tokens {s.max_tokens} and --samples {samples}: each at least 1")
 
 
+def _kept(writer: CorpusWriter, places: list, ids: list[np.ndarray], sinks: Sinks) -> list[dict]:
+    """A resumed run's samples, checked to be the first of this run's places, prompts and seeds."""
+    kept = writer.kept
+    for n, s in enumerate(kept):
+        mine = n < len(places) and (s["prompt"], s["sample"], s["seed"]) == places[n]
+        if not mine or not np.array_equal(s["prompt_ids"], ids[places[n][0]]):
+            writer.stop()
+            raise UsageError(f"--resume: {writer.tmp}: line {n + 2} is not this run's sample {n + 1}; remove it")
+    if kept:
+        sinks.info(f"generate: resuming after {len(kept)} of {len(places)} samples in {writer.tmp}")
+    return kept
+
+
 def run_generate(engine, job: GenerateJob, sinks: Sinks | None = None) -> dict:
     sinks = sinks or Sinks()
     check_can_sample(engine.facts.name, engine.facts.can)
@@ -108,21 +125,24 @@ def run_generate(engine, job: GenerateJob, sinks: Sinks | None = None) -> dict:
         "chat_template": {"from": template.where, "sha256": template.sha256} if template else None,
         "kldtool_version": __version__,
     }
-    answers, finishes = [], []
-    writer = CorpusWriter(job.out_path, header)
+    places = [(i, j, sample_seed(job.seed, i, j)) for i in range(len(ids)) for j in range(job.samples)]
+    step = max(int(getattr(engine, "samples_per_call", 1)), 1)
+    writer = CorpusWriter(job.out_path, header, job.resume)
+    kept = _kept(writer, places, ids, sinks)
+    answers, finishes = [s["ids"] for s in kept], [s["finish"] for s in kept]
     try:
-        with Progress("generate", len(ids) * job.samples, "samples") as shown:
-            for i, prompt in enumerate(ids):
-                for j in range(job.samples):
-                    seed = sample_seed(job.seed, i, j)
-                    new, finish = engine.sample(prompt, job.sampling, seed)
-                    writer.add(i, j, seed, prompt, new, finish)
+        with Progress("generate", len(places) - len(kept), "samples") as shown:
+            for at in range(len(kept), len(places), step):
+                part = places[at : at + step]
+                got = engine.sample([ids[i] for i, _, _ in part], job.sampling, [seed for _, _, seed in part])
+                for (i, j, seed), (new, finish) in zip(part, got, strict=True):
+                    writer.add(i, j, seed, ids[i], new, finish)
                     answers.append(new)
                     finishes.append(finish)
                     shown.advance(tokens=len(new))
         writer.finish()
     except BaseException:
-        writer.abort()
+        writer.stop()  # what was written stays in the partial file, for --resume
         raise
     figures = degeneration(answers, finishes)
     sinks.info(f"generate: {os.path.basename(job.out_path)}: {degeneration_line(figures)}")

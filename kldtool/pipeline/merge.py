@@ -97,4 +97,5 @@ def _statistics(meta: dict, acc, sinks: Sinks, warnings: list[str], bootstrap: B
 
     keep, shown, origin = meta["base"].get("keep"), bool(meta.get("depth_shown")), meta.get("depth_origin", "window")
     # shards of a run from a server's top K stay bounds: what such a run knows only as one
-    return final_report(acc, sinks, warnings, bootstrap, keep, None, bounded_facts(meta["model"]), shown, origin)
+    bounded = bounded_facts(meta["model"])
+    return final_report(acc, sinks, warnings, bootstrap, keep, None, bounded, shown, origin, meta.get("finish"))

@@ -82,9 +82,9 @@ def markdown(rows: list[ResultRow], title: str | None = None) -> str:
     return "\n".join(lines + markdown_lines(*text_rows(rows))) + "\n"
 
 
-def markdown_lines(head: list[str], body: list[list[str]]) -> list[str]:
-    """A Markdown table: the first column left-aligned, the numbers right-aligned."""
-    lines = ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] + ["---:"] * (len(head) - 1)) + "|"]
+def markdown_lines(head: list[str], body: list[list[str]], left: int = 1) -> list[str]:
+    """A Markdown table: the first ``left`` columns left-aligned, the numbers right-aligned."""
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] * left + ["---:"] * (len(head) - left)) + "|"]
     return lines + ["| " + " | ".join(cells) + " |" for cells in body]
 
 
@@ -99,15 +99,19 @@ def csv_text(rows: list[ResultRow]) -> str:
 
 
 def console(rows: list[ResultRow], title: str | None = None) -> None:
+    console_table(*text_rows(rows), title)
+
+
+def console_table(head: list[str], body: list[list[str]], title: str | None, left: int = 1) -> None:
+    """A table on stdout, its first ``left`` columns left-aligned, the numbers right-aligned."""
     import sys
 
     from rich.console import Console
     from rich.table import Table
 
-    head, body = text_rows(rows)
     t = Table(title=title)
     for i, h in enumerate(head):
-        t.add_column(h, justify="left" if i == 0 else "right", no_wrap=True)
+        t.add_column(h, justify="left" if i < left else "right", no_wrap=True)
     for cells in body:
         t.add_row(*cells)
     # Piped into a file or a log, rich would squeeze the table to 80 columns.

@@ -9,10 +9,12 @@ sample it is, its seed and why it ended (``stop``: an end-of-turn token, which i
 generated positions. A corpus is input like any other: each line is checked whole (types, sizes,
 ids non-negative; the vocabulary's bound is checked once the engine is known) before any window
 is built, and a bad line is a one-line error naming it. The writer goes through a partial file
-renamed into place, so no half-written corpus looks complete."""
+renamed into place, so no half-written corpus looks complete, and an interrupted run resumes
+from it."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 
@@ -39,26 +41,58 @@ def is_generated(path: str) -> bool:
 
 
 class CorpusWriter:
-    """Samples written as they come to a partial file beside ``path``; ``finish`` renames it."""
+    """Samples written as they come, each line flushed, to ``PATH.partial`` beside ``path``;
+    ``finish`` renames it into place. A run that stops leaves the partial file, and a run of the
+    same header with ``resume`` keeps its complete lines (a torn last line is cut) and goes on
+    after them; without ``resume`` a partial file is refused, so no run mixes into another's."""
 
-    def __init__(self, path: str, header: dict):
+    def __init__(self, path: str, header: dict, resume: bool = False):
         self.path = os.path.abspath(path)
-        self.tmp = f"{self.path}.partial-{os.getpid()}"
+        self.tmp = f"{self.path}.partial"
+        self.header = {"kldtool": KIND, "version": VERSION, **header}
+        self.kept: list[dict] = []
         try:
-            fd = os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            if resume and os.path.exists(self.tmp):
+                self.f = self._reopen(path)
+            else:
+                fd = os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+                self.f = os.fdopen(fd, "w", encoding="utf-8")
+                self._line(self.header)
+        except FileExistsError:
+            raise CorpusError(
+                f"{path}: {self.tmp} is an unfinished run's (--resume continues it; remove it to start again)"
+            ) from None
         except OSError as e:
             raise CorpusError(f"{path}: cannot write the corpus ({e.strerror})") from None
-        self.f = os.fdopen(fd, "w", encoding="utf-8")
-        self._line({"kldtool": KIND, "version": VERSION, **header})
-        self.count = 0
+
+    def _reopen(self, path: str):
+        """The partial file's complete sample lines kept (checked as a corpus's), the rest cut."""
+        f = os.fdopen(os.open(self.tmp, os.O_RDWR | os.O_NOFOLLOW), "r+b")
+        try:
+            first = f.readline(MAX_LINE + 1)
+            head = _json(first, self.tmp, 1) if first.endswith(b"\n") else None
+            if head is None or _comparable(head) != _comparable(self.header):
+                raise CorpusError(f"{path}: {self.tmp} is another run's (its header differs); remove it to start again")
+            end, number = f.tell(), 2
+            for raw in iter(lambda: f.readline(MAX_LINE + 1), b""):
+                if not raw.endswith(b"\n"):
+                    break  # the line the stop tore
+                self.kept.append(_sample(_json(raw, self.tmp, number), f"{self.tmp}: line {number}"))
+                end, number = f.tell(), number + 1
+            f.truncate(end)
+            f.seek(end)
+        except BaseException:
+            f.close()
+            raise
+        return io.TextIOWrapper(f, encoding="utf-8")
 
     def _line(self, rec: dict) -> None:
         self.f.write(json.dumps(rec, separators=(",", ":"), ensure_ascii=False) + "\n")
+        self.f.flush()
 
     def add(self, prompt: int, sample: int, seed: int, prompt_ids, ids, finish: str) -> None:
         rec = {"prompt": prompt, "sample": sample, "seed": seed, "finish": finish}
         self._line(rec | {"prompt_ids": [int(i) for i in prompt_ids], "ids": [int(i) for i in ids]})
-        self.count += 1
 
     def finish(self) -> None:
         self.f.flush()
@@ -66,12 +100,14 @@ class CorpusWriter:
         self.f.close()
         os.replace(self.tmp, self.path)
 
-    def abort(self) -> None:
+    def stop(self) -> None:
+        """The run stopped: what it wrote stays in the partial file, for --resume."""
         self.f.close()
-        try:
-            os.unlink(self.tmp)
-        except OSError:
-            pass
+
+
+def _comparable(header: dict) -> dict:
+    """A header without what a resumed run may change (kldtool's version)."""
+    return {k: v for k, v in header.items() if k != "kldtool_version"}
 
 
 def read_generated(path: str) -> tuple[dict, list[dict]]:

@@ -69,7 +69,12 @@ class Sampler:
             raise EngineError(f"llama.cpp tokenization failed ({got})")
         return np.frombuffer(buf, dtype=np.int32, count=got).astype(np.int64)
 
-    def sample(self, prompt: np.ndarray, s: Sampling, seed: int) -> tuple[np.ndarray, str]:
+    samples_per_call = 1
+
+    def sample(self, prompts: list[np.ndarray], s: Sampling, seeds: list[int]) -> list[tuple[np.ndarray, str]]:
+        return [self._one(p, s, seed) for p, seed in zip(prompts, seeds)]
+
+    def _one(self, prompt: np.ndarray, s: Sampling, seed: int) -> tuple[np.ndarray, str]:
         lib = self.lib
         cp = lib.llama_context_default_params()
         cp.n_ctx = len(prompt) + s.max_tokens

@@ -1,6 +1,5 @@
-"""``kldtool generate`` through transformers (contract.py's Sampler): the tokenizer's chat
-template rendered by kldtool's renderer (text/chat.py), the prompt's ids as the tokenizer parses
-the rendered text, and ``model.generate`` with every sampling setting given explicitly (a
+"""``kldtool generate`` through transformers (contract.py's Sampler): the chat side is hf_chat.py's,
+and each answer is ``model.generate``'s with every sampling setting given explicitly (a
 checkpoint's generation_config.json would otherwise bring its own top_k, temperature or
 repetition penalty)."""
 
@@ -9,21 +8,13 @@ from __future__ import annotations
 import numpy as np
 
 from kldtool.engines.contract import Sampling
-from kldtool.text.chat import ChatTemplate
+from kldtool.engines.hf_chat import HfChat
 
 
-class Sampler:
+class Sampler(HfChat):
     """TransformersEngine's Sampler methods (a base class of it)."""
 
-    def chat_template(self) -> ChatTemplate | None:
-        source = getattr(self.tokenizer, "chat_template", None)
-        if not isinstance(source, str) or not source.strip():
-            return None
-        special = {k: v for k, v in self.tokenizer.special_tokens_map.items() if isinstance(v, str)}
-        return ChatTemplate(source, special, f"{self.model_path}'s chat template")
-
-    def tokenize_rendered(self, text: str) -> np.ndarray:
-        return np.asarray(self.tokenizer(text, add_special_tokens=False)["input_ids"], dtype=np.int64)
+    samples_per_call = 1
 
     def stop_ids(self) -> list[int]:
         """The ids that end a turn: the generation config's end-of-sequence ids, else the tokenizer's."""
@@ -32,7 +23,10 @@ class Sampler:
             eos = self.tokenizer.eos_token_id
         return [] if eos is None else [int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos])]
 
-    def sample(self, prompt: np.ndarray, s: Sampling, seed: int) -> tuple[np.ndarray, str]:
+    def sample(self, prompts: list[np.ndarray], s: Sampling, seeds: list[int]) -> list[tuple[np.ndarray, str]]:
+        return [self._one(p, s, seed) for p, seed in zip(prompts, seeds)]
+
+    def _one(self, prompt: np.ndarray, s: Sampling, seed: int) -> tuple[np.ndarray, str]:
         import torch
         from transformers import GenerationConfig
 

@@ -4,20 +4,20 @@ server's). seam/ is the one package that touches vLLM; wire.py the request forma
 share, and all a client needs; policy.py what a server's operator allows the hook to read and
 write."""
 
-from kldtool.engines.contract import HIDDEN, SCORES
+from kldtool.engines.contract import HIDDEN, SAMPLES, SCORES
 from kldtool.engines.registry import EngineEntry
 
 ENTRIES = (
     EngineEntry(
         name="vllm",
         engine="kldtool.engines.vllm.offline:VllmEngine",
-        can=frozenset({HIDDEN, SCORES}),
+        can=frozenset({HIDDEN, SAMPLES, SCORES}),
         options="kldtool.engines.vllm.options:VllmOptions",
     ),
     EngineEntry(
         name="vllm-server",
         engine="kldtool.engines.vllm.served:VllmServerEngine",
-        can=frozenset({HIDDEN, SCORES}),
+        can=frozenset({HIDDEN, SAMPLES, SCORES}),
         options="kldtool.engines.vllm.options:ServedOptions",
         also_takes=("logits_block",),
         selected_by=("server", "exchange_dir"),

@@ -20,6 +20,7 @@ from kldtool.engines.vllm.hooked_engine import HookedEngine, runner_of, window_s
 from kldtool.engines.vllm.options import VllmOptions
 from kldtool.engines.vllm.policy import HOOK
 from kldtool.engines.vllm.rpc_dir import RpcDir
+from kldtool.engines.vllm.sampling import OfflineSampler
 from kldtool.engines.vllm.wire import logits_block_rows
 from kldtool.engines.vllm.delivery import unpack
 from kldtool.errors import EngineError, UsageError
@@ -30,7 +31,7 @@ WORKER_EXTENSION = "kldtool.engines.vllm.worker.KldtoolWorker"
 CPU_MEMORY_UTILIZATION = 0.3
 
 
-class VllmEngine(HookedEngine):
+class VllmEngine(OfflineSampler, HookedEngine):
     name = "vllm"
 
     @classmethod

@@ -31,6 +31,7 @@ from kldtool.engines.contract import Facts
 from kldtool.engines.vllm import ENTRIES, wire
 from kldtool.engines.vllm.hooked_engine import HookedEngine, runner_of, window_specs
 from kldtool.engines.vllm.options import ServedOptions
+from kldtool.engines.vllm.sampling import ServedSampler
 from kldtool.engines.vllm.served_floor import ServedFloor, server_note
 from kldtool.errors import EngineError, UsageError
 from kldtool.logitsfile.hidden import DTYPES
@@ -54,7 +55,7 @@ def result_grace() -> float:
 MAX_IN_FLIGHT = 128
 
 
-class VllmServerEngine(HookedEngine):
+class VllmServerEngine(ServedSampler, HookedEngine):
     name = "vllm-server"
 
     @classmethod

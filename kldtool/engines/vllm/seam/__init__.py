@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from kldtool.engines.vllm.seam.base import TESTED_VERSIONS, HookUnavailable, log, vllm_version
 from kldtool.engines.vllm.seam.items import SEAM
-from kldtool.engines.vllm.seam.llm import generate, llm_facts, rpc, start_llm
+from kldtool.engines.vllm.seam.llm import generate, llm_facts, rpc, sample, start_llm
 from kldtool.engines.vllm.seam.runner import StepHook, head_rows, install, raw_spec
 from kldtool.engines.vllm.seam.workers import (
     attach,
@@ -63,5 +63,6 @@ __all__ = [
     "start_llm",
     "llm_facts",
     "generate",
+    "sample",
     "rpc",
 ]

@@ -104,4 +104,11 @@ SEAM = (
         ("vllm/sampling_params.py", "SamplingParams", f, None)
         for f in ("extra_args", "max_tokens", "temperature", "detokenize")
     ),
+    # kldtool generate: sampled answers, their ids and why they ended
+    *(
+        ("vllm/sampling_params.py", "SamplingParams", f, None)
+        for f in ("top_p", "top_k", "min_p", "seed", "repetition_penalty")
+    ),
+    ("vllm/outputs.py", "RequestOutput", "outputs", None),
+    *(("vllm/outputs.py", "CompletionOutput", f, None) for f in ("token_ids", "finish_reason")),
 )

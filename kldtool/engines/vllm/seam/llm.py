@@ -41,3 +41,17 @@ def generate(llm, prompts: list[list[int]], specs: list[dict]) -> None:
 def rpc(llm, method: str, *args) -> list:
     """Every worker's answer of ``method`` (worker.KldtoolWorker's)."""
     return llm.collective_rpc(method, args=args)
+
+
+def sample(llm, prompts: list[list[int]], settings: list[dict]) -> list[tuple[list[int], str | None]]:
+    """Sampled answers: per prompt, its SamplingParams' keyword arguments (each with its own seed),
+    and back, in the prompts' order, the generated ids and vLLM's finish reason."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    outputs = llm.generate(
+        [TokensPrompt(prompt_token_ids=p) for p in prompts],
+        sampling_params=[SamplingParams(detokenize=False, **s) for s in settings],
+        use_tqdm=False,
+    )
+    return [(list(o.outputs[0].token_ids), o.outputs[0].finish_reason) for o in outputs]
