@@ -38,6 +38,7 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=256)
     ap.add_argument("--types", default="Q8_0,Q4_K_M,Q3_K_M,Q2_K")
     ap.add_argument("--pydoc-chunks", type=int, default=20)
+    ap.add_argument("--plot", default=str(Path(__file__).resolve().parent.parent / "docs" / "img" / "own_text.png"))
     a = ap.parse_args()
     sys.path.insert(0, str(ROOT))
     from kldtool.engines.defaults import default_gguf, default_transformers_model
@@ -88,6 +89,7 @@ def main() -> None:
         print(line)
         rows.append(line)
         ratios[t] = on_base["kld_mean"]["value"] / on_pydoc["kld_mean"]["value"]
+    plot(a.plot, a.types.split(","), tag, a.pydoc_chunks)
     stats = on_base  # the last (smallest) quant's
     print(f"{t} on the base's answers, by depth from the answer's start:")
     for r in stats.get("depth", {}).get("rows", []):
@@ -100,6 +102,49 @@ def main() -> None:
         f"rep4 {100 * f['repeated_4gram']:.1f} %; {t} by finish: {by_finish}",
         "KLD on the base's answers / on pydoc: " + ", ".join(f"{k} {v:.2f}" for k, v in ratios.items()),
     )
+
+
+def plot(path: str, types: list[str], tag: str, pydoc_chunks: int) -> None:
+    """Left: each quant's mean KLD (95 % interval) on the base's answers, on pydoc and on its own
+    answers; right: its KLD by depth from the answer's start, on the base's answers."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(1, 2, figsize=(12, 4))
+    texts = (
+        ("the base's answers", "on-base-" + tag),
+        ("pydoc", f"on-pydoc-{pydoc_chunks}"),
+        ("own answers", "on-own-" + tag),
+    )
+    width = 0.8 / len(texts)
+    for k, (label, suffix) in enumerate(texts):
+        means, errs = [], [[], []]
+        for t in types:
+            st = json.loads((CACHE / f"{t}-{suffix}.json").read_text())["statistics"]
+            m = st["kld_mean"]["value"]
+            lo, hi = st.get("bootstrap", {}).get("kld_mean", {}).get("interval_95", (m, m))
+            means.append(m)
+            errs[0].append(m - lo)
+            errs[1].append(hi - m)
+        ax[0].bar([i + (k - 1) * width for i in range(len(types))], means, width, yerr=errs, capsize=3, label=label)
+    ax[0].set(xticks=range(len(types)), xticklabels=types, yscale="log", ylabel="mean KLD", title="KLD by text")
+    for t in types:
+        rows = (
+            json.loads((CACHE / f"{t}-on-base-{tag}.json").read_text())["statistics"].get("depth", {}).get("rows", [])
+        )
+        x = [(r["depths"][0] + r["depths"][1]) / 2 for r in rows]
+        ax[1].plot(x, [r["kld_mean"] for r in rows], "o-", label=t)
+    depth = "position in the answer (bucket middle)"
+    ax[1].set(xscale="log", yscale="log", xlabel=depth, ylabel="mean KLD", title="on the base's answers, by depth")
+    for a in ax:
+        a.grid(alpha=0.3)
+        a.legend(fontsize=8)
+    fig.suptitle(f"SmolLM2-135M quants against its F32 form, built-in prompts ({tag}; benchmarks/own_text.py)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    print(f"plot: {path}")
 
 
 if __name__ == "__main__":

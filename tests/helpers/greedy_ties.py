@@ -1,7 +1,9 @@
-"""Where two engines' greedy answers to the same prompts part, and whether each parting is a
-near-tie: at the first position they differ, both engines' two most likely next tokens and their
-log-probabilities (a logit less the same constant, so their gap is the logits' gap), from vLLM's
-own sampler (``logprobs=2``) and from transformers' forward of the same ids in float32.
+"""Where a corpus of greedy answers (``kldtool generate --temperature 0``) parts from
+transformers' own greedy ``generate`` of the same prompt ids in float32, and whether each parting
+is a near-tie: at the first position they differ, both engines' two most likely next tokens and
+their log-probabilities (a logit less the same constant, so their gap is the logits' gap), from
+vLLM's own sampler (``logprobs=2``) and from transformers' forward of the same ids.
+(tests/test_generate.py checks that kldtool's transformers engine answers as ``generate`` does.)
 
 tests/helpers/vllm_jobs.py runs ``ties`` on the engine its commands of the same weights share
 (test_vllm_engine.py); benchmarks/greedy_engines.py runs it at size."""
@@ -46,17 +48,38 @@ def transformers_top2(model, ids: list[int]) -> list[tuple[int, float]]:
     return [(int(i), float(v)) for v, i in zip(top.values, top.indices)]
 
 
-def ties(llm, model_dir: str, vllm_corpus, hf_corpus) -> dict:
-    """Per sample, equal or the first parting with both engines' top two."""
+def transformers_greedy(model, prompt_ids: list[int], max_tokens: int) -> list[int]:
+    """transformers' greedy answer, ended where the generation config's end-of-sequence ids end it."""
+    import torch
+
+    eos = model.generation_config.eos_token_id
+    ids = torch.tensor([prompt_ids])
+    with torch.inference_mode():
+        out = model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            do_sample=False,
+            max_new_tokens=max_tokens,
+            eos_token_id=eos,
+            pad_token_id=eos[0] if isinstance(eos, list) else eos,
+            repetition_penalty=1.0,
+        )
+    return out[0, ids.shape[1] :].tolist()
+
+
+def ties(llm, model_dir: str, corpus) -> dict:
+    """Per sample of vLLM's greedy ``corpus``, equal to transformers' or the first parting with
+    both engines' top two."""
     import torch
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    ours, theirs = samples(vllm_corpus), samples(hf_corpus)
-    assert [s["prompt_ids"] for s in ours] == [s["prompt_ids"] for s in theirs]
-    partings = []
-    for k, (a, b) in enumerate(zip(ours, theirs)):
-        at = first_difference(a["ids"], b["ids"])
+    with open(corpus) as f:
+        max_tokens = json.loads(f.readline())["sampling"]["max_tokens"]
+    ours, partings = samples(corpus), []
+    for k, a in enumerate(ours):
+        theirs = transformers_greedy(model, a["prompt_ids"], max_tokens)
+        at = first_difference(a["ids"], theirs)
         if at is None:
             continue
         prefix = a["prompt_ids"] + a["ids"][:at]
@@ -66,7 +89,7 @@ def ties(llm, model_dir: str, vllm_corpus, hf_corpus) -> dict:
                 "sample": k,
                 "at": at,
                 "vllm_chose": a["ids"][at] if at < len(a["ids"]) else None,
-                "transformers_chose": b["ids"][at] if at < len(b["ids"]) else None,
+                "transformers_chose": theirs[at] if at < len(theirs) else None,
                 "vllm_top2": v,
                 "transformers_top2": t,
                 "vllm_gap": v[0][1] - v[1][1],

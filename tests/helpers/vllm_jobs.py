@@ -8,8 +8,8 @@ JOBS.json is a list of {"name": ..., "argv": [kldtool's arguments]}; each job's 
 and exit code go to OUT_DIR/NAME.out, .err and .rc. A job {"name": ..., "probe": {"model",
 "dtype", "base", and optionally "long", "text", "blocks" and "own"}} runs
 tests/helpers/vllm_probe.py on the engine of that model and dtype instead and writes its
-summaries to OUT_DIR/NAME.json; with "ties" (vLLM's greedy corpus) and "transformers" (the same
-prompts' through transformers) in place of "base", tests/helpers/greedy_ties.py.
+summaries to OUT_DIR/NAME.json; with "ties" (vLLM's greedy corpus) in place of "base",
+tests/helpers/greedy_ties.py.
 
 Jobs with the same "group" run, in order, in one fork of this process, which has imported vLLM
 and kldtool but started nothing: under vLLM's in-process mode (VLLM_ENABLE_V1_MULTIPROCESSING=0)
@@ -87,7 +87,7 @@ def run_group(jobs: list[dict], out: str, max_ctx: int) -> None:
         try:
             engine = make_engine(EngineOptions(engine="vllm", model=spec["model"], dtype=spec["dtype"]), max_ctx)
             if "ties" in spec:  # greedy answers of this engine and transformers' (greedy_ties.py)
-                summary = ties(engine.llm, spec["model"], spec["ties"], spec["transformers"])
+                summary = ties(engine.llm, spec["model"], spec["ties"])
             else:
                 summary = probe(
                     engine,
