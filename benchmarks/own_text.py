@@ -90,6 +90,9 @@ def main() -> None:
         rows.append(line)
         ratios[t] = on_base["kld_mean"]["value"] / on_pydoc["kld_mean"]["value"]
     plot(a.plot, a.types.split(","), tag, a.pydoc_chunks)
+    side = CACHE / f"degeneration-{tag}.md"  # report's side-by-side table of the corpora
+    kldtool("report", *corpus.values(), "--markdown", side)
+    print(side.read_text())
     stats = on_base  # the last (smallest) quant's
     print(f"{t} on the base's answers, by depth from the answer's start:")
     for r in stats.get("depth", {}).get("rows", []):

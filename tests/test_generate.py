@@ -134,6 +134,16 @@ def test_greedy_answers_through_transformers_are_its_own_generate(tmp_path, fp32
 
 
 @pytest.mark.full_tier
+def test_transformers_samples_the_same_corpus_for_the_same_seed(tmp_path, fp32_dir):
+    few = ("--engine", "transformers", "-m", fp32_dir, "--num-prompts", 2, "-n", 2, "--max-tokens", 12)
+    run_cli("generate", *few, "-o", tmp_path / "a.jsonl")
+    run_cli("generate", *few, "-o", tmp_path / "b.jsonl")
+    assert (tmp_path / "a.jsonl").read_bytes() == (tmp_path / "b.jsonl").read_bytes()
+    _, samples = _corpus(tmp_path / "a.jsonl")
+    assert samples[0]["ids"] != samples[1]["ids"]  # two samples of one prompt, two seeds
+
+
+@pytest.mark.full_tier
 def test_base_scores_the_answers_only_and_compare_runs_over_them(llamacpp_corpus, fp32_dir, requant):
     """transformers' base over the corpus: its PPL is exp of the mean NLL of the answers' tokens
     from a float64 forward of the same model; --score all scores every position; a quant compares."""
