@@ -51,12 +51,12 @@ def generate(
     if out is None:
         raise UsageError("generate needs -o FILE (the corpus to write)")
     from kldtool.engines import registry
-    from kldtool.engines.contract import Sampling
+    from kldtool.engines.contract import SAMPLES, Sampling
     from kldtool.pipeline.generate import GenerateJob, check_can_sample, check_sampling, run_generate
     from kldtool.runtime.small_files import write_json
 
     chosen = registry.entry_for(vars(engine_flags), model)
-    check_can_sample(chosen.name, chosen.can)  # before any engine starts
+    check_can_sample(chosen.name, SAMPLES in chosen.can)  # before any engine starts
 
     job = GenerateJob(
         out_path=out,

@@ -87,7 +87,7 @@ def split_records(rows, k: int):
     return f32[:, 0], f32[:, 1], f32[:, 2], rows[:, 6].to(torch.int32) & 0xFFFF, ids, codes
 
 
-def rest_np(records) -> "np.ndarray":
+def rest_np(records):
     """The float32 rest mass of each uint16 (or int16) top-K record, on the host."""
     import numpy as np
 

@@ -32,8 +32,8 @@ CAN = (HIDDEN, ROUTING, SCHEDULE, SCORES, BOUNDED, SAMPLES)
 class Facts:
     """What an engine is: its vocabulary and token policy, what its numbers depend on (the
     fields ``manifest.py`` compares between runs), and what it can do (``can``: its registry
-    entry's capabilities: ``engines.make_engine`` sets them from the entry, and an engine's
-    own Facts name them too, for the tests, benchmarks and scripts that build it directly)."""
+    entry's capabilities, which ``engines.make_engine`` sets; no engine names them itself, and
+    ``registry.has`` finds an engine built directly by its name)."""
 
     name: str
     n_vocab: int

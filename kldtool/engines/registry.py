@@ -88,6 +88,15 @@ def entry(name: str) -> EngineEntry:
     raise UsageError(f"--engine {name!r}: expected one of {', '.join(listed())}")
 
 
+def has(engine, capability: str) -> bool:
+    """Whether ``engine`` can do ``capability``: its entry's word (make_engine copies it into the
+    engine's Facts; an engine a test or a benchmark builds directly is looked up by its name)."""
+    can = engine.facts.can
+    if not can and any(e.name == engine.facts.name for e in entries()):
+        can = entry(engine.facts.name).can
+    return capability in can
+
+
 def listed() -> list[str]:
     return [e.name for e in entries() if e.listed]
 

@@ -14,6 +14,7 @@ import time
 from contextlib import ExitStack
 
 from kldtool.analysis.per_token import PerTokenWriter
+from kldtool.engines import registry
 from kldtool.engines.contract import BOUNDED, label
 from kldtool.pipeline import engine_modes
 from kldtool.provenance.identity import base_identity, tokenizer_identity
@@ -117,11 +118,7 @@ class _CompareRun:
             "depth_bounds": depth_bounds(windows, depth_bins, self.from_answer),
             "depth_shown": depth_bins is not None,
         }
-        if self.from_answer:  # a generated corpus's base: depths count from each answer's start
-            self.meta["depth_origin"] = "answer"
-        finish = (reader.metadata.get("generated") or {}).get("finish")
-        if finish:  # each answer's finish reason, for the KLD by it (merge reads it here too)
-            self.meta["finish"] = finish
+        self.meta |= _answers_meta(reader, self.from_answer)
         self.state = start_state(self.ck, self.meta, sinks)
         self.in_range = order.arrange(windows[a:b])
         self.ends = stopping.ends(b - a)
@@ -284,7 +281,7 @@ class _CompareRun:
             if result["served_floor"]:
                 self.sinks.info(result["served_floor"]["summary"])
         acc = self.acc.in_window_order()
-        bounded = engine.bounded if BOUNDED in engine.facts.can else None  # a server's top-K: the KLD is a bound
+        bounded = engine.bounded if registry.has(engine, BOUNDED) else None  # a server's top-K: the KLD is a bound
         result["statistics"] = final_report(
             acc,
             self.sinks,
@@ -309,3 +306,11 @@ class _CompareRun:
         if json_path:
             write_json(json_path, result)
         return result
+
+
+def _answers_meta(reader, from_answer: bool) -> dict:
+    """A generated corpus's base: depths count from each answer's start, and each answer's
+    finish reason goes into the run's meta for the KLD by it (merge reads it there too)."""
+    meta = {"depth_origin": "answer"} if from_answer else {}
+    finish = (reader.metadata.get("generated") or {}).get("finish")
+    return meta | ({"finish": finish} if finish else {})

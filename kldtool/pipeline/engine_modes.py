@@ -20,12 +20,12 @@ from kldtool.text.protocols import Window
 
 
 def scores_itself(engine) -> bool:
-    return SCORES in engine.facts.can
+    return registry.has(engine, SCORES)
 
 
 def schedule(engine, batches: list[list[Window]]) -> Schedule:
     """How ``engine`` runs ``batches``: its own schedule where it has one, else one call each."""
-    return engine.schedule(batches) if SCHEDULE in engine.facts.can else Schedule(engine, batches)
+    return engine.schedule(batches) if registry.has(engine, SCHEDULE) else Schedule(engine, batches)
 
 
 def scored(sched: Schedule, reader, warm: bool = False) -> Iterator[tuple[list, list[TokenRecords]]]:
@@ -113,7 +113,7 @@ def _per_block(engine, windows: list[Window], fn) -> list[list]:
 def with_hidden_states(engine):
     """``engine`` where it gives its final hidden states and output head, else a usage error
     naming the engines that do."""
-    if HIDDEN not in engine.facts.can:
+    if not registry.has(engine, HIDDEN):
         raise UsageError(
             f"--store hidden: the {engine.facts.name} engine does not give its final hidden states and output "
             f"head (the {registry.named_with(HIDDEN)} engines do); use --store logprobs"
@@ -136,12 +136,12 @@ def head_source(engine) -> str:
 def routing_shape(engine):
     """The engine's routers (routing/rows.py's RouterShape), or None: a dense model, or an
     engine that does not read routing."""
-    return engine.routing_shape() if ROUTING in engine.facts.can else None
+    return engine.routing_shape() if registry.has(engine, ROUTING) else None
 
 
 def record_routing(engine):
     """Start recording each scored row's routing (the recorder's ``pop(window index)``)."""
-    if ROUTING not in engine.facts.can:
+    if not registry.has(engine, ROUTING):
         raise UsageError(
             f"--routing: the {engine.facts.name} engine does not record MoE routing ({registry.named_with(ROUTING)} "
             f"do; docs/metrics.md, 'MoE routing')"

@@ -78,9 +78,9 @@ def _prompt_ids(engine, job: GenerateJob, prompts, template) -> list[np.ndarray]
     return out
 
 
-def check_can_sample(name: str, can) -> None:
-    """A usage error naming the engines that sample, where ``name`` (with capabilities ``can``) does not."""
-    if SAMPLES not in can:
+def check_can_sample(name: str, can: bool) -> None:
+    """A usage error naming the engines that sample, where ``name`` does not (``can``)."""
+    if not can:
         raise UsageError(
             f"generate: the {name} engine does not sample answers (the {registry.named_with(SAMPLES)} engines do)"
         )
@@ -111,7 +111,7 @@ def _kept(writer: CorpusWriter, places: list, ids: list[np.ndarray], sinks: Sink
 
 def run_generate(engine, job: GenerateJob, sinks: Sinks | None = None) -> dict:
     sinks = sinks or Sinks()
-    check_can_sample(engine.facts.name, engine.facts.can)
+    check_can_sample(engine.facts.name, registry.has(engine, SAMPLES))
     check_sampling(job.sampling, job.samples)
     prompts = read_prompts(job.prompts, job.num_prompts)
     template = _template(engine, job.chat_template)

@@ -205,7 +205,7 @@ def write_run(setup: BaseSetup, job: BaseJob, encode, sinks: Sinks, hidden=None,
     ``(window, rows, nll)`` blocks: from the engine here, from shards' part files when the
     windows were scored on a cluster (cluster/base_shards.py)."""
     t0 = time.time() if t0 is None else t0
-    out_path, resume = job.out_path, job.resume
+    out_path = job.out_path
     plan, n_seq = setup.plan, setup.n_seq
     windows, n_chunk = plan.windows, len(plan.windows)
     ppl = PplAccumulator()

@@ -20,7 +20,6 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from kldtool.engines import hf_tokenizer
-from kldtool.engines.endpoint import ENTRIES
 from kldtool.engines.contract import Facts
 from kldtool.engines.endpoint.client import TIMEOUT_S, Client, HttpError
 from kldtool.engines.endpoint.forms import EchoForm, SglangForm, VllmForm
@@ -98,7 +97,6 @@ class EndpointEngine:
             n_ctx_train=self.n_ctx_train,
             model=self.model_id,
             device="server",
-            can=ENTRIES[0].can,
         )
 
     def _pick_form(self, api: str):

@@ -19,7 +19,6 @@ import os
 
 import numpy as np
 
-from kldtool.engines.llamacpp import ENTRIES
 from kldtool.engines.contract import Facts, whole_windows
 from kldtool.engines.llamacpp import load as llamacpp_load
 from kldtool.engines.llamacpp.attention import Attention
@@ -102,7 +101,6 @@ class LlamaCppEngine(Sampler):
             versions={"llama-cpp-python": lib.__version__},
             cpu_isa=self.placement.cpu_isa,
             backend=self.placement.name,
-            can=ENTRIES[0].can,
         )
         if lib.llama_vocab_get_add_eos(self.vocab):
             raise EngineError(f"{model}: the model asks for EOS after every text; llama-perplexity's protocol has none")

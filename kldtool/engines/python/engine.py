@@ -36,7 +36,6 @@ import sys
 
 import numpy as np
 
-from kldtool.engines.python import ENTRIES
 from kldtool.engines.contract import Facts, carried_blocks, whole_windows
 from kldtool.errors import EngineError, UsageError
 from kldtool.text.protocols import Window
@@ -121,7 +120,6 @@ class PythonEngine:
             dtype="python",
             device=self.device,
             versions={"torch": torch.__version__},
-            can=ENTRIES[0].can,
         )
 
     def _forward(self, ids):

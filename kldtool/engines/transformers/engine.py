@@ -8,7 +8,6 @@ from pathlib import Path
 import numpy as np
 
 from kldtool.engines import hf_tokenizer
-from kldtool.engines.transformers import ENTRIES
 from kldtool.engines.contract import Facts, carried_blocks, whole_windows
 from kldtool.engines.transformers.sampling import Sampler
 from kldtool.errors import EngineError, UsageError
@@ -104,7 +103,6 @@ class TransformersEngine(Sampler):
             dtype=self.dtype,
             device=self.device,
             versions=self._versions,
-            can=ENTRIES[0].can,
         )
 
     def routing_shape(self):

@@ -15,7 +15,7 @@ import numpy as np
 
 from kldtool.engines import hf_tokenizer
 from kldtool.engines.contract import Facts
-from kldtool.engines.vllm import ENTRIES, cpu_sizing, seam
+from kldtool.engines.vllm import cpu_sizing, seam
 from kldtool.engines.vllm.hooked_engine import HookedEngine, runner_of, window_specs
 from kldtool.engines.vllm.options import VllmOptions
 from kldtool.engines.vllm.policy import HOOK
@@ -135,7 +135,6 @@ class VllmEngine(OfflineSampler, HookedEngine):
             tensor_parallel=int(args.get("tensor_parallel_size") or 1),
             runner=runner_of(self.hooks),
             eager=bool(args.get("enforce_eager")),
-            can=ENTRIES[0].can,
         )
 
     def _run(self, windows: list[Window], mode_for) -> list[dict]:

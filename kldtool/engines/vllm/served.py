@@ -28,7 +28,7 @@ import numpy as np
 
 from kldtool.engines import hf_tokenizer
 from kldtool.engines.contract import Facts
-from kldtool.engines.vllm import ENTRIES, wire
+from kldtool.engines.vllm import wire
 from kldtool.engines.vllm.hooked_engine import HookedEngine, runner_of, window_specs
 from kldtool.engines.vllm.options import ServedOptions
 from kldtool.engines.vllm.sampling import ServedSampler
@@ -138,7 +138,6 @@ class VllmServerEngine(ServedSampler, HookedEngine):
             versions={"vllm": self.info.get("vllm")},
             tensor_parallel=int(self.info.get("tensor_parallel_size") or 1),
             runner=runner_of(self.info.get("hook")),
-            can=ENTRIES[1].can,
         )
 
     def score(self, windows: list[Window], source) -> list:

@@ -19,7 +19,7 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
-from kldtool.engines.xlstm import ENTRIES, helibrunna
+from kldtool.engines.xlstm import helibrunna
 from kldtool.engines.registry import entry
 from kldtool.errors import CorpusError, EngineError, UsageError
 
@@ -202,7 +202,7 @@ class XlstmEngine(PythonEngine):
 
         facts = super()._facts()
         versions = dict(facts.versions) | {"xlstm": getattr(xlstm, "__version__", "?")}
-        return replace(facts, dtype="float32", versions=versions, can=ENTRIES[0].can)
+        return replace(facts, dtype="float32", versions=versions)
 
     def describe(self) -> dict:
         import xlstm
