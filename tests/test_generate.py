@@ -218,7 +218,8 @@ def test_report_puts_corpora_side_by_side_and_refuses_answers_to_other_prompts(l
     model = os.path.basename(head["model"]["model"])
     other = tmp_path / "other.jsonl"
     lines = corpus.read_text().splitlines()
-    other.write_text("\n".join([json.dumps(head | {"engine": "elsewhere"}), *lines[1:]]) + "\n")
+    moved = head["chat_template"] | {"from": "another copy of the model's chat template"}  # the same hash
+    other.write_text("\n".join([json.dumps(head | {"engine": "elsewhere", "chat_template": moved}), *lines[1:]]) + "\n")
     run_cli("report", corpus, other, "--markdown", tmp_path / "r.md")
     rows = [line.split("|")[1:-1] for line in (tmp_path / "r.md").read_text().splitlines() if line.startswith("| ")]
     assert [c.strip() for c in rows[0]][:4] == ["corpus", "model", "engine", "samples"]

@@ -13,7 +13,7 @@ from kldtool.report.table import console_table, markdown_lines
 from kldtool.text.generated import read_generated
 
 HEAD = ["corpus", "model", "engine", "samples", "at limit %", "mean length", "distinct-2", "repeated 4-grams %"]
-SAME = ("sampling", "prompts", "chat_template")  # header parts every row must share
+SAME = ("sampling", "prompts", "chat_template")  # header parts every row must share (a template by its hash)
 
 
 def corpus_rows(paths: list[str]) -> list[list[str]]:
@@ -22,6 +22,7 @@ def corpus_rows(paths: list[str]) -> list[list[str]]:
     for path in paths:
         head, samples = read_generated(path)
         kept = {k: head.get(k) for k in SAME}
+        kept["chat_template"] = (kept["chat_template"] or {}).get("sha256")  # not where it came from
         if first is None:
             first = (path, kept)
         elif kept != first[1]:
