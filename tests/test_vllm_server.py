@@ -162,6 +162,10 @@ def test_served_greedy_answers_are_transformers_answers(fp32_server, fp32_dir, t
 
     size = ("--num-prompts", 2, "--max-tokens", 16, "--temperature", 0)
     fp32_server.cli("generate", "--server", fp32_server.url, *size, "-o", tmp_path / "served.jsonl")
+    # the server's max_model_len (CTX + 1), not the model's 8,192, bounds a prompt and its answer
+    long = ("--num-prompts", 1, "--max-tokens", CTX, "-o", tmp_path / "long.jsonl")
+    p = fp32_server.cli("generate", "--server", fp32_server.url, *long, check_rc=2)
+    assert f"passes the model's context of {CTX + 1}" in p.stderr and not list(tmp_path.glob("long.jsonl*"))
     served = samples(tmp_path / "served.jsonl")
     assert (
         len(served) == 2

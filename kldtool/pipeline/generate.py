@@ -56,7 +56,7 @@ def _template(engine, path: str | None) -> ChatTemplate | None:
 
 def _prompt_ids(engine, job: GenerateJob, prompts, template) -> list[np.ndarray]:
     """Every prompt's ids, checked to leave room for --max-tokens in the model's context."""
-    # A server's max_model_len may be shorter than the model's trained context.
+    # vLLM's max_model_len (offline or a server's) may be shorter than the model's trained context.
     limit = min((n for n in (engine.facts.n_ctx_train, getattr(engine, "max_model_len", None)) if n), default=None)
     out = []
     for p in prompts.items:
@@ -126,7 +126,7 @@ def run_generate(engine, job: GenerateJob, sinks: Sinks | None = None) -> dict:
         "kldtool_version": __version__,
     }
     places = [(i, j, sample_seed(job.seed, i, j)) for i in range(len(ids)) for j in range(job.samples)]
-    step = max(int(getattr(engine, "samples_per_call", 1)), 1)
+    step = max(engine.samples_per_call, 1)
     writer = CorpusWriter(job.out_path, header, job.resume)
     kept = _kept(writer, places, ids, sinks)
     answers, finishes = [s["ids"] for s in kept], [s["finish"] for s in kept]

@@ -114,6 +114,7 @@ class VllmEngine(OfflineSampler, HookedEngine):
         found = seam.llm_facts(self.llm)
         self.tokenizer = found["tokenizer"]
         self.n_vocab = found["n_vocab"]
+        self.max_model_len = found["max_model_len"]  # generate's prompts and answers must fit it
         self.bos_id = hf_tokenizer.bos_to_substitute(self.tokenizer)
         self._versions = {"vllm": version, "hook": seam.TESTED_VERSIONS[-1]}
         self.hidden_dtype = found["dtype"]

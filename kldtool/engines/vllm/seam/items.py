@@ -87,7 +87,7 @@ SEAM = (
     ("vllm/v1/worker/worker_base.py", "WorkerBase", "vllm_config", None),
     *(("vllm/config/vllm.py", "VllmConfig", f, None) for f in ("model_config", "parallel_config", "cache_config")),
     *(("vllm/config/model.py", "ModelConfig", f, ("self",)) for f in ("get_vocab_size", "get_hidden_size")),
-    *(("vllm/config/model.py", "ModelConfig", f, None) for f in ("dtype", "hf_text_config")),
+    *(("vllm/config/model.py", "ModelConfig", f, None) for f in ("dtype", "hf_text_config", "max_model_len")),
     *(
         ("vllm/config/parallel.py", "ParallelConfig", f, None)
         for f in ("tensor_parallel_size", "pipeline_parallel_size", "worker_extension_cls")

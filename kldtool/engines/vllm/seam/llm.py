@@ -18,6 +18,7 @@ def llm_facts(llm) -> dict:
         "vllm": vllm_version(),
         "n_vocab": int(config.get_vocab_size()),
         "n_ctx_train": getattr(config.hf_text_config, "max_position_embeddings", None),
+        "max_model_len": config.max_model_len,  # what vLLM takes: prompt and answer together
         "dtype": str(config.dtype).removeprefix("torch."),
         "itemsize": getattr(config.dtype, "itemsize", 4),
         "tokenizer": llm.get_tokenizer(),
