@@ -110,8 +110,9 @@ def test_the_prompts_are_the_chat_template_as_transformers_renders_it(llamacpp_c
 
 
 @pytest.mark.full_tier
-def test_greedy_answers_through_transformers_are_its_own_generate(tmp_path, fp32_dir, tokenizer):
+def test_greedy_answers_through_transformers_are_its_own_generate(tmp_path, fp32_dir):
     import torch
+    from helpers.greedy_ties import transformers_greedy
     from transformers import AutoModelForCausalLM
 
     run_cli("generate", "--engine", "transformers", "-o", tmp_path / "g.jsonl", *SMALL, "--temperature", 0)
@@ -119,17 +120,7 @@ def test_greedy_answers_through_transformers_are_its_own_generate(tmp_path, fp32
     assert head["engine"] == "transformers"
     model = AutoModelForCausalLM.from_pretrained(fp32_dir, dtype=torch.float32).eval()
     for s in samples[::2]:
-        ids = torch.tensor([s["prompt_ids"]])
-        stop = tokenizer.eos_token_id
-        out = model.generate(
-            ids,
-            attention_mask=torch.ones_like(ids),
-            do_sample=False,
-            max_new_tokens=MAX_TOKENS,
-            eos_token_id=stop,
-            pad_token_id=stop,
-        )
-        assert s["ids"] == out[0, ids.shape[1] :].tolist()
+        assert s["ids"] == transformers_greedy(model, s["prompt_ids"], MAX_TOKENS)
     assert [s["ids"] for s in samples[::2]] == [s["ids"] for s in samples[1::2]]  # greedy: seeds change nothing
 
 

@@ -91,9 +91,7 @@ def entry(name: str) -> EngineEntry:
 def has(engine, capability: str) -> bool:
     """Whether ``engine`` can do ``capability``: its entry's word (make_engine copies it into the
     engine's Facts; an engine a test or a benchmark builds directly is looked up by its name)."""
-    can = engine.facts.can
-    if not can and any(e.name == engine.facts.name for e in entries()):
-        can = entry(engine.facts.name).can
+    can = engine.facts.can or next((e.can for e in entries() if e.name == engine.facts.name), frozenset())
     return capability in can
 
 
