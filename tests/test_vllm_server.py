@@ -424,7 +424,7 @@ def _post(url: str, body: dict) -> tuple[int, bytes]:
 
 
 def test_hostile_specs_are_refused_where_the_operator_allows_and_the_server_serves_on(fp32_server, fp32_dir):
-    """tests/helpers/spec_fuzz.py's fixed cases and 300 seeded random ones, 8 at a time, while a
+    """tests/helpers/spec_fuzz.py's fixed cases and 300 seeded random ones, 32 at a time, while a
     real compare runs beside them (their requests share the server's steps) and a base file some
     of them name is swapped for a symlink, a FIFO and other files: every request is answered;
     each case leaves what its own envelope says (one result file named by its key, with the
@@ -469,7 +469,7 @@ def test_hostile_specs_are_refused_where_the_operator_allows_and_the_server_serv
         return label, status, body
 
     def beside(batch: list) -> tuple[list, str, float]:
-        """``batch`` sent 8 at a time while the compare runs: (answers, its output, its seconds)."""
+        """``batch`` sent 32 at a time while the compare runs: (answers, its output, its seconds)."""
         t = time.monotonic()
         during = subprocess.Popen(
             [sys.executable, "-m", "kldtool", *map(str, args)],
@@ -478,7 +478,7 @@ def test_hostile_specs_are_refused_where_the_operator_allows_and_the_server_serv
             text=True,
             env={**os.environ, **server.env},
         )
-        with ThreadPoolExecutor(8) as pool:
+        with ThreadPoolExecutor(32) as pool:
             got = list(pool.map(send, batch))
         out, err = during.communicate(timeout=600)
         assert during.returncode == 0, err[-3000:]

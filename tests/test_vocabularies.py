@@ -153,7 +153,7 @@ def test_every_stored_form_at_every_vocabulary(vocab, tmp_path):
 
 
 @pytest.mark.parametrize("name", [n for n in SHAPES if SHAPES[n][0] in ARCH])
-def test_llama_cpp_at_every_vocabulary_and_its_quants_in_order(name, tmp_path):
+def test_llama_cpp_at_every_vocabulary_and_its_quants_in_order(name, vocab_base, tmp_path):
     """Each shape as a GGUF in llama.cpp's conventions for its architecture
     (helpers/vocab_gguf.py), against transformers' float32 base file: F32 is the same model, its
     first window's NLL that of a float64 forward; F16, then Q8_0 and Q4_K_M from llama.cpp's
@@ -161,8 +161,7 @@ def test_llama_cpp_at_every_vocabulary_and_its_quants_in_order(name, tmp_path):
     back through transformers; at 262,144 llama.cpp applies Gemma's soft-cap."""
     model, gguf = model_dir(name), gguf_of(name)
     ids = ("-f", corpus(name, ids=True), "--corpus-format", "ids", "-c", CTX, "--chunks", 2)
-    base = tmp_path / "transformers.kldt"
-    run_cli("base", "-m", model, *ids, "--kl-divergence-base", base)
+    base = vocab_base(name)  # transformers' of the same windows (its text corpus reads as these ids)
     # llama.cpp's defaults (flash attention, an f16 KV cache) keep parts of attention in f16,
     # ~2.7e-4 nats of NLL: the float64 check runs without them.
     f32 = ("-m", gguf_of(name, "F32"), "--flash-attn", "off", "--kv-cache-dtype", "f32")
