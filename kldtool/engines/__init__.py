@@ -53,7 +53,7 @@ def start_loading(flags: dict, model: str | None) -> None:
     engine takes it. Nothing for others, nor where the flags are wrong (make_engine says so)."""
     try:
         e = registry.entry_for(flags, model)
-        if e.preload is None:
+        if e.preload is None:  # only an engine that loads its model on a thread
             return
         ref = _model_ref(model, flags.get("revision"), flags.get("gguf_file"))
         registry.start_preload(e, ref.path if ref else None, flags)  # None: the engine's built-in model
@@ -85,7 +85,7 @@ def _built(e: registry.EngineEntry, opts: EngineOptions, n_ctx: int):
         return cls.from_options(opts, n_ctx)
     ref = _model_ref(opts.model, opts.revision, opts.gguf_file)
     engine = cls.from_options(replace(opts, model=ref.path if ref else None), n_ctx)
-    if e.served:  # -m names only the tokenizer; the server's model is its own
+    if e.server:  # -m names only the tokenizer; the server's model is its own
         return engine
     if ref is None:  # the built-in default: recorded by the path the engine chose
         default = engine.facts.model

@@ -1,6 +1,6 @@
 """Engines by name. Each engine's package says what it is in one ``EngineEntry`` (its
-``__init__.py``'s ``ENTRIES``): its class, how a model path is recognised as its, what it can
-do, and which flags it takes; this module lists the packages (``PACKAGES``, one line per
+``__init__.py``'s ``ENTRIES``): its class, its options, how a model path is recognised as its,
+what it can do, and for a served engine how it is chosen (``Server``); this module lists the packages (``PACKAGES``, one line per
 engine package) and generates from their entries what the CLI shows and refuses: ``--engine``'s
 choices and help, each engine's flag group, and the one-line error for a flag given to an
 engine that does not take it. Nothing here imports an engine's code: a class is imported only
@@ -19,26 +19,36 @@ PACKAGES = ("transformers", "llamacpp", "vllm", "python", "xlstm", "endpoint")
 
 
 @dataclass(kw_only=True, frozen=True)
+class Server:
+    """How an engine whose model runs on a server is chosen and what it leaves to that server:
+    it is chosen by its own flags (--server, --endpoint), not by --engine, and -m names only
+    the tokenizer."""
+
+    flags: tuple[str, ...]  # the flags that choose it, the first of them taking the URL
+    with_engine: tuple[str, ...] = ()  # --engine values those flags allow beside them
+    settings: tuple[str, ...] = ()  # flags it refuses as the server's own settings
+    settings_of: tuple[str, ...] = ()  # engines whose flags are the server's settings too (but its own)
+    note: str = ""  # how that refusal ends
+    reads_base_there: bool = False  # the server's workers read the base file (and its head) themselves
+
+
+@dataclass(kw_only=True, frozen=True)
 class EngineEntry:
+    """An engine: its class, its options class (whose ``FLAGS`` are its flag group, and whose
+    optional ``ALSO_TAKES``, ``REFUSAL_NOTES`` and ``PRELOAD`` say which flags of other groups
+    it takes, why other engines refuse one of its own, and which module loads its model on a
+    thread), what it can do, how a model is recognised as its, and, for a served engine, how it
+    is chosen."""
+
     name: str
     engine: str  # "module:Class"
+    options: str | None = None  # "module:Class" of its options
     can: frozenset[str] = frozenset()  # contract.py's capabilities
-    options: str | None = None  # "module:Class" of its options; the class's FLAGS are its flag group
-    also_takes: tuple[str, ...] = ()  # flags of other engines' groups it takes besides its own
     recognizes: Callable[[str | None, str | None], bool] | None = None  # (model, gguf_file) -> its
     default: bool = False  # the engine of a model no other entry recognises
-    selected_by: tuple[str, ...] = ()  # flags that choose it without --engine
-    with_engine: tuple[str, ...] = ()  # --engine values its selecting flags allow beside them
-    server_side: tuple[str, ...] = ()  # flags it refuses as its server's own settings
-    server_side_of: tuple[str, ...] = ()  # engines whose flags are its server's settings too (but its own)
-    server_note: str = ""  # how that refusal ends
-    refusal_notes: tuple[tuple[str, str], ...] = ()  # (flag, why its owners alone take it)
-    preload: str | None = None  # a module with start(path, flags) and drop(): the model loaded early on a thread
-    text_format: str | None = None  # how its models read a text corpus file (None: as text)
-    listed: bool = True  # a value of --engine
+    server: Server | None = None  # its model runs on a server (not a value of --engine)
     weights: bool = True  # -m names weights (a path or hub id to resolve), not code
-    served: bool = False  # its model runs on a server: -m names only the tokenizer
-    reads_base_there: bool = False  # its server's workers read the base file (and its head) themselves
+    text_format: str | None = None  # how its models read a text corpus file (None: as text)
 
     def load(self):
         return _load(self.engine)
@@ -46,11 +56,33 @@ class EngineEntry:
     def options_class(self):
         return _load(self.options) if self.options is not None else None
 
+    def _of_options(self, name: str, default):
+        return getattr(self.options_class(), name, default)
+
+    @property
+    def listed(self) -> bool:
+        """A value of --engine (a served engine is chosen by its flags instead)."""
+        return self.server is None
+
+    @property
+    def selected_by(self) -> tuple[str, ...]:
+        return self.server.flags if self.server else ()
+
+    @property
+    def preload(self) -> str | None:
+        """A module with start(path, flags) and drop(): the model loaded early on a thread."""
+        return self._of_options("PRELOAD", None)
+
+    @property
+    def refusal_notes(self) -> tuple[tuple[str, str], ...]:
+        """(flag, why only its owners take it), as a refusal names them."""
+        return self._of_options("REFUSAL_NOTES", ())
+
     @property
     def takes(self) -> tuple[str, ...]:
         """The engine-specific flags it takes: its own group's (but those that select it) and
-        ``also_takes``."""
-        return (*(f for f in flag_group(self) if f not in self.selected_by), *self.also_takes)
+        those of other groups its options name (``ALSO_TAKES``)."""
+        return (*(f for f in flag_group(self) if f not in self.selected_by), *self._of_options("ALSO_TAKES", ()))
 
 
 def _load(target: str):
@@ -60,8 +92,9 @@ def _load(target: str):
 
 
 def start_preload(e: EngineEntry, path: str | None, flags: dict) -> None:
-    if e.preload is not None:
-        importlib.import_module(e.preload).start(path, flags)
+    preload = e.preload
+    if preload is not None:
+        importlib.import_module(preload).start(path, flags)
 
 
 def drop_preloads() -> None:
@@ -69,7 +102,8 @@ def drop_preloads() -> None:
     import sys
 
     for e in entries():
-        loading = sys.modules.get(e.preload) if e.preload else None
+        preload = e.preload
+        loading = sys.modules.get(preload) if preload else None
         if loading is not None:
             loading.drop()
 
@@ -155,9 +189,9 @@ def entry_for(flags: dict, model: str | None) -> EngineEntry:
     if by_flag:
         e = by_flag[0]
         others = [f for o in entries() if o is not e for f in o.selected_by if flags.get(f)]
-        if others or (engine is not None and engine not in e.with_engine):
+        if others or (engine is not None and engine not in e.server.with_engine):
             conflicting = ", ".join(_flag(f) for o in entries() if o is not e for f in o.selected_by)
-            if not e.with_engine:
+            if not e.server.with_engine:
                 raise UsageError(f"{_flag(e.selected_by[0])}: a server of its own; not with {conflicting} or --engine")
             raise UsageError(f"{_flag(e.selected_by[0])}: a vLLM server; --engine {engine} does not apply")
         return e
@@ -169,7 +203,7 @@ def refuse_others(e: EngineEntry, flags: dict) -> None:
     unset ones None or False) that ``e`` does not take."""
     server = [f for f in server_settings(e) if _set(flags.get(f))]
     if server:
-        raise UsageError(f"{', '.join(_flag(f) for f in server)}: the server's own settings{e.server_note}")
+        raise UsageError(f"{', '.join(_flag(f) for f in server)}: the server's own settings{e.server.note}")
     f = next((f for f in all_flags() if _set(flags.get(f)) and f not in e.takes and f not in e.selected_by), None)
     if f is not None:
         also = owners(f) or [o for o in entries() if f in o.selected_by]
@@ -179,8 +213,11 @@ def refuse_others(e: EngineEntry, flags: dict) -> None:
 
 def server_settings(e: EngineEntry) -> list[str]:
     """The flags ``e`` refuses as settings of the server it talks to."""
-    of = [f for name in e.server_side_of for f in entry(name).takes if f not in e.takes]
-    return [*e.server_side, *(f for f in of if f not in e.server_side)]
+    if e.server is None:
+        return []
+    own = e.server.settings
+    of = [f for name in e.server.settings_of for f in entry(name).takes if f not in e.takes]
+    return [*own, *(f for f in of if f not in own)]
 
 
 def _where(owning: list[EngineEntry]) -> str:

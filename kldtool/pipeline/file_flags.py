@@ -22,7 +22,8 @@ def span_and_floor(job, reader) -> tuple[tuple[int, int], dict | None]:
 def check_file_flags(job, reader) -> tuple[tuple[int, int], dict | None]:
     """Every flag of ``job`` that must agree with ``reader``'s file checked, its output head
     found and checked (unless a server's workers read it); ``span_and_floor``'s answer."""
-    served = registry.entry(job.engine.engine).reads_base_there if job.engine and job.engine.engine else False
+    server = registry.entry(job.engine.engine).server if job.engine and job.engine.engine else None
+    served = server is not None and server.reads_base_there
     if served and job.head_from:
         raise UsageError(
             f"--head-from {job.head_from}: with --server the server's workers read the output head the base file names"

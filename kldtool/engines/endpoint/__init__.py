@@ -4,19 +4,19 @@ nothing of kldtool's on it (engine.py), through a client that behaves on a share
 exact and why."""
 
 from kldtool.engines.contract import BOUNDED, SCORES
-from kldtool.engines.registry import EngineEntry
+from kldtool.engines.registry import EngineEntry, Server
 
 ENTRIES = (
     EngineEntry(
         name="endpoint",
         engine="kldtool.engines.endpoint.engine:EndpointEngine",
-        can=frozenset({SCORES, BOUNDED}),
         options="kldtool.engines.endpoint.options:EndpointOptions",
-        selected_by=("endpoint",),
-        server_side=("dtype", "device", "threads"),
-        server_side_of=("vllm",),
-        server_note=", not kldtool's with --endpoint",
-        listed=False,
-        served=True,
+        can=frozenset({SCORES, BOUNDED}),
+        server=Server(
+            flags=("endpoint",),
+            settings=("dtype", "device", "threads"),
+            settings_of=("vllm",),
+            note=", not kldtool's with --endpoint",
+        ),
     ),
 )

@@ -18,11 +18,8 @@ ENTRIES = (
     EngineEntry(
         name="llamacpp",
         engine="kldtool.engines.llamacpp.engine:LlamaCppEngine",
-        can=frozenset({HIDDEN, ROUTING, SCHEDULE, SAMPLES}),
         options="kldtool.engines.llamacpp.options:LlamaCppOptions",
-        also_takes=("kv_cache_dtype",),
+        can=frozenset({HIDDEN, ROUTING, SCHEDULE, SAMPLES}),
         recognizes=_is_gguf,
-        refusal_notes=(("contexts", " (the {engine} engine spreads one batch over its device itself)"),),
-        preload="kldtool.engines.llamacpp.load",
     ),
 )

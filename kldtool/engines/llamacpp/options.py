@@ -72,6 +72,9 @@ FLAGS = {
 @dataclass(frozen=True)
 class LlamaCppOptions:
     FLAGS: ClassVar[dict] = FLAGS
+    ALSO_TAKES: ClassVar[tuple] = ("kv_cache_dtype",)  # vLLM's flag, for llama.cpp's cache types too
+    REFUSAL_NOTES: ClassVar[tuple] = (("contexts", " (the {engine} engine spreads one batch over its device itself)"),)
+    PRELOAD: ClassVar[str] = "kldtool.engines.llamacpp.load"  # the GGUF loaded on a thread during start-up
     contexts: int | None = None  # None: 2 with two threads or more
     attention: Attention = Attention()
     offload: Offload = Offload()

@@ -5,28 +5,27 @@ share, and all a client needs; policy.py what a server's operator allows the hoo
 write."""
 
 from kldtool.engines.contract import HIDDEN, SAMPLES, SCORES
-from kldtool.engines.registry import EngineEntry
+from kldtool.engines.registry import EngineEntry, Server
 
 ENTRIES = (
     EngineEntry(
         name="vllm",
         engine="kldtool.engines.vllm.offline:VllmEngine",
-        can=frozenset({HIDDEN, SAMPLES, SCORES}),
         options="kldtool.engines.vllm.options:VllmOptions",
+        can=frozenset({HIDDEN, SAMPLES, SCORES}),
     ),
     EngineEntry(
         name="vllm-server",
         engine="kldtool.engines.vllm.served:VllmServerEngine",
-        can=frozenset({HIDDEN, SAMPLES, SCORES}),
         options="kldtool.engines.vllm.options:ServedOptions",
-        also_takes=("logits_block",),
-        selected_by=("server", "exchange_dir"),
-        with_engine=("vllm",),
-        server_side=("dtype", "device"),
-        server_side_of=("vllm",),
-        server_note=" (give them to `vllm serve`), not kldtool's with --server",
-        listed=False,
-        served=True,
-        reads_base_there=True,
+        can=frozenset({HIDDEN, SAMPLES, SCORES}),
+        server=Server(
+            flags=("server", "exchange_dir"),
+            with_engine=("vllm",),
+            settings=("dtype", "device"),
+            settings_of=("vllm",),
+            note=" (give them to `vllm serve`), not kldtool's with --server",
+            reads_base_there=True,
+        ),
     ),
 )

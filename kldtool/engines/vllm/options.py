@@ -115,6 +115,7 @@ class VllmOptions:
 @dataclass(frozen=True)
 class ServedOptions:
     FLAGS: ClassVar[dict] = SERVED_FLAGS
+    ALSO_TAKES: ClassVar[tuple] = ("logits_block",)  # the offline engine's flag: the client's blocks
     server: str | None = None
     exchange_dir: str | None = None
     logits_block: int | None = None
