@@ -1,10 +1,10 @@
 """Engines by name. Each engine's package says what it is in one ``EngineEntry`` (its
 ``__init__.py``'s ``ENTRIES``): its class, its options, how a model path is recognised as its,
-what it can do, and for a served engine how it is chosen (``Server``); this module lists the packages (``PACKAGES``, one line per
-engine package) and generates from their entries what the CLI shows and refuses: ``--engine``'s
-choices and help, each engine's flag group, and the one-line error for a flag given to an
-engine that does not take it. Nothing here imports an engine's code: a class is imported only
-when its engine is built.
+what it can do, and for a served engine how it is chosen (``Server``); this module lists the
+packages (``PACKAGES``, one line per engine package) and generates from their entries what the
+CLI shows and refuses: ``--engine``'s choices and help, each engine's flag group, and the
+one-line error for a flag given to an engine that does not take it. Nothing here imports an
+engine's code: a class is imported only when its engine is built.
 """
 
 from __future__ import annotations
