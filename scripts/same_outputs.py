@@ -79,6 +79,9 @@ VOLATILE_TEXT = [
     (re.compile(r"[\d.]+ seconds per pass"), "<t> per pass"),
     (re.compile(r'"wall_time_s": [\d.]+'), '"wall_time_s": <t>'),
 ]
+# Log lines and progress bars of vLLM's processes and of torch under them (their pids, times and
+# temporary names change from run to run; none is kldtool's).
+FOREIGN_LINE = re.compile(r"^\([\w-]+ pid=\d+\) |^\[[WIEF]\d{4} \d|\| \d+/\d+ \[\d\d:\d\d<")
 VOLATILE_KEYS = {"created", "host", "wall_time_s", "seconds", "elapsed", "tokens_per_second", "wall", "time"}
 
 
@@ -118,7 +121,7 @@ def _text(s: str, names: dict) -> list[str]:
         s = s.replace(names[key], f"<{key}>")
     for pattern, into in VOLATILE_TEXT:
         s = pattern.sub(into, s)
-    return s.splitlines()
+    return [line for line in s.splitlines() if not FOREIGN_LINE.search(line)]
 
 
 def _json_diff(a, b, where: str, names_a: dict, names_b: dict) -> list[str]:

@@ -85,7 +85,6 @@ class ToyEngine:
     """A seventh engine: uniform-ish logits from a fixed random matrix over a 40-token vocabulary."""
 
     name = "toy"
-    source = None
 
     @classmethod
     def from_options(cls, opts, n_ctx):
@@ -106,9 +105,6 @@ class ToyEngine:
 
     def logit_blocks(self, windows):
         return whole_windows([self.w[w.tokens[w.first : w.first + w.n_scored]] for w in windows])
-
-    def describe(self):
-        return {"engine": "toy"}
 
     def close(self):
         pass
@@ -152,7 +148,7 @@ def test_an_engine_is_its_package_and_one_registry_name(toy_package, tmp_path):
     weights.write_bytes(b"toy")
     engine = make_engine(options_from_flags(_given(toy_scale=0.5), str(weights)), 16)
     assert engine.facts.name == "toy" and engine.w.std() < 0.75  # its own option reached it
-    assert engine.source["path"] == str(weights)  # make_engine records where the model came from
+    assert engine.facts.source["path"] == str(weights)  # make_engine records where the model came from
     windows = llamacpp_windows(engine.tokenize(b"the toy engine scores this text" * 4), 16, 3, None)
     nll = engine_modes.nll(engine, windows)
     w = windows[0]  # float64 reference of its NLLs

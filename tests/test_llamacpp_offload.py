@@ -17,6 +17,7 @@ import pytest
 
 from conftest import ROOT, WIKI, run_cli
 from kldtool import errors
+from kldtool.engines.contract import description
 from test_cli_errors import fail, one_line_error
 
 FLAGS = {"n_gpu_layers": "99", "split_mode": "row", "main_gpu": 1, "tensor_split": "3,1", "no_kv_offload": True}
@@ -70,7 +71,7 @@ def test_every_flag_reaches_the_structs_llama_cpp_gets(q4_1_gguf, structs, prelo
         engine.logits(llamacpp_windows(engine.tokenize(WIKI.read_bytes()[:4000]), 128, 1, engine.bos_id))
         assert structs["model"] == [(99, llama_cpp.LLAMA_SPLIT_MODE_ROW, 1, [3.0, 1.0])]  # one load: taken if preloaded
         assert structs["context"] and not any(structs["context"])  # every context: offload_kqv False
-        described = engine.describe()
+        described = description(engine.facts)
         assert (described["n_gpu_layers"], described["split_mode"], described["main_gpu"]) == (99, "row", 1)
         assert described["tensor_split"] == [3.0, 1.0] and described["kv_offload"] is False
         assert engine.facts.backend == described["backend"] == "CPU"  # this build offloads nothing

@@ -74,24 +74,24 @@ def make_engine(opts: EngineOptions, n_ctx: int):
     """Build an engine for windows of ``n_ctx`` tokens (0: as long as the model's context, which
     the engine reads itself); with no model, the built-in default."""
     e = registry.entry(opts.engine or registry.recognise(opts.model, opts.gguf_file))
-    engine = _built(e, opts, n_ctx)
-    engine.facts = replace(engine.facts, can=e.can)  # what it can do is its entry's word
+    engine, source = _built(e, opts, n_ctx)
+    engine.facts = replace(engine.facts, can=e.can, source=source)  # what it can do is its entry's word
     return engine
 
 
 def _built(e: registry.EngineEntry, opts: EngineOptions, n_ctx: int):
+    """The engine and where its model came from (None: code, a server's own model, or unknown)."""
     cls = e.load()
     if not e.weights:  # -m names code (a factory), not weights to find
-        return cls.from_options(opts, n_ctx)
+        return cls.from_options(opts, n_ctx), None
     ref = _model_ref(opts.model, opts.revision, opts.gguf_file)
     engine = cls.from_options(replace(opts, model=ref.path if ref else None), n_ctx)
     if e.server:  # -m names only the tokenizer; the server's model is its own
-        return engine
+        return engine, None
     if ref is None:  # the built-in default: recorded by the path the engine chose
         default = engine.facts.model
         ref = model_ref.ModelRef(given=default, path=default) if default and os.path.exists(default) else None
-    engine.source = ref.record() if ref else None
-    return engine
+    return engine, ref.record() if ref else None
 
 
 __all__ = ["EngineOptions", "make_engine", "options_from_flags", "start_loading"]

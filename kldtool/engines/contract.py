@@ -12,7 +12,8 @@ implements a mode it has no part in.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping, Protocol, runtime_checkable
 
 if TYPE_CHECKING:  # the engines' packages read their capabilities from here before numpy loads
@@ -27,13 +28,19 @@ BOUNDED = "bounded"  # its KLD is a lower bound (it sees the compared model's to
 SAMPLES = "samples"  # kldtool generate: chat_template, tokenize_rendered and sample (Sampler)
 CAN = (HIDDEN, ROUTING, SCHEDULE, SCORES, BOUNDED, SAMPLES)
 
+# The facts an engine's record (``description``) holds unless the engine names others: a served
+# model has no source on this machine, llama.cpp's logits are always on the CPU.
+RECORDED = ("engine", "model", "source", "dtype", "device", "versions")
+
 
 @dataclass(frozen=True, kw_only=True)
 class Facts:
-    """What an engine is: its vocabulary and token policy, what its numbers depend on (the
-    fields ``manifest.py`` compares between runs), and what it can do (``can``: its registry
-    entry's capabilities, which ``engines.make_engine`` sets; no engine names them itself, and
-    ``registry.has`` finds an engine built directly by its name)."""
+    """What an engine is, and its one description: its vocabulary and token policy, what its
+    numbers depend on (the fields ``manifest.py`` compares between runs), what outputs record of
+    it (``description``: the facts named in ``recorded``, then ``details``), and what it can do
+    (``can``: its registry entry's capabilities, which ``engines.make_engine`` sets with the
+    ``source``; no engine names them itself, and ``registry.has`` finds an engine built directly
+    by its name)."""
 
     name: str
     n_vocab: int
@@ -50,19 +57,49 @@ class Facts:
     eager: bool | None = None  # vLLM without CUDA graphs or compilation (None: not vLLM)
     cpu_isa: str | None = None  # llama.cpp's build's instruction set
     backend: str | None = None  # llama.cpp's backend: "CPU", or the GPUs and the layers they hold
+    kv_cache: str | None = None  # llama.cpp's K and V cache type (f16: its default)
+    flash_attn: str | None = None  # llama.cpp's flash attention: auto, on or off
+    source: Mapping[str, Any] | None = None  # where its model came from (model_ref's record)
+    details: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))  # its record's own keys
+    recorded: tuple[str, ...] = RECORDED
     can: frozenset[str] = frozenset()
 
     def __post_init__(self):
         unknown = set(self.can) - set(CAN)
         if unknown:
             raise ValueError(f"unknown capabilities {sorted(unknown)}")
+        unknown = set(self.recorded) - set(_FIRST) - set(_LAST)
+        if unknown:
+            raise ValueError(f"unknown recorded facts {sorted(unknown)}")
+
+
+_FIRST = ("engine", "model", "source", "dtype", "device")
+_LAST = ("kv_cache", "flash_attn", "versions", "cpu_isa")
+
+
+def description(facts: Facts) -> dict:
+    """What outputs record of an engine (the JSON's "model" block, a base file's header, a
+    state file's): the facts it records, its own details between them. Runs read some of it
+    back from files (provenance/identity.py, the noise floor, a merge of endpoint shards)."""
+    value = {
+        "engine": facts.name,
+        "model": facts.model,
+        "source": facts.source,
+        "dtype": facts.dtype,
+        "device": facts.device,
+        "kv_cache": facts.kv_cache,
+        "flash_attn": facts.flash_attn,
+        "versions": dict(facts.versions) if facts.versions is not None else None,
+        "cpu_isa": facts.cpu_isa,
+    }
+    first = {k: value[k] for k in _FIRST if k in facts.recorded}
+    return first | dict(facts.details) | {k: value[k] for k in _LAST if k in facts.recorded}
 
 
 class Engine(Protocol):
     """What every engine has, whichever way it scores."""
 
     facts: Facts
-    source: dict | None  # where its model came from (model_ref.ModelRef.record), set by make_engine
 
     def tokenize(self, text: bytes) -> np.ndarray:
         """The whole text's ids, special tokens as the model adds them, no EOS."""
@@ -72,11 +109,6 @@ class Engine(Protocol):
 
     def windows_per_call(self, n_ctx: int) -> int:
         """How many windows of ``n_ctx`` tokens one call should get."""
-
-    def describe(self) -> dict:
-        """What outputs record of the engine (the JSON's "model" block, a base file's header):
-        its own keys. Runs read some of them back (provenance/identity.py, the noise floor, a
-        merge of endpoint shards: endpoint/engine.py's bounded_facts)."""
 
     def close(self) -> None: ...
 

@@ -15,7 +15,7 @@ from contextlib import ExitStack
 
 from kldtool.analysis.per_token import PerTokenWriter
 from kldtool.engines import registry
-from kldtool.engines.contract import BOUNDED, label
+from kldtool.engines.contract import BOUNDED, description, label
 from kldtool.pipeline import engine_modes
 from kldtool.provenance.identity import base_identity, tokenizer_identity
 from kldtool.logitsfile import frame_facts
@@ -107,7 +107,7 @@ class _CompareRun:
         self.meta = {
             "base": base_identity(reader),
             "base_path": reader.path,
-            "model": engine.describe(),
+            "model": description(engine.facts),
             "chunk_range": [a, b],
             "order": order.describe(),
             "n_seq": self.n_seq,
@@ -245,7 +245,7 @@ class _CompareRun:
                 **frame_facts(reader),
                 "metadata": reader.metadata,
             },
-            "model": engine.describe(),
+            "model": description(engine.facts),
             "model_size": model_size_dict(engine.facts.model),
             "tokenizer_identity": {
                 "model": tokenizer_identity(engine),

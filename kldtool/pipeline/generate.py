@@ -15,7 +15,7 @@ import numpy as np
 from kldtool import __version__
 from kldtool.analysis.degeneration import degeneration, degeneration_line
 from kldtool.engines import registry
-from kldtool.engines.contract import SAMPLES, Sampling
+from kldtool.engines.contract import SAMPLES, Sampling, description
 from kldtool.errors import UsageError
 from kldtool.pipeline.sinks import Sinks
 from kldtool.provenance.identity import model_identity, tokenizer_identity
@@ -118,7 +118,7 @@ def run_generate(engine, job: GenerateJob, sinks: Sinks | None = None) -> dict:
     ids = _prompt_ids(engine, job, prompts, template)
     header = {
         "engine": engine.facts.name,
-        "model": model_identity(engine.describe()),
+        "model": model_identity(description(engine.facts)),
         "tokenizer": tokenizer_identity(engine),
         "sampling": asdict(job.sampling) | {"samples": job.samples, "seed": job.seed},
         "prompts": {"name": prompts.name, "sha256": prompts.sha256, "count": len(prompts.items)},

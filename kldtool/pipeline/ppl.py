@@ -15,7 +15,7 @@ from contextlib import closing
 
 import numpy as np
 
-from kldtool.engines.contract import Engine, label
+from kldtool.engines.contract import Engine, description, label
 from kldtool.pipeline import engine_modes
 from kldtool.text.corpus import Corpus
 from kldtool.pipeline.sinks import Sinks
@@ -132,7 +132,7 @@ class PplRun:
         result = run_metadata("ppl") | {
             "protocol": plan.describe(engine.facts.bos_id),
             "corpus": {"path": self.corpus.name, "format": self.corpus.format},
-            "model": engine.describe(),
+            "model": description(engine.facts),
             "manifest": run_manifest(engine),
             "ppl": value,
             "ppl_uncertainty": unc,

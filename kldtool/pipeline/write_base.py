@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kldtool.codec import Coding
-from kldtool.engines.contract import Engine, label
+from kldtool.engines.contract import Engine, description, label
 from kldtool.errors import ReplayMismatch, UsageError
 from kldtool.pipeline import engine_modes
 from kldtool.provenance.identity import model_identity, tokenizer_identity
@@ -135,7 +135,7 @@ def setup_base(engine, corpus, job: BaseJob, hidden=None) -> BaseSetup:
     header = plan_header(plan, engine.facts.n_vocab, coding)
     n_seq = engine.windows_per_call(plan.n_ctx)
     described = plan.describe(engine.facts.bos_id)
-    model = engine.describe()
+    model = description(engine.facts)
     metadata = (
         run_metadata("base")
         | {

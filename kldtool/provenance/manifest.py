@@ -40,7 +40,7 @@ def run_manifest(engine) -> dict:
         "cpu_isa": f.cpu_isa,
         "backend": f.backend,
         "tokenizer": tokenizer_identity(engine),
-        "source": engine.source,
+        "source": f.source,
     }
 
 

@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from kldtool.engines import hf_tokenizer
-from kldtool.engines.contract import Facts
+from kldtool.engines.contract import Facts, description
 from kldtool.engines.endpoint.client import TIMEOUT_S, Client, HttpError
 from kldtool.engines.endpoint.forms import EchoForm, SglangForm, VllmForm
 from kldtool.engines.endpoint.options import EndpointOptions
@@ -40,7 +40,6 @@ class EndpointEngine:
     """A Scorer (engines/contract.py): its records come from the server's top-K log-probs."""
 
     name = "endpoint"
-    source = None  # the server's model is its own
 
     @classmethod
     def from_options(cls, opts, n_ctx: int) -> "EndpointEngine":
@@ -97,6 +96,15 @@ class EndpointEngine:
             n_ctx_train=self.n_ctx_train,
             model=self.model_id,
             device="server",
+            details={
+                "server": self.url,
+                "tokenizer": self.tokenizer_path,
+                "top_k": self.k,
+                "endpoint_api": self.form.name,
+                "text_keys": self.text_keys,
+                "models_answer": self.models_answer,
+            },
+            recorded=("engine", "model", "device"),
         )
 
     def _pick_form(self, api: str):
@@ -279,20 +287,8 @@ class EndpointEngine:
         variation's interval and the tail estimate come from the run's sums). A resumed run
         does not know what the sessions before it met: their ambiguity counts as unknown."""
         seen = None if resumed else self.ambiguous
-        return bounded_facts(self.describe() | {"ambiguous_positions": seen}) | {"retries": self.client.retried}
-
-    def describe(self) -> dict:
-        return {
-            "engine": self.name,
-            "model": self.model_id,
-            "server": self.url,
-            "device": "server",
-            "tokenizer": self.tokenizer_path,
-            "top_k": self.k,
-            "endpoint_api": self.form.name,
-            "text_keys": self.text_keys,
-            "models_answer": self.models_answer,
-        }
+        described = description(self.facts) | {"ambiguous_positions": seen}
+        return bounded_facts(described) | {"retries": self.client.retried}
 
     def close(self) -> None:
         self.client.close()

@@ -43,6 +43,3 @@ class Attention:
         if self.kv_cache:
             name = f"GGML_TYPE_{self.kv_cache.upper()}"
             cp.type_k = cp.type_v = getattr(lib, name) if hasattr(lib, name) else GGML_NUMBERS[name]
-
-    def describe(self) -> dict:
-        return {"kv_cache": self.kv_cache or "f16", "flash_attn": self.flash_attn}

@@ -33,7 +33,6 @@ from kldtool.text.protocols import Window
 
 class LlamaCppEngine(Sampler):
     name = "llamacpp"
-    source = None  # set by make_engine
 
     @classmethod
     def from_options(cls, opts, n_ctx: int) -> "LlamaCppEngine":
@@ -101,6 +100,10 @@ class LlamaCppEngine(Sampler):
             versions={"llama-cpp-python": lib.__version__},
             cpu_isa=self.placement.cpu_isa,
             backend=self.placement.name,
+            kv_cache=self.attention.kv_cache or "f16",
+            flash_attn=self.attention.flash_attn,
+            details={"threads": self.threads, "contexts": self.contexts, **self.placement.describe()},
+            recorded=("engine", "model", "source", "dtype", "kv_cache", "flash_attn", "versions", "cpu_isa"),
         )
         if lib.llama_vocab_get_add_eos(self.vocab):
             raise EngineError(f"{model}: the model asks for EOS after every text; llama-perplexity's protocol has none")
@@ -332,17 +335,3 @@ class LlamaCppEngine(Sampler):
             )
         scaling = {"multiplier": head["multiplier"], "softcap": head["softcap"]}
         return OutputHead(weight=head["data"], ggml=head["type"], shape=head["shape"], **scaling)
-
-    def describe(self) -> dict:
-        return {
-            "engine": self.name,
-            "model": self.model_path,
-            "source": self.source,
-            "dtype": "gguf",
-            "threads": self.threads,
-            "contexts": self.contexts,
-            **self.attention.describe(),
-            **self.placement.describe(),
-            "versions": dict(self.facts.versions),
-            "cpu_isa": self.facts.cpu_isa,
-        }

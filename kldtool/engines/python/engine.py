@@ -66,7 +66,6 @@ def load_factory(spec: str):
 
 class PythonEngine:
     name = "python"
-    source = None  # a factory's spec names code: no model source is recorded
 
     @classmethod
     def from_options(cls, opts, n_ctx: int) -> "PythonEngine":
@@ -120,6 +119,8 @@ class PythonEngine:
             dtype="python",
             device=self.device,
             versions={"torch": torch.__version__},
+            details={"name": self.model_name},
+            recorded=("engine", "model", "dtype", "device", "versions"),
         )
 
     def _forward(self, ids):
@@ -228,18 +229,6 @@ class PythonEngine:
             f"--store hidden: the factory's object of --model {self.spec} has no hidden(ids) and head "
             f"(see --engine python in docs/protocols.md); use --store logprobs"
         )
-
-    def describe(self) -> dict:
-        import torch
-
-        return {
-            "engine": self.name,
-            "model": self.spec,
-            "name": self.model_name,
-            "dtype": "python",
-            "device": self.device,
-            "versions": {"torch": torch.__version__},
-        }
 
     def close(self) -> None:
         pass  # the factory's object is freed with the engine

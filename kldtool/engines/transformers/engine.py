@@ -18,7 +18,6 @@ DTYPES = ("float32", "bfloat16", "float16", "float64")  # float64: reference run
 
 class TransformersEngine(Sampler):
     name = "transformers"
-    source = None  # set by make_engine
 
     @classmethod
     def from_options(cls, opts, n_ctx: int) -> "TransformersEngine":
@@ -183,16 +182,6 @@ class TransformersEngine(Sampler):
         multiplier, softcap = head_transforms(self.model.config)
         bias = None if lm.bias is None else lm.bias.detach().cpu()
         return OutputHead(weight=lm.weight.detach().cpu(), bias=bias, multiplier=multiplier, softcap=softcap)
-
-    def describe(self) -> dict:
-        return {
-            "engine": self.name,
-            "model": self.model_path,
-            "source": self.source,
-            "dtype": self.dtype,
-            "device": self.device,
-            "versions": self._versions,
-        }
 
     def close(self) -> None:
         pass  # the model is freed with the engine

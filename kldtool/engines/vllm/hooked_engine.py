@@ -45,7 +45,6 @@ class HookedEngine(ABC):
     """A Scorer (engines/contract.py) whose windows are scored inside vLLM's workers:
     subclasses send the requests and bring back each window's arrays (``_run``)."""
 
-    source = None  # set by make_engine
     tokenizer = None
     logits_block: int
 

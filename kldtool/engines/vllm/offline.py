@@ -136,6 +136,11 @@ class VllmEngine(OfflineSampler, HookedEngine):
             tensor_parallel=int(args.get("tensor_parallel_size") or 1),
             runner=runner_of(self.hooks),
             eager=bool(args.get("enforce_eager")),
+            details={
+                "hooks": self.hooks,
+                "allocator": self.allocator,  # each worker's allocation policy (kldtool/runtime/memory.py)
+                "vllm_args": {k: v for k, v in args.items() if k != "model"},
+            },
         )
 
     def _run(self, windows: list[Window], mode_for) -> list[dict]:
@@ -174,19 +179,6 @@ class VllmEngine(OfflineSampler, HookedEngine):
             multiplier=first["scale"] if first["scale"] != 1.0 else None,
             softcap=first["soft_cap"],
         )
-
-    def describe(self) -> dict:
-        return {
-            "engine": self.name,
-            "model": self.model_path,
-            "source": self.source,
-            "dtype": self.dtype,
-            "device": self.facts.device,
-            "hooks": self.hooks,
-            "allocator": self.allocator,  # each worker's allocation policy (kldtool/runtime/memory.py)
-            "vllm_args": {k: v for k, v in self.llm_kwargs.items() if k != "model"},
-            "versions": self._versions,
-        }
 
     def close(self) -> None:
         llm = getattr(self, "llm", None)

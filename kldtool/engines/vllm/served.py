@@ -126,18 +126,30 @@ class VllmServerEngine(ServedSampler, HookedEngine):
         self.hidden_dtype = self.info.get("dtype", "bfloat16")
         itemsize = DTYPES.get(self.hidden_dtype, ("", 2))[1]
         self.logits_block = logits_block or wire.logits_block_rows(self.n_vocab, itemsize)
-        self.facts = Facts(
+        self.facts = self._facts()
+
+    def _facts(self) -> Facts:
+        info = self.info
+        return Facts(
             name=self.name,
             n_vocab=self.n_vocab,
             bos_id=self.bos_id,
             prefix_id=self.prefix_id,
             n_ctx_train=self.n_ctx_train,
             model=self.model_id,
-            dtype=self.info.get("dtype"),
+            dtype=info.get("dtype"),
             device="server",
-            versions={"vllm": self.info.get("vllm")},
-            tensor_parallel=int(self.info.get("tensor_parallel_size") or 1),
-            runner=runner_of(self.info.get("hook")),
+            versions={"vllm": info.get("vllm")},
+            tensor_parallel=int(info.get("tensor_parallel_size") or 1),
+            runner=runner_of(info.get("hook")),
+            details={
+                "server": self.url,
+                "tokenizer": self.tokenizer_path,
+                "hooks": info.get("hook"),
+                "parallel": {k: info.get(k) for k in ("tensor_parallel_size", "pipeline_parallel_size")},
+                "batch_invariant": bool(info.get("batch_invariant")),
+            },
+            recorded=("engine", "model", "dtype", "device", "versions"),
         )
 
     def score(self, windows: list[Window], source) -> list:
@@ -287,20 +299,6 @@ class VllmServerEngine(ServedSampler, HookedEngine):
                 return {name: z[name] for name in z.files}
         finally:
             os.unlink(got)
-
-    def describe(self) -> dict:
-        return {
-            "engine": self.name,
-            "model": self.model_id,
-            "server": self.url,
-            "dtype": self.info.get("dtype"),
-            "device": "server",
-            "tokenizer": self.tokenizer_path,
-            "hooks": self.info.get("hook"),
-            "parallel": {k: self.info.get(k) for k in ("tensor_parallel_size", "pipeline_parallel_size")},
-            "versions": {"vllm": self.info.get("vllm")},
-            "batch_invariant": bool(self.info.get("batch_invariant")),
-        }
 
     def close(self) -> None:
         self._http.close()

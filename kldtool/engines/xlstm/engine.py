@@ -202,18 +202,6 @@ class XlstmEngine(PythonEngine):
 
         facts = super()._facts()
         versions = dict(facts.versions) | {"xlstm": getattr(xlstm, "__version__", "?")}
-        return replace(facts, dtype="float32", versions=versions)
-
-    def describe(self) -> dict:
-        import xlstm
-
-        described = super().describe()
-        return described | {
-            "engine": self.name,
-            "dtype": "float32",
-            "run": str(self.run),
-            "checkpoint": self.checkpoint.name,
-            "step": self.checkpoint.step,
-            "context_length": self.obj.max_parallel,
-            "versions": described["versions"] | {"xlstm": getattr(xlstm, "__version__", "?")},
-        }
+        run = {"run": str(self.run), "checkpoint": self.checkpoint.name, "step": self.checkpoint.step}
+        details = dict(facts.details) | run | {"context_length": self.obj.max_parallel}
+        return replace(facts, dtype="float32", versions=versions, details=details)
