@@ -24,20 +24,60 @@ def quantize(
     dst: str = typer.Argument(..., help="GGUF to write (atomically)."),
     type_name: str = typer.Argument(..., metavar="TYPE", help="llama.cpp type: Q8_0, Q6_K, Q4_K_M, Q2_K ..."),
     threads: Optional[int] = ENGINE["threads"][1],
+    tensor_type: list[str] = typer.Option(
+        [],
+        "--tensor-type",
+        help="PATTERN=TYPE: tensors whose GGUF name the regular expression finds get TYPE (q6_k, q8_0 ...), "
+        "as llama-quantize's --tensor-type; the first line that matches decides. Repeatable.",
+    ),
+    tensor_type_file: Optional[str] = typer.Option(
+        None,
+        "--tensor-type-file",
+        help="A file of PATTERN=TYPE lines (attribute --tensor-types writes one), after any --tensor-type.",
+    ),
+    pure: bool = typer.Option(False, "--pure", help="Every tensor at TYPE, none of the mix's own choices (--pure)."),
+    json_out: Optional[str] = typer.Option(
+        None, "--json", help="Write what was asked and what llama.cpp wrote per line, and the size, here."
+    ),
 ):
-    """llama-quantize through llama-cpp-python, for sweeps."""
+    """llama-quantize through llama-cpp-python, for sweeps and per-tensor mixes."""
     from kldtool.provenance import model_ref
+    from kldtool.engines.llamacpp import tensor_types as tt
     from kldtool.engines.llamacpp.quantize import quantize
     from kldtool.provenance.sizes import model_size
+    from kldtool.runtime.small_files import write_json
 
     src = model_ref.local_path(src)
     if not os.path.isfile(src):
         raise UsageError(f"{src}: no such GGUF file")
-    quantize(src, dst, type_name, threads)
+    text = None
+    if tensor_type_file is not None:
+        try:
+            with open(tensor_type_file, encoding="utf-8") as f:
+                text = f.read(1 << 20)
+        except (OSError, UnicodeDecodeError) as e:
+            raise UsageError(f"--tensor-type-file {tensor_type_file}: cannot read it ({e})") from None
+    types = tt.parse_tensor_types(tensor_type, text, tensor_type_file)
+    if types:
+        import llama_cpp
+
+        for t in types:
+            tt.ggml_type_number(llama_cpp, t)  # every type known before the source is read
+        decided = tt.check_matches(types, src)
+        note = None if pure else tt.counted_note(decided, type_name)
+        if note:
+            print(note, file=sys.stderr)
+    quantize(src, dst, type_name, threads, types, pure)
     size = model_size(dst)
     print(
         f"{src} -> {dst} ({type_name}, {size.file_bytes / 2**20:.1f} MiB, {size.bpw_linear:.3f} bpw)", file=sys.stderr
     )
+    rows = tt.written_report(types, dst) if types else []
+    for row in rows:
+        print(tt.report_line(row), file=sys.stderr)
+    if json_out:
+        result = {"src": src, "dst": dst, "type": type_name, "pure": pure, "tensor_types": rows}
+        write_json(json_out, result | {"file_bytes": size.file_bytes, "bpw_linear": size.bpw_linear})
 
 
 @app.command()

@@ -8,11 +8,15 @@ import os
 from kldtool.errors import EngineError, UsageError
 
 
-def quantize(src: str, dst: str, type_name: str, threads: int | None = None) -> None:
-    """``llama-quantize --allow-requantize SRC DST TYPE`` through llama-cpp-python (atomic)."""
+def quantize(
+    src: str, dst: str, type_name: str, threads: int | None = None, types: list = (), pure: bool = False
+) -> None:
+    """``llama-quantize --allow-requantize [--pure] [--tensor-type ...] SRC DST TYPE`` through
+    llama-cpp-python (atomic); ``types``: tensor_types.TensorType lines, checked beforehand."""
     import llama_cpp as lib
 
     from kldtool.engines.llamacpp.load import silence_llama_logs
+    from kldtool.engines.llamacpp.tensor_types import overrides_array
 
     silence_llama_logs(lib)
     # F32 is llama.cpp's one "ALL_" type: every tensor in float32 (a quant's fp32 form)
@@ -25,6 +29,10 @@ def quantize(src: str, dst: str, type_name: str, threads: int | None = None) -> 
     params.ftype = ftype
     params.allow_requantize = True
     params.nthread = threads or os.cpu_count() or 1
+    params.pure = pure
+    overrides = overrides_array(lib, list(types)) if types else None  # alive until llama.cpp returns
+    if overrides is not None:
+        params.tt_overrides = ctypes.cast(overrides, ctypes.POINTER(lib.llama_model_tensor_override))
     tmp = f"{dst}.partial-{os.getpid()}"
     rc = lib.llama_model_quantize(src.encode(), tmp.encode(), ctypes.byref(params))
     if rc != 0:
