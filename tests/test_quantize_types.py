@@ -99,3 +99,30 @@ def test_a_bad_line_is_one_line_naming_it_and_nothing_is_written(q4_1_gguf, tmp_
     p = fail("quantize", q4_1_gguf, tmp_path / "out.gguf", "Q8_0", "--tensor-type-file", tmp_path / "t.txt")
     one_line_error(p, UsageError, f"{tmp_path / 't.txt'}:3: ", *words)
     assert not list(tmp_path.glob("out.gguf*"))
+
+
+@pytest.mark.quick
+def test_the_first_part_of_a_split_model_stands_for_every_part(tmp_path):
+    """llama.cpp reads a split model from its first part's name; so do the lines' checks."""
+    from gguf import GGUFWriter
+
+    from kldtool.engines.llamacpp.tensor_types import tensor_type_names
+
+    for i, name in enumerate(("blk.0.ffn_up.weight", "blk.1.ffn_up.weight"), 1):
+        w = GGUFWriter(str(tmp_path / f"m-{i:05d}-of-00002.gguf"), "llama")
+        w.add_tensor(name, np.zeros((4, 32), np.float32))
+        w.write_header_to_file(), w.write_kv_data_to_file(), w.write_tensors_to_file()
+        w.close()
+    first = str(tmp_path / "m-00001-of-00002.gguf")
+    assert tensor_type_names(first) == {"blk.0.ffn_up.weight": "f32", "blk.1.ffn_up.weight": "f32"}
+    assert tensor_type_names(str(tmp_path / "m-00002-of-00002.gguf")) == {"blk.1.ffn_up.weight": "f32"}
+
+
+@pytest.mark.quick
+def test_a_file_over_a_mebibyte_is_refused_before_it_is_parsed(q4_1_gguf, tmp_path):
+    from kldtool.errors import UsageError
+
+    (tmp_path / "big.txt").write_text("#" * (1 << 20) + "\nffn_up=q8_0\n")
+    p = fail("quantize", q4_1_gguf, tmp_path / "out.gguf", "Q8_0", "--tensor-type-file", tmp_path / "big.txt")
+    one_line_error(p, UsageError, "big.txt: over 1 MiB")
+    assert not list(tmp_path.glob("out.gguf*"))

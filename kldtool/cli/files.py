@@ -16,6 +16,9 @@ from kldtool.cli.flag_groups import ENGINE, FRAME_ROWS
 from kldtool.errors import UsageError
 
 
+TENSOR_TYPE_FILE_MAX = 1 << 20  # characters: a line per tensor of a 1T model is far less
+
+
 @app.command()
 def quantize(
     src: str = typer.Argument(
@@ -54,9 +57,11 @@ def quantize(
     if tensor_type_file is not None:
         try:
             with open(tensor_type_file, encoding="utf-8") as f:
-                text = f.read(1 << 20)
+                text = f.read(TENSOR_TYPE_FILE_MAX + 1)
         except (OSError, UnicodeDecodeError) as e:
             raise UsageError(f"--tensor-type-file {tensor_type_file}: cannot read it ({e})") from None
+        if len(text) > TENSOR_TYPE_FILE_MAX:
+            raise UsageError(f"--tensor-type-file {tensor_type_file}: over 1 MiB, not a list of tensor types")
     types = tt.parse_tensor_types(tensor_type, text, tensor_type_file)
     if types:
         import llama_cpp

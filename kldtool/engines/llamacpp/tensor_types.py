@@ -18,9 +18,10 @@ from kldtool.errors import UsageError
 # ggml's type numbers (ggml.h) the Python bindings do not export.
 UNEXPORTED = {"BF16": 30}
 # Tensors llama.cpp's mixes (Q4_K_M ...) count to give every few of them more bits: a line that
-# sets one moves which of the later ones get them (measured: blk.2.attn_v set, and Q4_K_M's
-# choices for attn_v in layers 3-29 shifted by one layer).
+# sets one moves which of the later ones get them (docs/usage.md, "Per-tensor types").
 COUNTED = ("attn_v.", "ffn_down.")
+# A model split by llama.cpp's gguf-split: llama.cpp reads every part from the first one's name.
+SPLIT = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$")
 
 
 @dataclass(frozen=True)
@@ -69,10 +70,16 @@ def overrides_array(lib, types: list[TensorType]):
 
 
 def tensor_type_names(path: str) -> dict[str, str]:
-    """Each tensor of the GGUF at ``path`` and its type, lower case, in the file's order."""
+    """Each tensor of the GGUF at ``path`` (of every part, for the first of a split model) and
+    its type, lower case, in the files' order."""
     from gguf import GGUFReader
 
-    return {t.name: t.tensor_type.name.lower() for t in GGUFReader(path).tensors}
+    split = SPLIT.search(path)
+    parts = [path]
+    if split and split.group(1) == "00001":
+        n = int(split.group(2))
+        parts = [path[: split.start()] + f"-{i:05d}-of-{n:05d}.gguf" for i in range(1, n + 1)]
+    return {t.name: t.tensor_type.name.lower() for part in parts for t in GGUFReader(part).tensors}
 
 
 def governed(types: list[TensorType], names) -> dict[int, list[str]]:
