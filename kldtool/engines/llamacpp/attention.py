@@ -9,12 +9,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kldtool.engines.llamacpp.tensor_types import ggml_number
 from kldtool.errors import UsageError
 
 KV_CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
 FLOAT_CACHES = ("f32", "f16", "bf16")
-# ggml's type numbers (ggml.h) the Python bindings do not export.
-GGML_NUMBERS = {"GGML_TYPE_BF16": 30}
 FLASH_ATTN = {"auto": "AUTO", "on": "ENABLED", "off": "DISABLED"}
 
 
@@ -40,6 +39,5 @@ class Attention:
     def apply(self, cp, lib) -> None:
         """Set them on llama.cpp's context parameters ``cp``."""
         cp.flash_attn_type = getattr(lib, f"LLAMA_FLASH_ATTN_TYPE_{FLASH_ATTN[self.flash_attn]}")
-        if self.kv_cache:
-            name = f"GGML_TYPE_{self.kv_cache.upper()}"
-            cp.type_k = cp.type_v = getattr(lib, name) if hasattr(lib, name) else GGML_NUMBERS[name]
+        if self.kv_cache:  # one of KV_CACHE_TYPES, every one a ggml type
+            cp.type_k = cp.type_v = ggml_number(lib, self.kv_cache)

@@ -1,11 +1,11 @@
 """Per-tensor types for `kldtool quantize`, as llama-quantize takes them (``--tensor-type
 PATTERN=TYPE``, one such line each in a ``--tensor-type-file``, lower-cased as it lowers them): a
 regular expression searched in each tensor's GGUF name, the first line that matches giving its
-type. They reach llama.cpp
-through the quantize parameters' ``tt_overrides``, llama-quantize's own path. llama.cpp may
-still write another type where the asked one cannot hold a tensor (K-quants need rows that are
-a multiple of 256: it falls back), so what was written is read back from the output and
-reported beside what was asked."""
+type. They reach llama.cpp through the quantize parameters' ``tt_overrides``, llama-quantize's
+own path. llama.cpp may still write another type where the asked one cannot hold a tensor
+(K-quants need rows that are a multiple of 256: it falls back), so what was written is read
+back from the output and reported beside what was asked. ggml's type numbers by name are here
+too (``ggml_number``), for the KV-cache types as well."""
 
 from __future__ import annotations
 
@@ -51,12 +51,18 @@ def parse_tensor_types(flags: list[str], file_text: str | None, file_name: str |
     return out
 
 
+def ggml_number(lib, type_name: str) -> int | None:
+    """ggml's number for a type name (q8_0, bf16 ...), None where there is no such type."""
+    name = type_name.upper()
+    number = None if name.endswith("_COUNT") else getattr(lib, f"GGML_TYPE_{name}", UNEXPORTED.get(name))
+    return None if number is None else int(number)
+
+
 def ggml_type_number(lib, t: TensorType) -> int:
-    name = t.type_name.upper()
-    number = getattr(lib, f"GGML_TYPE_{name}", UNEXPORTED.get(name))
-    if number is None or name.endswith("_COUNT"):
+    number = ggml_number(lib, t.type_name)
+    if number is None:
         raise UsageError(f"{t.where}: unknown ggml type {t.type_name!r} (e.g. q8_0, q6_k, q4_k, q4_0, f16)")
-    return int(number)
+    return number
 
 
 def overrides_array(lib, types: list[TensorType]):
