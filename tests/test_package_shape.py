@@ -309,6 +309,7 @@ ENGINE_TOOLS = {
     "kldtool.analysis.worst": "llamacpp",  # a GGUF's vocabulary, without its weights
     "kldtool.pipeline.checkpoint_sweep": "xlstm",  # a helibrunna run's checkpoints
     "kldtool.pipeline.merge": "endpoint",  # what a merged endpoint run knows only as a bound
+    "kldtool.recipe.llamacpp_builds": "llamacpp",  # `kldtool recipe`: llama-quantize
 }
 
 

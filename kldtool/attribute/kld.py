@@ -60,7 +60,9 @@ def window_vectors(engine, reader, windows) -> np.ndarray:
     return np.stack(out)
 
 
-def _interval(a: np.ndarray, b: np.ndarray, spec: Bootstrap) -> dict:
+def paired_kld(a: np.ndarray, b: np.ndarray, spec: Bootstrap) -> dict:
+    """Mean KLD of run ``a`` and of run ``b`` (chunk vectors of the same windows), their
+    difference and its paired block-bootstrap interval."""
     m = compare_runs(a, b, spec)["kld_mean"]
     return {"kld_mean": m["a"], "versus": m["b"], "difference": m["difference"], "interval_95": m["interval_95"]}
 
@@ -79,7 +81,7 @@ def attribute_kld(
         for u in units:
             with swapped(u, values_of(u)):
                 v = window_vectors(engine, reader, windows)
-            r = _interval(v, reference, spec) if measured_first else _interval(reference, v, spec)
+            r = paired_kld(v, reference, spec) if measured_first else paired_kld(reference, v, spec)
             kld = r["kld_mean"] if measured_first else r["versus"]
             results[u.name][mode] = {"kld_mean": kld, key: r["difference"], "interval_95": r["interval_95"]}
             done += 1
@@ -91,24 +93,24 @@ def attribute_kld(
         each("in", lambda u: u.quant, base_vec, True, "above_base")
     quant_vec = None
     if "out" in modes:
-        with _all_quant(every):
+        with all_swapped(every):
             quant_vec = window_vectors(engine, reader, windows)
             done += 1
             each("out", lambda u: u.base, quant_vec, False, "gain")
-    refs = {"base_kld_mean": _mean(base_vec)}
+    refs = {"base_kld_mean": mean_kld(base_vec)}
     if quant_vec is not None:
-        refs["quant_kld_mean"] = _mean(quant_vec)
+        refs["quant_kld_mean"] = mean_kld(quant_vec)
     return {"units": results, "references": refs}
 
 
-def _mean(v: np.ndarray) -> float:
+def mean_kld(v: np.ndarray) -> float:
     from kldtool.stats.bootstrap import chunk_statistics
 
     return float(chunk_statistics(v.sum(axis=0))["kld_mean"])
 
 
 @contextmanager
-def _all_quant(units: list[Unit]):
+def all_swapped(units: list[Unit]):
     from contextlib import ExitStack
 
     with ExitStack() as stack:

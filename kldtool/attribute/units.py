@@ -41,15 +41,23 @@ class Unit:
         return out
 
 
+def decoder_layer_owner(model) -> tuple[object, str]:
+    """(the module holding a transformers causal LM's decoder layers, its attribute naming them):
+    ``model.model`` and ``layers``, and their kin."""
+    for path in ("model.layers", "model.decoder.layers", "transformer.h", "gpt_neox.layers"):
+        *parents, last = path.split(".")
+        obj = model
+        for part in parents:
+            obj = getattr(obj, part, None)
+        if obj is not None and getattr(obj, last, None) is not None:
+            return obj, last
+    raise UsageError(f"attribute: {type(model).__name__} has no decoder layers kldtool knows how to find")
+
+
 def decoder_layers(model) -> list:
     """The decoder layers of a transformers causal LM (``model.model.layers`` and its kin)."""
-    for path in ("model.layers", "model.decoder.layers", "transformer.h", "gpt_neox.layers"):
-        obj = model
-        for part in path.split("."):
-            obj = getattr(obj, part, None)
-        if obj is not None:
-            return list(obj)
-    raise UsageError(f"attribute: {type(model).__name__} has no decoder layers kldtool knows how to find")
+    owner, name = decoder_layer_owner(model)
+    return list(getattr(owner, name))
 
 
 def _layer_index(name: str, layers: dict) -> int | None:

@@ -12,6 +12,7 @@ from kldtool.cli import finished  # noqa: F401  isort: skip
 from kldtool.cli import files  # noqa: F401  isort: skip
 from kldtool.cli import publish  # noqa: F401  isort: skip
 from kldtool.cli import attribute  # noqa: F401  isort: skip
+from kldtool.cli import recipe  # noqa: F401  isort: skip
 from kldtool.cli.app import app, main
 
 __all__ = ["app", "main"]

@@ -7,6 +7,9 @@ import os
 
 from kldtool.errors import EngineError, UsageError
 
+# llama-quantize's own names for the K-quant mixes: Q4_K is Q4_K_M (with --pure, every tensor q4_k).
+ALIASES = {"Q3_K": "Q3_K_M", "Q4_K": "Q4_K_M", "Q5_K": "Q5_K_M"}
+
 
 def quantize(
     src: str, dst: str, type_name: str, threads: int | None = None, types: list = (), pure: bool = False
@@ -20,9 +23,8 @@ def quantize(
 
     silence_llama_logs(lib)
     # F32 is llama.cpp's one "ALL_" type: every tensor in float32 (a quant's fp32 form)
-    ftype = getattr(
-        lib, f"LLAMA_FTYPE_MOSTLY_{type_name.upper()}", getattr(lib, f"LLAMA_FTYPE_ALL_{type_name.upper()}", None)
-    )
+    name = ALIASES.get(type_name.upper(), type_name.upper())
+    ftype = getattr(lib, f"LLAMA_FTYPE_MOSTLY_{name}", getattr(lib, f"LLAMA_FTYPE_ALL_{name}", None))
     if ftype is None:
         raise UsageError(f"unknown GGUF quant type {type_name!r} (e.g. F32, Q8_0, Q6_K, Q4_K_M, Q2_K)")
     params = lib.llama_model_quantize_default_params()

@@ -1,0 +1,122 @@
+"""Does `kldtool recipe` beat llama.cpp's own mixes at their sizes? The built-in SmolLM2 (its
+Q4_1 GGUF is the source, as every requant in this project), a WikiText-2 base file of the fp32
+model (transformers), costs on the first --cost-windows windows at six types, and at the size of
+each mix (Q3_K_M, Q4_K_M) a recipe built; then the recipe and the mix compared by llama.cpp on
+the held-out windows (every window after the cost windows), paired by `kldtool diff`.
+
+Prints per mix: its size and the recipe's, both KLDs on the held-out windows, the paired
+difference with its interval; the recipe's predicted and measured KLD on the cost windows and
+the additive prediction's error; the costs' time and forwards. Appends a dated row to
+benchmarks/RESULTS.md. The ratio is the mix's held-out KLD over the recipe's (above 1: the
+recipe is better). A recipe that does not beat a mix is reported as such.
+
+    .venv/bin/python benchmarks/recipe_frontier.py [--work DIR] [-c 128] [--windows 48] [--cost-windows 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from results import append_row
+
+ROOT = Path(__file__).resolve().parent.parent
+WIKI = ROOT.parent / "shared" / "data" / "wikitext-2" / "wiki.test.txt"
+TYPES = "Q4_0,Q5_0,Q8_0,Q3_K,Q4_K,Q6_K"
+MIXES = ("Q3_K_M", "Q4_K_M")
+
+
+def kldtool(*args) -> subprocess.CompletedProcess:
+    p = subprocess.run([sys.executable, "-m", "kldtool", *map(str, args)], capture_output=True, text=True)
+    if p.returncode:
+        raise SystemExit(f"kldtool {' '.join(map(str, args))} failed:\n{p.stderr[-3000:]}")
+    return p
+
+
+def held_out(model: Path, base: Path, first: int, last: int, out: Path) -> dict:
+    """llama.cpp's compare of one GGUF on windows first..last-1: its JSON, and its per-token file."""
+    h5 = out.with_suffix(".h5")
+    if not h5.exists():
+        kldtool("compare", "-m", model, "--kl-divergence-base", base, "--chunk-range", f"{first}:{last}",
+                "--per-token", h5, "--json", out, "--progress", "none")  # fmt: skip
+    return json.loads(out.read_text())
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--work", type=Path, default=Path("/tmp/kldtool-recipe-frontier"))
+    ap.add_argument("-c", type=int, default=128)
+    ap.add_argument("--windows", type=int, default=48)
+    ap.add_argument("--cost-windows", type=int, default=8)
+    a = ap.parse_args()
+    from kldtool.engines.defaults import default_gguf
+    from kldtool.engines.llamacpp.quantize import quantize
+
+    a.work.mkdir(parents=True, exist_ok=True)
+    src, base = default_gguf(), a.work / "base.kldt"
+    if not base.exists():
+        kldtool("base", "--engine", "transformers", "-f", WIKI, "-c", a.c, "--chunks", a.windows,
+                "--kl-divergence-base", base)  # fmt: skip
+    cache = a.work / "costs-cache.jsonl"
+    rows, figures, ratios, mixes = [], [], [], []
+    for mix in MIXES:
+        mix_gguf = a.work / f"{mix}.gguf"
+        if not mix_gguf.exists():
+            quantize(src, str(mix_gguf), mix)
+        size = mix_gguf.stat().st_size
+        out = a.work / f"recipe-{mix}"
+        kldtool("recipe", src, "--kl-divergence-base", base, "--types", TYPES, "--size", size, "-o", out,
+                "--cost-windows", a.cost_windows, "--cost-cache", cache, "--progress", "none")  # fmt: skip
+        r = json.loads((out / "recipe.json").read_text())
+        ours = held_out(out / "recipe.gguf", base, a.cost_windows, a.windows, a.work / f"held-recipe-{mix}.json")
+        theirs = held_out(mix_gguf, base, a.cost_windows, a.windows, a.work / f"held-{mix}.json")
+        d = a.work / f"diff-{mix}.json"
+        kldtool("diff", a.work / f"held-recipe-{mix}.h5", a.work / f"held-{mix}.h5", "--json", d)
+        paired = json.loads(d.read_text())
+        k = paired["measures"]["kld_mean"] if "measures" in paired else paired["kld_mean"]
+        kr, km = ours["statistics"]["kld_mean"]["value"], theirs["statistics"]["kld_mean"]["value"]
+        verdict = "lower" if k["interval_95"][1] < 0 else ("higher" if k["interval_95"][0] > 0 else "not different")
+        row = (f"{mix} {size:,} B vs recipe {r['size']:,} B: held-out KLD {km:.5f} vs {kr:.5f}, recipe - mix "
+               f"{k['difference']:+.5f} [{k['interval_95'][0]:+.5f}, {k['interval_95'][1]:+.5f}] ({verdict}); "
+               f"cost windows predicted {r['predicted_kld']:.5f} measured {r['measured_kld']:.5f}, additive "
+               f"{100 * r['additive_prediction_error']:.1f} % off, {len(r['rounds'])} round(s)")  # fmt: skip
+        print(row)
+        figures.append(row)
+        ratios.append(f"{mix}: {km / kr:.3f}")
+        rows.append(r)
+        # the mix on the cost windows through the recipe's own forward (transformers), for the plot
+        cw = a.work / f"cost-windows-{mix}.json"
+        if not cw.exists():
+            kldtool("compare", "--engine", "transformers", "-m", mix_gguf, "--kl-divergence-base", base,
+                    "--chunk-range", f"0:{a.cost_windows}", "--json", cw, "--progress", "none")  # fmt: skip
+        kld = json.loads(cw.read_text())["statistics"]["kld_mean"]["value"]
+        mixes.append({"name": mix, "bytes": size, "kld": kld})
+    from kldtool.recipe.outputs import plot
+
+    last = a.work / f"recipe-{MIXES[-1]}"
+    points = json.loads((last / "frontier.json").read_text())["frontier"]
+    built = [{"size": r["size"], "measured": r["measured_kld"]} for r in rows]
+    plot(points, built, mixes, str(a.work / "frontier.png"))
+    print(
+        f"plot: {a.work / 'frontier.png'} (cost windows, transformers' forward: the frontier, the recipes, the mixes)"
+    )
+    took = rows[0]["costs_took"]
+    if took["candidates"]:
+        figures.append(
+            f"costs: {took['candidates']} candidates, {took['forwards']} forwards in {took['seconds']:.0f} s"
+        )
+    else:
+        figures.append("costs read from an earlier run's cost cache (--work)")
+    append_row(
+        f"recipe_frontier (SmolLM2 Q4_1 source, fp32 base, c{a.c} x {a.windows}, costs on {a.cost_windows} windows, "
+        f"types {TYPES}; proof by llama.cpp on windows {a.cost_windows}-{a.windows - 1})",
+        "; ".join(figures),
+        "mix KLD / recipe KLD held out: " + ", ".join(ratios),
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,88 @@
+"""Each tensor's cost at each of its candidates: the mean KLD over the cost windows of the base
+model with only that tensor as llama.cpp wrote it (leave-one-in, attribute/kld.py's forward and
+reducers), paired against the base model's own run for its excess and a bootstrap interval.
+
+One forward of the cost windows per (tensor, distinct candidate): a tensor in decoder layer L
+starts at L on the base run's stored inputs (layer_reuse.py), and a candidate whose values are
+the source's own (a type requantized to itself) costs nothing and takes no forward. Candidates
+are read one build at a time (one dequantized model beside the base), and every record goes to
+the cost cache as it is measured."""
+
+from __future__ import annotations
+
+import re
+import time
+
+from kldtool.attribute.kld import paired_kld, swapped, window_vectors
+from kldtool.attribute.units import Unit
+from kldtool.recipe.candidates import Candidates
+from kldtool.recipe.cost_cache import CostCache
+from kldtool.recipe.layer_reuse import LayerInputs
+
+BLOCK = re.compile(r"^blk\.(\d+)\.")
+
+
+def block_of(tensor: str) -> int:
+    """The decoder layer a GGUF tensor is in; 0 (the whole forward) for any other."""
+    m = BLOCK.match(tensor)
+    return int(m.group(1)) if m else 0
+
+
+def tensor_unit(model, tensor: str, pname: str, values) -> Unit:
+    """The parameter holding a GGUF tensor as an attribute unit with ``values`` to swap in."""
+    module_name, _, leaf = pname.rpartition(".")
+    module = model.get_submodule(module_name)
+    base = getattr(module, leaf).detach().clone()
+    return Unit(name=tensor, layer=block_of(tensor), module=module, quant={leaf: values}, base={leaf: base},
+                numel=base.numel())  # fmt: skip
+
+
+def pending(cands: Candidates, cache: CostCache) -> dict[str, list[tuple[str, str]]]:
+    """Per build (asked type), the (tensor, candidate digest) pairs still to measure there."""
+    out: dict[str, list[tuple[str, str]]] = {t: [] for t in cands.types}
+    for tensor in cands.tensors:
+        for asked, w in cands.options(tensor).items():
+            if cache.get(tensor, w.sha256) is None:
+                out[asked].append((tensor, w.sha256))
+    return out
+
+
+def measure_costs(engine, reader, windows, cands: Candidates, cache: CostCache, spec, dtype: str, progress=None):
+    """Measure what the cache lacks; returns the base run's chunk vectors and what it took
+    (forwards run, candidates measured, bytes of stored layer inputs); the cache holds the costs."""
+    import torch
+
+    from kldtool.attribute.units import load_quant
+
+    model = engine.model
+    stored = LayerInputs(model)
+    with stored.recording():
+        base_vec = window_vectors(engine, reader, windows)
+    todo = pending(cands, cache)
+    total, done, forwards = sum(len(v) for v in todo.values()), 0, 0
+    stored_bytes = stored.nbytes()
+    for asked, items in todo.items():
+        if not items:
+            continue
+        quant = load_quant(cands.builds[asked], dtype).state_dict()
+        for tensor, sha in items:
+            t0 = time.monotonic()
+            w = cands.written[tensor][asked]
+            unit = tensor_unit(model, tensor, cands.params[tensor], quant[cands.params[tensor]].to(model.device))
+            record = {"tensor": tensor, "sha256": sha, "asked": asked, "written": w.type_name, "bytes": w.nbytes}
+            leaf = next(iter(unit.quant))
+            if torch.equal(unit.quant[leaf].to(unit.base[leaf].dtype), unit.base[leaf]):
+                record |= {"kld_mean": None, "above_base": 0.0, "interval_95": [0.0, 0.0], "source_values": True}
+            else:
+                with swapped(unit, unit.quant), stored.starting_at(unit.layer):
+                    vec = window_vectors(engine, reader, windows)
+                forwards += 1
+                r = paired_kld(vec, base_vec, spec)
+                record |= {"kld_mean": r["kld_mean"], "above_base": r["difference"], "interval_95": r["interval_95"]}
+            record["seconds"] = round(time.monotonic() - t0, 3)
+            cache.put(record)
+            done += 1
+            if progress:
+                progress(done, total)
+        del quant
+    return base_vec, {"forwards": forwards, "candidates": total, "stored_inputs_bytes": stored_bytes}

@@ -1,0 +1,92 @@
+"""What ``kldtool recipe`` writes beside the GGUF: the costs (JSON and CSV), the frontier (size
+against predicted KLD, additive and corrected, with the certificate's bound), the tensor-type
+file llama-quantize reads, and a PNG of the frontier. Every file is written atomically."""
+
+from __future__ import annotations
+
+import csv
+import io
+import os
+
+import numpy as np
+
+from kldtool.recipe.rounds import Problem, chosen
+from kldtool.runtime.small_files import write_json, write_text
+
+FRONTIER_POINTS = 256
+
+
+def cost_rows(p: Problem, cache) -> list[dict]:
+    rows = []
+    for tensor, opts in zip(p.cands.tensors, p.options):
+        for asked in opts:
+            w = p.cands.written[tensor][asked]
+            r = cache.get(tensor, w.sha256)
+            rows.append({"tensor": tensor, "asked": asked, "written": w.type_name, "bytes": w.nbytes,
+                         "kld_above_base": r["above_base"], "interval_95": r["interval_95"],
+                         "same_as_source": bool(r.get("source_values"))})  # fmt: skip
+    return rows
+
+
+def frontier(p: Problem, alpha: float) -> list[dict]:
+    """Points of the least predicted KLD against size, at most FRONTIER_POINTS, each an answer
+    the knapsack can name (its exact bytes)."""
+    steps = np.nonzero(np.diff(p.table.best, prepend=np.inf) < 0)[0]
+    if len(steps) > FRONTIER_POINTS:
+        steps = steps[np.linspace(0, len(steps) - 1, FRONTIER_POINTS).round().astype(int)]
+    out = []
+    for at in steps:
+        c = chosen(p, int(at))
+        out.append({"bytes": c["size"], "predicted_additive": p.floor + c["summed_cost"],
+                    "predicted": p.floor + alpha * c["summed_cost"], "lower_bound": p.floor + float(p.lower[min(at, len(p.lower) - 1)])})  # fmt: skip
+    return out
+
+
+def _csv(rows: list[dict]) -> str:
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=list(rows[0]), lineterminator="\n")
+    w.writeheader()
+    for r in rows:
+        w.writerow({k: (" ".join(f"{x:.6g}" for x in v) if isinstance(v, list) else v) for k, v in r.items()})
+    return buf.getvalue()
+
+
+def write_tables(out_dir: str, name: str, rows: list[dict]) -> None:
+    write_json(os.path.join(out_dir, f"{name}.json"), {name: rows})
+    if rows:
+        write_text(os.path.join(out_dir, f"{name}.csv"), _csv(rows))
+
+
+def tensor_type_file(lines: list[str], default_type: str) -> str:
+    head = (
+        "# kldtool recipe: one line a tensor, the type llama.cpp writes for its chosen candidate.\n"
+        f"# Rebuild: llama-quantize --pure --tensor-type-file THIS SOURCE.gguf OUT.gguf {default_type}\n"
+    )
+    return head + "".join(line + "\n" for line in lines)
+
+
+def plot(points: list[dict], built: list[dict], mixes: list[dict], path: str) -> None:
+    """Size against KLD: the predicted frontier as a line, the built recipes and any mixes as points."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    mb = [q["bytes"] / 1e6 for q in points]
+    ax.plot(mb, [q["predicted"] for q in points], label="predicted frontier (corrected)")
+    ax.plot(mb, [q["predicted_additive"] for q in points], linestyle=":", label="additive prediction")
+    ax.scatter([b["size"] / 1e6 for b in built], [b["measured"] for b in built], marker="*", s=120, zorder=3,
+               label="built recipe (measured)")  # fmt: skip
+    for m in mixes:
+        ax.scatter([m["bytes"] / 1e6], [m["kld"]], marker="o", color="black", zorder=3)
+        ax.annotate(m["name"], (m["bytes"] / 1e6, m["kld"]), textcoords="offset points", xytext=(4, 4))
+    ax.set_xlabel("size (MB)")
+    ax.set_ylabel("mean KLD (cost windows)")
+    ax.set_yscale("log")
+    ax.legend()
+    fig.tight_layout()
+    tmp = f"{path}.partial-{os.getpid()}.png"
+    fig.savefig(tmp, dpi=110)
+    plt.close(fig)
+    os.replace(tmp, path)

@@ -1,0 +1,170 @@
+"""`kldtool recipe` on a tiny Llama (tests/helpers/vocab_models.py's llama3-32k: two layers,
+16 quantizable tensors) at two types, Q4_0 and Q8_0. The references are outside the code under
+test: every choice of one candidate per tensor enumerated in numpy (2^16 of them) for the least
+summed cost under the size; a float64 forward of the model with one tensor taken from llama.cpp's
+build, scored against the base file's rows decoded by hand, for a cost; the GGUF as the gguf
+package reads it, and llama.cpp's own rebuild from the written tensor-type file."""
+
+import hashlib
+import itertools
+import json
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import run_cli
+from kldtool.errors import UsageError
+from test_attribute import _base_logprobs, _mean_kld, _windows
+from test_cli_errors import fail, one_line_error
+
+NAME = "llama3-32k"
+TYPES = "Q4_0,Q8_0"
+COST_WINDOWS = 2  # test_attribute's decoders read the first two windows
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    from helpers.vocab_gguf import gguf_of
+    from helpers.vocab_models import corpus_flags, model_dir
+
+    d = tmp_path_factory.mktemp("recipe")
+    src = gguf_of(NAME, "F32")
+    base = d / "base.raw"  # llama.cpp's format: the test decodes its rows itself
+    run_cli("base", "--engine", "transformers", "-m", model_dir(NAME), *corpus_flags(NAME), "-c", 128, "--chunks",
+            4, "--format", "llamacpp", "--kl-divergence-base", base)  # fmt: skip
+    bpw = 6.0
+    p = run_cli("recipe", src, "--kl-divergence-base", base, "--types", TYPES, "--bpw", bpw, "-o", d / "out",
+                "--cost-windows", COST_WINDOWS, "--progress", "none")  # fmt: skip
+    return src, base, d, p, bpw
+
+
+def _costs(out) -> list[dict]:
+    return json.loads((out / "costs.json").read_text())["costs"]
+
+
+def test_the_recipe_is_the_least_cost_choice_and_its_file_holds_it(tiny):
+    from gguf import GGUFReader
+
+    src, base, d, p, bpw = tiny
+    out = d / "out"
+    r = json.loads((out / "recipe.json").read_text())
+    n_params = sum(int(t.n_elements) for t in GGUFReader(str(src)).tensors)
+    limit = int(bpw * n_params / 8)
+    assert r["target"] == {"kind": "size", "value": float(limit)} and r["reachable"]
+    assert (out / "recipe.gguf").stat().st_size <= limit
+    # Every choice enumerated: none fits the size at a lower summed cost (beyond the gap rounding allows).
+    rows = _costs(out)
+    tensors = list(dict.fromkeys(x["tensor"] for x in rows))
+    by = {t: [x for x in rows if x["tensor"] == t] for t in tensors}
+    assert len(tensors) == 16 and all(len(v) == 2 for v in by.values())
+    chosen = {t: next(x for x in by[t] if x["written"] == r["types"][t]) for t in tensors}
+    fixed = r["size"] - sum(x["bytes"] for x in chosen.values())
+    size = np.array([[x["bytes"] for x in by[t]] for t in tensors])
+    cost = np.array([[max(0.0, x["kld_above_base"]) for x in by[t]] for t in tensors])
+    combos = np.array(list(itertools.product((0, 1), repeat=16)))
+    total_size = fixed + size[np.arange(16), combos].sum(axis=1)
+    total_cost = cost[np.arange(16), combos].sum(axis=1)
+    best = total_cost[total_size <= limit].min()
+    ours = sum(max(0.0, x["kld_above_base"]) for x in chosen.values())
+    assert ours <= best + r["gap"] + 1e-12 and r["size"] <= limit
+    # The prediction stated with its rounds, within 10 % of the measured KLD at the end.
+    assert abs(r["predicted_kld"] - r["measured_kld"]) <= 0.10 * r["measured_kld"]
+    assert r["cost_windows"] == [0, 1] and r["held_out_windows"] == [2, 3]
+    assert f"mean KLD {r['measured_kld']:.6f} measured on the cost windows" in p.stdout
+    # The file holds the chosen types, and its tensor-type file rebuilds it byte for byte
+    # through llama-quantize's own path (tt_overrides).
+    written = {t.name: t.tensor_type.name.lower() for t in GGUFReader(str(out / "recipe.gguf")).tensors}
+    assert {t: written[t] for t in tensors} == r["types"]
+    assert {"q4_0", "q8_0"} <= set(r["types"].values())
+    again = d / "again.gguf"
+    run_cli("quantize", src, again, r["default_type"], "--pure", "--tensor-type-file", out / "recipe.tensor-types.txt")
+    digest = {hashlib.sha256(f.read_bytes()).hexdigest() for f in (out / "recipe.gguf", again)}
+    assert len(digest) == 1
+    frontier = json.loads((out / "frontier.json").read_text())["frontier"]
+    sizes = [q["bytes"] for q in frontier]
+    assert sizes == sorted(sizes) and len(frontier) > 5 and (out / "frontier.png").stat().st_size > 10_000
+    assert all(q["lower_bound"] <= q["predicted_additive"] + 1e-12 for q in frontier)
+
+
+@pytest.mark.parametrize("tensor", ["blk.1.ffn_down.weight", "token_embd.weight"])
+def test_a_cost_is_a_float64_leave_one_in_forward(tiny, tensor):
+    """The layer-1 tensor's forward started at layer 1 on stored inputs; the embedding's ran whole."""
+    from transformers import AutoModelForCausalLM
+
+    src, base, d, _, _ = tiny
+    row = next(x for x in _costs(d / "out") if x["tensor"] == tensor and x["asked"] == "Q4_0")
+    build = d / "out" / "builds" / "pure-Q4_0.gguf"
+    model = AutoModelForCausalLM.from_pretrained(str(src.parent), gguf_file=src.name, dtype=torch.float64).eval()
+    quant = AutoModelForCausalLM.from_pretrained(str(build.parent), gguf_file=build.name, dtype=torch.float64)
+    windows, rows = _windows(base), _base_logprobs(base)
+    floor = _mean_kld(model, windows, rows)
+    name = {
+        "blk.1.ffn_down.weight": "model.layers.1.mlp.down_proj.weight",
+        "token_embd.weight": "model.embed_tokens.weight",
+    }
+    with torch.no_grad():
+        model.get_parameter(name[tensor]).copy_(quant.get_parameter(name[tensor]))
+    above = _mean_kld(model, windows, rows) - floor
+    print(tensor, "cost", row["kld_above_base"], "float64", above)
+    assert above > 0 and abs(row["kld_above_base"] - above) <= 1e-3 * above + 1e-8
+
+
+def test_a_kld_target_gives_the_smallest_recipe_under_it_or_names_the_best(tiny):
+    src, base, d, _, _ = tiny
+    first = json.loads((d / "out" / "recipe.json").read_text())
+    cache = d / "out" / "costs-cache.jsonl"
+    target = 1.2 * first["measured_kld"]
+    common = ("--kl-divergence-base", base, "--types", TYPES, "--cost-windows", COST_WINDOWS, "--cost-cache", cache,
+              "--progress", "none")  # fmt: skip
+    p = run_cli("recipe", src, *common, "--target-kld", target, "-o", d / "kld")
+    assert "0 candidates to measure" in p.stderr  # every cost came from the cache
+    r = json.loads((d / "kld" / "recipe.json").read_text())
+    assert r["reachable"] and r["measured_kld"] <= target
+    # Smallest: the frontier's next smaller answer is predicted (corrected) above the target.
+    frontier = json.loads((d / "kld" / "frontier.json").read_text())["frontier"]
+    smaller = [q for q in frontier if q["bytes"] < r["size"]]
+    assert not smaller or smaller[-1]["predicted"] > target or r["rounds"][-1]["measured"] <= target
+    q = fail("recipe", src, *common, "--target-kld", 1e-9, "-o", d / "none")
+    msg = one_line_error(q, UsageError, "--target-kld 1e-09: unreachable with Q4_0, Q8_0", "the best found measures")
+    assert str(d / "none" / "recipe.gguf") in msg
+
+
+def test_a_damaged_cost_cache_is_refused_in_one_line_and_a_cut_last_line_is_measured_again(tiny):
+    src, base, d, _, _ = tiny
+    flags = ("--kl-divergence-base", base, "--types", TYPES, "--cost-windows", COST_WINDOWS, "--size", "10MB")
+    lines = (d / "out" / "costs-cache.jsonl").read_bytes().splitlines(keepends=True)
+    cut = d / "cut.jsonl"  # a kill during the last record's write
+    cut.write_bytes(b"".join(lines[:-1]) + lines[-1][:40])
+    p = run_cli("recipe", src, *flags, "--cost-cache", cut, "-o", d / "cut", "--progress", "none")
+    assert "1 candidates to measure" in p.stderr and cut.read_bytes().count(b"\n") == len(lines)
+    bad = d / "bad.jsonl"
+    edited = lines[3].replace(b'"above_base": ', b'"above_base": 1')
+    bad.write_bytes(b"".join(lines[:3]) + edited + b"".join(lines[4:]))
+    q = fail("recipe", src, *flags, "--cost-cache", bad, "-o", d / "bad")
+    one_line_error(q, UsageError, f"{bad}:4: a damaged cost record")
+    other = d / "other.jsonl"
+    other.write_bytes(lines[0].replace(b'"dtype": "float32"', b'"dtype": "bfloat16"') + b"".join(lines[1:]))
+    q = fail("recipe", src, *flags, "--cost-cache", other, "-o", d / "other")
+    one_line_error(q, UsageError, f"{other}: costs measured against another source")
+    shutil.rmtree(d / "cut")
+
+
+@pytest.mark.quick
+def test_recipe_flag_errors(tmp_path):
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF")
+    base = ("--kl-divergence-base", tmp_path / "b.kldt", "-o", tmp_path / "o")
+    cases = [
+        (("recipe", tmp_path / "none.gguf", *base, "--size", "1MB"), "none.gguf: no such GGUF file"),
+        (("recipe", gguf, "-o", tmp_path / "o", "--size", "1MB"), "recipe needs --kl-divergence-base"),
+        (("recipe", gguf, *base), "give exactly one of --size, --bpw and --target-kld"),
+        (("recipe", gguf, *base, "--size", "1MB", "--target-kld", 0.1), "give exactly one of"),
+        (("recipe", gguf, *base, "--size", "12 parsecs"), "--size '12 parsecs': expected a number of bytes"),
+        (("recipe", gguf, *base, "--target-kld", -1), "--target-kld -1.0: expected a mean KLD above 0"),
+        (("recipe", gguf, *base, "--size", "1MB", "--types", "Q4_0,q4_0"), "distinct llama.cpp types"),
+        (("recipe", gguf, *base, "--size", "1MB", "--cost-windows", 1), "--cost-windows 1: at least 2"),
+    ]
+    for args, needle in cases:
+        one_line_error(fail(*args), UsageError, needle)
