@@ -24,6 +24,7 @@ SUMMARY = {
     "diff": "is quant A really better than B? (paired bootstrap)",
     "worst": "the positions and windows where a quant departs most",
     "attribute": "which layers or tensors cause a quant's divergence",
+    "recipe": "per-tensor types for a size or KLD target, built and checked",
     "ppl": "a model's perplexity alone, under any protocol",
     "generate": "a model's own answers to prompts -> a corpus for base -f",
     "info": "a base file's header, metadata, sizes and completeness",
