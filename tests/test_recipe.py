@@ -108,7 +108,9 @@ def test_a_cost_is_a_float64_leave_one_in_forward(tiny, tensor):
         model.get_parameter(name[tensor]).copy_(quant.get_parameter(name[tensor]))
     above = _mean_kld(model, windows, rows) - floor
     print(tensor, "cost", row["kld_above_base"], "float64", above)
-    assert above > 0 and abs(row["kld_above_base"] - above) <= 1e-3 * above + 1e-8
+    # The cost comes from float32 forwards: 1.4e-8 apart on 1.7e-5 measured on a Xeon (2026-12-06),
+    # 2e-9 on the embedding's 2.3e-4; the bound leaves float32's noise room on another CPU.
+    assert above > 0 and abs(row["kld_above_base"] - above) <= 1e-3 * above + 5e-8
 
 
 def test_a_kld_target_gives_the_smallest_recipe_under_it_or_names_the_best(tiny):
