@@ -27,7 +27,9 @@ def recipe(
         "Q4_0,Q5_0,Q8_0,Q3_K,Q4_K,Q6_K", "--types", help="llama.cpp types to choose from, comma-separated."
     ),
     size: Optional[str] = typer.Option(None, "--size", help="The largest file: bytes, or 95MB, 1.5GiB ..."),
-    bpw: Optional[float] = typer.Option(None, "--bpw", help="The largest size in bits per weight of the source."),
+    bpw: Optional[float] = typer.Option(
+        None, "--bpw", help="The largest size in bits per weight: file bits over every tensor's elements of the source."
+    ),
     target_kld: Optional[float] = typer.Option(
         None, "--target-kld", help="The smallest recipe whose measured mean KLD is at most this."
     ),

@@ -75,8 +75,9 @@ def find_candidates(src: str, model, types: list[str], out_dir: str, say=print) 
     written = {t: read_written(p) for t, p in builds.items()}
     params = parameter_names(model, src)
     first = written[types[0]]
-    tensors = [n for n in first if any(written[t][n].type_name not in FLOAT_TYPES for t in types) and n in params]
-    unmapped = [n for n in first if n not in params and any(written[t][n].type_name not in FLOAT_TYPES for t in types)]
+    quantized = [n for n in first if any(written[t][n].type_name not in FLOAT_TYPES for t in types)]
+    tensors = [n for n in quantized if n in params]
+    unmapped = [n for n in quantized if n not in params]
     if unmapped:
         say(f"recipe: {len(unmapped)} quantized tensor(s) with no transformers parameter stay at the largest build's type "
             f"({unmapped[0]}{', ...' if len(unmapped) > 1 else ''})")  # fmt: skip

@@ -38,7 +38,7 @@ def frontier(p: Problem, alpha: float) -> list[dict]:
     for at in steps:
         c = chosen(p, int(at))
         out.append({"bytes": c["size"], "predicted_additive": p.floor + c["summed_cost"],
-                    "predicted": p.floor + alpha * c["summed_cost"], "lower_bound": p.floor + float(p.lower[min(at, len(p.lower) - 1)])})  # fmt: skip
+                    "predicted": p.floor + alpha * c["summed_cost"], "lower_bound": p.floor + c["lower"]})  # fmt: skip
     return out
 
 

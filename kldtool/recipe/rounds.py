@@ -47,8 +47,9 @@ def chosen(p: Problem, at: int) -> dict:
     types = {t: p.options[i][j] for i, (t, j) in enumerate(zip(p.cands.tensors, picks))}
     summed = sum(p.costs[i][j] for i, j in enumerate(picks))
     size = p.cands.fixed_bytes + sum(p.sizes[i][j] for i, j in enumerate(picks))
-    gap = float(summed - p.lower[min(at, len(p.lower) - 1)])
-    return {"types": types, "summed_cost": float(summed), "size": int(size), "gap": max(gap, 0.0), "at": at}
+    lower = float(p.lower[min(at, len(p.lower) - 1)])
+    return {"types": types, "summed_cost": float(summed), "size": int(size), "gap": max(summed - lower, 0.0),
+            "lower": lower, "at": at}  # fmt: skip
 
 
 def at_for(p: Problem, target: tuple[str, float], alpha: float) -> tuple[int, bool]:
@@ -99,7 +100,7 @@ def run_rounds(p: Problem, target: tuple[str, float], measure, max_rounds: int, 
             reachable = False
             break
         alpha = fit(rounds, p.floor)
-        if over and target[0] == "kld":  # refit moves the choice up; else nothing would change
+        if over:  # refit moves the choice up; else nothing would change
             alpha = max(alpha, (measured - p.floor) / max(pick["summed_cost"], 1e-300) * (1 + 1e-9))
     last = rounds[-1]
     met = target[0] != "kld" or last["measured"] <= target[1]
