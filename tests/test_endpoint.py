@@ -18,7 +18,7 @@ import pytest
 
 from conftest import WIKI, run_cli
 from helpers.interrupt import run_until
-from helpers.proxy import flaky
+from helpers.proxy import flaky, proxied
 from helpers.vllm_serve import IN_PROCESS, served
 from helpers.cpu_kernels import float32_rows_depend_on_the_batch
 from helpers.vllm_jobs import run_jobs
@@ -77,6 +77,8 @@ def runs(w8a8_dir, fp32_dir, hf_base, tmp_path_factory):
         out["direct"] = run_cli(
             "compare", "--endpoint", url, *args, *one, d / "direct.json", "--per-token", d / "direct.h5"
         )
+        # the server's own samples and their log-probs, for compare --generated (issue 83)
+        out["gen8"] = run_cli(*_generate(url, w8a8_dir), "-o", d / "served8.jsonl")
         with flaky(url) as proxy:
             keyed = {"KLDTOOL_ENDPOINT_KEY": KEY}
             out["flaky"] = run_cli(
@@ -96,6 +98,13 @@ def runs(w8a8_dir, fp32_dir, hf_base, tmp_path_factory):
         out["fp32"] = run_cli(
             "compare", "--endpoint", url, *args, "--json", d / "ep32.json", "--per-token", d / "ep32.h5"
         )
+        out["gen32"] = run_cli(*_generate(url, fp32_dir), "-o", d / "served32.jsonl")
+        with proxied(url, rewrite=_sharpen) as proxy:  # a provider that samples at 0.7: 1,000 tokens tell
+            out["gen_sharp"] = run_cli(*_generate(proxy.url, fp32_dir, 4), "-o", d / "sharp.jsonl")
+    for name in ("served8", "served32", "sharp"):  # the base over each server's answers, and the audit
+        base = ("--kl-divergence-base", d / f"{name}.kldt")
+        run_cli("base", "--engine", "transformers", "-m", fp32_dir, "-f", d / f"{name}.jsonl", *base)
+        out[name] = run_cli("compare", "--generated", d / f"{name}.jsonl", *base, "--json", d / f"{name}.json")
     # The offline references, on one engine per model in one process that imports vLLM once
     # (tests/helpers/vllm_jobs.py): W8A8 against the base file and against the server's top-K
     # file, then the float32 model.
@@ -108,6 +117,11 @@ def runs(w8a8_dir, fp32_dir, hf_base, tmp_path_factory):
             "argv": [*w8a8, *args, "--json", d / "off.json", "--per-token", d / "off.h5"],
         },
         {"name": "off_topk", "group": "w8a8", "argv": [*w8a8, *topk, "--json", d / "off-topk.json"]},
+        {  # W8A8's own rows over the answers it sampled: the exact KL(q‖p) of the audit below
+            "name": "q_rows8",
+            "group": "w8a8",
+            "argv": ["base", *w8a8[1:], "-f", d / "served8.jsonl", "--kl-divergence-base", d / "q8.kldt"],
+        },
         {
             "name": "offline32",
             "group": "fp32",
@@ -117,6 +131,19 @@ def runs(w8a8_dir, fp32_dir, hf_base, tmp_path_factory):
     for name, (stdout, stderr, rc, _) in run_jobs(jobs, d, CTX + 1, os.environ | IN_PROCESS, "offline").items():
         out[name] = subprocess.CompletedProcess([], rc, stdout, stderr)
     return out
+
+
+def _sharpen(body: dict) -> dict:
+    """A provider asked for temperature 1 that samples at 0.7 (vLLM reports the model's raw
+    log-probs whatever the temperature)."""
+    if body.get("temperature") == 1.0:
+        body["temperature"] = 0.7
+    return body
+
+
+def _generate(url: str, tokenizer, samples: int = 2) -> tuple:
+    """generate --endpoint: ``samples`` answers of up to 32 tokens to each of 8 built-in chat prompts."""
+    return ("generate", "--endpoint", url, "-m", tokenizer, "--num-prompts", 8, "-n", samples, "--max-tokens", 32)
 
 
 def _stats(d, name):
@@ -345,3 +372,50 @@ def test_a_server_without_the_plugin_is_a_one_line_error(runs):
     lines = runs["no_plugin"].stderr.strip().splitlines()
     assert len(lines) == 1 and "KLDTOOL_VLLM_HOOK=1" in lines[0], lines
     assert runs["no_plugin_s"] < 60  # not a hang
+
+
+def _decoded(path) -> tuple[list[np.ndarray], list]:
+    """Every window's scored rows of a base file as float64 log-probs, and the windows."""
+    from kldtool.codec.rows import decode_np
+    from kldtool.logitsfile import open_base_file
+    from kldtool.text.protocols import stored_windows
+
+    reader = open_base_file(path)
+    try:
+        windows = stored_windows(reader.tokens, reader.header, None)
+        rows = [decode_np(reader.read_rows(w.index, 0, w.n_scored), reader.header.n_vocab) for w in windows]
+    finally:
+        reader.close()
+    return [r.astype(np.float64) for r in rows], windows
+
+
+def test_the_audit_of_a_stock_server_from_its_own_samples(runs):
+    """compare --generated (issue 83) on answers the two stock servers sampled through their chat
+    API: W8A8's estimate of KL(served‖base) within three standard errors of the exact one over
+    the same tokens (W8A8's full rows from offline vLLM against the base's, in float64 here); the
+    float32 model's, against its own float32 base through transformers, below 1e-4 (the two
+    engines' float32 numerics and the base file's 2^-12 grid are all that differ). Both servers
+    sample as asked and count the prompts as rendered here."""
+    d = runs["dir"]
+    w8, f32 = (json.loads((d / f"{n}.json").read_text()) for n in ("served8", "served32"))
+    print(runs["served8"].stdout, runs["served32"].stdout)
+    lq, windows = _decoded(d / "q8.kldt")
+    lp, _ = _decoded(d / "served8.kldt")
+    exact = np.concatenate([np.sum(np.exp(q) * (q - p), axis=1) for q, p in zip(lq, lp)]).mean()
+    r = w8["reverse_kld"]
+    print("W8A8: estimate", r["value"], "+-", r["standard_error"], "exact", exact)
+    assert r["tokens"] == sum(w.n_scored for w in windows) and abs(r["value"] - exact) <= 3 * r["standard_error"]
+    assert abs(f32["reverse_kld"]["value"]) < 1e-4
+    for result in (w8, f32):
+        assert result["sampling_check"]["passes"] and result["sampling_check"]["left_out"] == 0
+        assert result["prompt_tokens"]["differ"] == 0 and result["prompt_tokens"]["counted_by_server"] == 16
+
+
+def test_a_server_that_samples_at_0_7_while_reporting_raw_log_probs_is_caught(runs):
+    result = json.loads((runs["dir"] / "sharp.json").read_text())
+    check = result["sampling_check"]
+    print(runs["sharp"].stdout)
+    assert not check["passes"] and check["bins"][0]["observed_share"] > check["bins"][0]["expected_share"]
+    assert "sampling check: FAILS" in runs["sharp"].stdout
+    table = run_cli("report", runs["dir"] / "sharp.json", runs["dir"] / "served32.json").stdout
+    assert sorted("FAILS" in line for line in table.splitlines() if " at http://127.0.0.1:" in line) == [False, True]

@@ -270,9 +270,9 @@ def test_a_generated_corpus_is_refused_by_a_stream_protocol_and_checked_line_by_
 
 
 def test_an_engine_that_cannot_sample_and_bad_settings_are_refused_before_a_model_loads(tmp_path):
-    endpoint = ("--endpoint", "http://127.0.0.1:9")  # nothing listens: refused before any request
-    p = run_cli("generate", *endpoint, "-o", tmp_path / "c.jsonl", check_rc=UsageError.exit_code)
-    assert "the endpoint engine does not sample answers (the transformers, llamacpp and vllm engines do)" in p.stderr
+    factory = ("--engine", "python", "-m", tmp_path / "nowhere.py:make")  # refused before it is looked for
+    p = run_cli("generate", *factory, "-o", tmp_path / "c.jsonl", check_rc=UsageError.exit_code)
+    assert "the python engine does not sample answers (the transformers, llamacpp and vllm engines do)" in p.stderr
     p = run_cli("generate", "--top-p", 0, "-o", tmp_path / "c.jsonl", check_rc=UsageError.exit_code)
     assert "--top-p 0.0 (0 < p <= 1)" in p.stderr
     assert not list(tmp_path.iterdir())

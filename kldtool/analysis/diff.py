@@ -51,7 +51,12 @@ def _labels(paths: list[str], metas: list[dict]) -> list[str]:
 
 
 def run_diff(path_a: str, path_b: str, bootstrap: Bootstrap, mix: bool = False) -> dict:
-    """Both runs' paired measures (report/diff.py prints them), as ``diff --json`` writes them."""
+    """Both runs' paired measures (report/diff.py prints them), as ``diff --json`` writes them;
+    two audits of served models (compare --generated) paired by prompt (analysis/served_runs.py)."""
+    from kldtool.analysis.served_runs import is_audit, paired, read_audits
+
+    if is_audit(path_a) or is_audit(path_b):
+        return paired(*read_audits([path_a, path_b]), bootstrap)
     (meta_a, acc_a), (meta_b, acc_b) = load_run(path_a), load_run(path_b)
     if not mix:
         check_manifests([(path_a, meta_a.get("manifest")), (path_b, meta_b.get("manifest"))], bounded=bounded_engines())

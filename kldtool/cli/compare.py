@@ -91,6 +91,12 @@ def compare(
     min_chunks: int = typer.Option(
         16, "--min-chunks", help="With --target-ci: the first look, after this many windows (then 2x, 4x, ...)."
     ),
+    generated: Optional[str] = typer.Option(
+        None,
+        "--generated",
+        help="A corpus of `generate --endpoint` (the served model's own answers and their log-probs): "
+        "KL(served‖base) from it and the base file of `base -f` over it, no model run (docs/endpoint.md).",
+    ),
     depth_bins: Optional[str] = typer.Option(
         None,
         "--depth-bins",
@@ -104,6 +110,9 @@ def compare(
 ):
     """Phase 2: run a model over a base file's tokens and print llama-perplexity's KLD statistics."""
     choose_progress(display.progress)
+    if generated is not None:  # no model runs: nothing to load
+        _served_audit(generated, base_file, model, engine_flags, json_out, bootstrap_flags)
+        return
     start_loading(engine_flags, model)
     from kldtool.cli.compare_flags import checkpoints_of, stopping_of
     from kldtool.pipeline.compare import compare_files
@@ -139,6 +148,16 @@ def compare(
         command_line=tuple(command_line()),
     )
     compare_files(job)
+
+
+def _served_audit(generated, base_file, model, engine_flags, json_out, bootstrap_flags) -> None:
+    if base_file is None:
+        raise UsageError("compare --generated needs --kl-divergence-base FILE (of `base -f` over the corpus)")
+    if model is not None or getattr(engine_flags, "endpoint", None):
+        raise UsageError("compare --generated reads the served model's answers from the corpus: no -m or --endpoint")
+    from kldtool.pipeline.served_audit import run_served_audit
+
+    run_served_audit(generated, base_file, json_out, bootstrap_of(bootstrap_flags))
 
 
 @app.command("noise-floor")

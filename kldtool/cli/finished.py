@@ -42,7 +42,7 @@ def report(
     results: list[str] = typer.Argument(
         ...,
         help="compare/merge --json results and compare --per-token .h5 files (those of one model are pooled); "
-        "generate corpora (.jsonl: their degeneration figures side by side, the base's first).",
+        "generate corpora (.jsonl: degeneration side by side); compare --generated --json results (ranked).",
     ),
     markdown: Optional[str] = typer.Option(None, "--markdown", help="Write the table as Markdown here."),
     csv_out: Optional[str] = typer.Option(None, "--csv", help="Write the table as CSV (full precision) here."),
@@ -82,9 +82,11 @@ def report(
     from kldtool.analysis.results import load_results
     from kldtool.runtime.small_files import write_text
 
-    corpora, results = _corpora(results)
-    if corpora and not results:
-        return _degeneration(corpora, markdown)
+    from kldtool.report.degeneration import corpora_among
+
+    corpora, results = corpora_among(results)
+    if _report_of_its_own(corpora, results, markdown):
+        return
     rows = load_results(results, mix=mix)
     if card_out:  # before anything is printed: runs of two references are refused in one line
         from kldtool.report.card import card
@@ -135,26 +137,17 @@ def report(
         print(f"report: wrote {html_out}", file=sys.stderr)
 
 
-def _degeneration(corpora: list, markdown: str | None) -> None:
-    from kldtool.report import degeneration
+def _report_of_its_own(corpora: list, results: list[str], markdown: str | None) -> bool:
+    """Generated corpora alone (their degeneration), or audits of served models alone."""
+    from kldtool.report import degeneration, providers
     from kldtool.runtime.small_files import write_text
 
-    degeneration.console(corpora)
-    if markdown:
-        write_text(markdown, degeneration.markdown(corpora))
-
-
-def _corpora(paths: list[str]) -> tuple[list, list[str]]:
-    """The degeneration rows of the generated corpora among ``paths`` (read and checked before
-    anything is printed), and the other paths."""
-    from kldtool.text.generated import is_generated
-
-    mine = [p for p in paths if not p.endswith((".h5", ".hdf5")) and is_generated(p)]
-    if not mine:
-        return [], paths
-    from kldtool.report.degeneration import corpus_rows
-
-    return corpus_rows(mine), [p for p in paths if p not in mine]
+    if corpora and not results:
+        degeneration.console(corpora)
+        if markdown:
+            write_text(markdown, degeneration.markdown(corpora))
+        return True
+    return providers.report_audits(results, markdown)
 
 
 def _breakdowns(rows) -> list:
@@ -174,7 +167,7 @@ def _breakdowns(rows) -> list:
 @app.command()
 @flags(bootstrap_flags=BOOTSTRAP)
 def diff(
-    a: str = typer.Argument(..., help="Run A: a compare --per-token .h5 file or a compare --state file."),
+    a: str = typer.Argument(..., help="Run A: compare --per-token .h5, --state, or --generated --json result."),
     b: str = typer.Argument(..., help="Run B, against the same base file over the same chunks."),
     json_out: Optional[str] = typer.Option(
         None, "--json", help="Write both runs' values, A − B, intervals and chunk wins here."

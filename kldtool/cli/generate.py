@@ -39,6 +39,11 @@ def generate(
     chat_template: Optional[str] = typer.Option(
         None, "--chat-template", help="A Jinja chat template file in place of the model's own."
     ),
+    top_logprobs: Optional[int] = typer.Option(
+        None,
+        "--top-logprobs",
+        help="--endpoint: log-probs asked per generated token, 1-20 (default 20): kept for `compare --generated`.",
+    ),
     json_out: Optional[str] = typer.Option(None, "--json", help="Write the run's settings and figures here."),
     resume: bool = typer.Option(
         False, "--resume", help="Go on from an interrupted run of the same command (its FILE.partial)."
@@ -69,7 +74,7 @@ def generate(
         resume=resume,
     )
     check_sampling(job.sampling, job.samples)
-    eng = open_engine(engine_flags, model, 0)
+    eng = open_engine(engine_flags, model, 0, sampling=True, top_logprobs=top_logprobs)
     try:
         result = run_generate(eng, job)
     finally:

@@ -56,12 +56,20 @@ def engine_options(opts: SimpleNamespace, model: str | None):
     return options_from_flags(vars(opts), model)
 
 
-def open_engine(opts: SimpleNamespace, model: str | None, n_ctx: int):
-    """The engine a command's ENGINE flags describe, for windows of ``n_ctx`` tokens."""
+def open_engine(opts: SimpleNamespace, model: str | None, n_ctx: int, sampling: bool = False, top_logprobs=None):
+    """The engine a command's ENGINE flags describe, for windows of ``n_ctx`` tokens; with
+    ``sampling``, for ``generate`` (a server's sampled answers with ``top_logprobs`` each)."""
+    from dataclasses import replace
+
     from kldtool.engines import make_engine
     from kldtool.runtime.memory import note_long_window
 
-    engine = make_engine(engine_options(opts, model), n_ctx)
+    built = engine_options(opts, model)
+    if sampling and built.engine == "endpoint":
+        built = replace(built, specific=replace(built.specific, sampling=True, top_k=top_logprobs))
+    elif top_logprobs is not None:
+        raise UsageError("--top-logprobs: only with --endpoint (a server's log-probs of what it sampled)")
+    engine = make_engine(built, n_ctx)
     note_long_window(n_ctx)
     return engine
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import asdict, dataclass
+from urllib.parse import urlsplit
 
 import numpy as np
 
@@ -125,6 +126,10 @@ def run_generate(engine, job: GenerateJob, sinks: Sinks | None = None) -> dict:
         "chat_template": {"from": template.where, "sha256": template.sha256} if template else None,
         "kldtool_version": __version__,
     }
+    if registry.has(engine, SAMPLES) and getattr(engine, "top_logprobs_kept", None):
+        # a served model's answers with their log-probs: where they came from (no query: it may hold a key)
+        url = urlsplit(engine.url)
+        header["server"] = {"url": f"{url.scheme}://{url.netloc}{url.path}", "top_logprobs": engine.top_logprobs_kept}
     places = [(i, j, sample_seed(job.seed, i, j)) for i in range(len(ids)) for j in range(job.samples)]
     step = max(engine.samples_per_call, 1)
     writer = CorpusWriter(job.out_path, header, job.resume)
@@ -134,9 +139,13 @@ def run_generate(engine, job: GenerateJob, sinks: Sinks | None = None) -> dict:
         with Progress("generate", len(places) - len(kept), "samples") as shown:
             for at in range(len(kept), len(places), step):
                 part = places[at : at + step]
-                got = engine.sample([ids[i] for i, _, _ in part], job.sampling, [seed for _, _, seed in part])
-                for (i, j, seed), (new, finish) in zip(part, got, strict=True):
-                    writer.add(i, j, seed, ids[i], new, finish)
+                asked = ([ids[i] for i, _, _ in part], job.sampling, [seed for _, _, seed in part])
+                if getattr(engine, "wants_prompts", False):  # a server's chat API takes the messages
+                    got = engine.sample(*asked, sources=[prompts.items[i] for i, _, _ in part])
+                else:
+                    got = engine.sample(*asked)
+                for (i, j, seed), (new, finish, *served) in zip(part, got, strict=True):
+                    writer.add(i, j, seed, ids[i], new, finish, *served)
                     answers.append(new)
                     finishes.append(finish)
                     shown.advance(tokens=len(new))
@@ -146,4 +155,11 @@ def run_generate(engine, job: GenerateJob, sinks: Sinks | None = None) -> dict:
         raise
     figures = degeneration(answers, finishes)
     sinks.info(f"generate: {os.path.basename(job.out_path)}: {degeneration_line(figures)}")
+    differ = getattr(engine, "differ", 0)
+    if differ:
+        server, here = engine.first_difference
+        sinks.info(
+            f"generate: {engine.url} counted other prompt tokens than the prompts rendered here in {differ} samples "
+            f"(first: {server} against {here}): a system prompt or a template of its own measures another prompt"
+        )
     return {"corpus": os.path.abspath(job.out_path), **header, "degeneration": figures}

@@ -56,3 +56,14 @@ def markdown(rows: list[list[str]]) -> str:
 
 def console(rows: list[list[str]]) -> None:
     console_table(HEAD, rows, TITLE, left=3)
+
+
+def corpora_among(paths: list[str]) -> tuple[list, list[str]]:
+    """The rows of the generated corpora among ``paths`` (read and checked before anything is
+    printed), and the other paths."""
+    from kldtool.text.generated import is_generated
+
+    mine = [p for p in paths if not p.endswith((".h5", ".hdf5")) and is_generated(p)]
+    if not mine:
+        return [], paths
+    return corpus_rows(mine), [p for p in paths if p not in mine]

@@ -4,8 +4,15 @@ from __future__ import annotations
 
 from kldtool.stats.paired import MEASURES
 
+AUDIT_DIFF = "served-audit-diff"  # analysis/served_runs.py's paired result
+
 
 def print_diff(result: dict) -> None:
+    if result.get("kldtool") == AUDIT_DIFF:  # two served models paired by prompt
+        from kldtool.report.providers import diff_lines
+
+        print("\n".join(diff_lines(result)))
+        return
     a, b = result["a"]["label"], result["b"]["label"]
     rows = result["measures"]
     width = max(12, len(a), len(b))

@@ -2,8 +2,11 @@
 (``{"kldtool": "generated", ...}``: the engine and model, the tokenizer's identity, the sampling
 settings and seed, the prompts' file and sha256, the chat template's sha256), then one line per
 sample: the prompt's token ids exactly as the model saw them, the generated ids, which prompt and
-sample it is, its seed and why it ended (``stop``: an end-of-turn token, which is kept, or
-``length``: --max-tokens reached).
+sample it is, its seed and why it ended (``stop``: an end-of-turn token, which is kept;
+``length``: --max-tokens reached; ``cut``: a served answer whose next token no id is sure of).
+A served model's samples (``generate --endpoint``) also keep what the server said of each
+generated token (``served``: its log-prob, the top K's ids and log-probs) and the prompt's
+token count as the server counted it: ``compare --generated`` reads them.
 
 ``base -f`` reads it as documents (prompt + answer, pretokenized) and by default scores only the
 generated positions. A corpus is input like any other: each line is checked whole (types, sizes,
@@ -24,9 +27,11 @@ from kldtool.errors import CorpusError
 
 KIND = "generated"
 VERSION = 1
-FINISH = ("stop", "length")
+FINISH = ("stop", "length", "cut")
 MAX_LINE = 16 << 20  # bytes of one line: a sample of ~1M ids
 MAX_IDS = 1 << 20  # ids of one sample's prompt or answer
+MAX_TOP = 256  # top log-probs per generated token a served sample may keep
+LOGPROB_SLACK = 1e-4  # as engines/endpoint/forms.py: above 0 by more than rounding is no log-prob
 
 
 def is_generated(path: str) -> bool:
@@ -90,9 +95,10 @@ class CorpusWriter:
         self.f.write(json.dumps(rec, separators=(",", ":"), ensure_ascii=False) + "\n")
         self.f.flush()
 
-    def add(self, prompt: int, sample: int, seed: int, prompt_ids, ids, finish: str) -> None:
+    def add(self, prompt: int, sample: int, seed: int, prompt_ids, ids, finish: str, served=None) -> None:
         rec = {"prompt": prompt, "sample": sample, "seed": seed, "finish": finish}
-        self._line(rec | {"prompt_ids": [int(i) for i in prompt_ids], "ids": [int(i) for i in ids]})
+        rec |= {"prompt_ids": [int(i) for i in prompt_ids], "ids": [int(i) for i in ids]}
+        self._line(rec | ({"served": served} if served is not None else {}))
 
     def finish(self) -> None:
         self.f.flush()
@@ -155,11 +161,43 @@ def _sample(rec: dict, where: str) -> dict:
     for key in ("prompt", "sample", "seed"):
         if type(rec.get(key)) is not int or rec[key] < 0:
             raise CorpusError(f"{where}: {key} must be a non-negative integer")
-    return {
+    out = {
         "prompt": rec["prompt"],
         "sample": rec["sample"],
         "seed": rec["seed"],
         "finish": rec["finish"],
         "prompt_ids": _ids(rec.get("prompt_ids"), where, "prompt_ids", empty=False),
-        "ids": _ids(rec.get("ids"), where, "ids", empty=False),
+        "ids": _ids(rec.get("ids"), where, "ids", empty=rec["finish"] == "cut"),
     }
+    if "served" in rec:
+        out["served"] = _served(rec["served"], len(out["ids"]), where)
+    return out
+
+
+def _served(rec, n: int, where: str) -> dict:
+    """A served sample's log-probs, checked whole: one entry per generated token, each a finite
+    log-prob (the top K's may be null where the server named fewer), ids -1 (none sure) or more."""
+    bad = f"{where}: served must hold logprobs, top_ids and top_logprobs for each of its {n} tokens"
+    if not isinstance(rec, dict):
+        raise CorpusError(bad)
+    own, ids, tops = rec.get("logprobs"), rec.get("top_ids"), rec.get("top_logprobs")
+    if not all(isinstance(x, list) and len(x) == n for x in (own, ids, tops)):
+        raise CorpusError(bad)
+    k = len(ids[0]) if n else 1
+    if not 1 <= k <= MAX_TOP or not all(isinstance(r, list) and len(r) == k for r in (*ids, *tops)):
+        raise CorpusError(f"{where}: served top_ids and top_logprobs must be lists of one length, 1 to {MAX_TOP}")
+    if not all(type(i) is int and -1 <= i < 1 << 31 for r in ids for i in r):
+        raise CorpusError(f"{where}: served top_ids must be token ids or -1")
+    lp = np.array([_finite(v, where) for v in own], np.float64)
+    top = np.array([[np.nan if v is None else _finite(v, where) for v in r] for r in tops], np.float64)
+    counted = rec.get("prompt_tokens")
+    if counted is not None and (type(counted) is not int or counted < 0):
+        raise CorpusError(f"{where}: served prompt_tokens must be a count or null")
+    return {"logprobs": lp, "top_ids": np.array(ids, np.int64).reshape(n, k), "top_logprobs": top.reshape(n, k),
+            "prompt_tokens": counted}  # fmt: skip
+
+
+def _finite(v, where: str) -> float:
+    if type(v) not in (int, float) or not np.isfinite(v) or v > LOGPROB_SLACK:
+        raise CorpusError(f"{where}: served log-probs must be finite numbers at most 0")
+    return float(v)

@@ -1,5 +1,5 @@
 """An HTTP proxy on 127.0.0.1 between kldtool's endpoint client and a real server: it drops
-connections, answers 429 with Retry-After, or rewrites a request's prompt, as a test asks."""
+connections, answers 429 with Retry-After, or rewrites a request or an answer, as a test asks."""
 
 import contextlib
 import http.server
@@ -11,12 +11,12 @@ import urllib.request
 
 class Proxy(http.server.ThreadingHTTPServer):
     """Every ``drop``-th connection dropped without an answer, every ``throttle``-th answered 429
-    with Retry-After (0: never), each POST body passed through ``rewrite`` (a dict to a dict),
-    the rest relayed."""
+    with Retry-After (0: never), each POST body passed through ``rewrite`` and each successful
+    POST answer through ``respond`` (each a dict to a dict), the rest relayed."""
 
-    def __init__(self, upstream: str, drop: int = 0, throttle: int = 0, rewrite=None):
+    def __init__(self, upstream: str, drop: int = 0, throttle: int = 0, rewrite=None, respond=None):
         self.upstream, self.seen, self.lock = upstream, 0, threading.Lock()
-        self.drop, self.throttle, self.rewrite = drop, throttle, rewrite
+        self.drop, self.throttle, self.rewrite, self.respond = drop, throttle, rewrite, respond
         self.keys: set[str] = set()  # the Authorization headers that came through
         self.dropped = self.throttled = 0
         super().__init__(("127.0.0.1", 0), _Relay)
@@ -63,6 +63,8 @@ class _Relay(http.server.BaseHTTPRequestHandler):
                 status, data = r.status, r.read()
         except urllib.error.HTTPError as e:
             status, data = e.code, e.read()
+        if body is not None and proxy.respond and status == 200:
+            data = json.dumps(proxy.respond(json.loads(data))).encode()
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))

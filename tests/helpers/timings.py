@@ -42,6 +42,7 @@ COSTS = {
     "test_cross_engine.py": 47,
     "test_adaptive_sweep.py": 46,
     "test_html_report.py": 45,
+    "test_served_audit.py": 70,  # 2026-12-06, Zen 4 EPYC, alone
 }
 
 

@@ -3,7 +3,7 @@ nothing of kldtool's on it (engine.py), through a client that behaves on a share
 (client.py); its flags (options.py). Its KLD is a lower bound; docs/endpoint.md says what is
 exact and why."""
 
-from kldtool.engines.contract import BOUNDED, SCORES
+from kldtool.engines.contract import BOUNDED, SAMPLES, SCORES
 from kldtool.engines.registry import EngineEntry, Server
 
 ENTRIES = (
@@ -11,7 +11,7 @@ ENTRIES = (
         name="endpoint",
         engine="kldtool.engines.endpoint.engine:EndpointEngine",
         options="kldtool.engines.endpoint.options:EndpointOptions",
-        can=frozenset({SCORES, BOUNDED}),
+        can=frozenset({SCORES, BOUNDED, SAMPLES}),
         server=Server(
             flags=("endpoint",),
             settings=("dtype", "device", "threads"),

@@ -20,9 +20,10 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from kldtool.engines import hf_tokenizer
-from kldtool.engines.contract import Facts, description
+from kldtool.engines.contract import description
 from kldtool.engines.endpoint.client import TIMEOUT_S, Client, HttpError
-from kldtool.engines.endpoint.forms import EchoForm, SglangForm, VllmForm
+from kldtool.engines.endpoint.forms import APIS, SAMPLING_APIS, EchoForm, SglangForm, VllmForm
+from kldtool.engines.endpoint.listing import Listed
 from kldtool.engines.endpoint.options import EndpointOptions
 from kldtool.engines.endpoint.pieces import Pieces
 from kldtool.errors import AccessDenied, EngineError, UsageError
@@ -43,7 +44,16 @@ class EndpointEngine:
 
     @classmethod
     def from_options(cls, opts, n_ctx: int) -> "EndpointEngine":
+        if opts.specific is not None and opts.specific.sampling:
+            from kldtool.engines.endpoint.sampler import EndpointSampler
+
+            return EndpointSampler.from_options(opts, n_ctx)
         specific = dataclasses.asdict(opts.specific or EndpointOptions())  # every field but url is a keyword here
+        specific.pop("sampling")
+        if specific["api"] in SAMPLING_APIS:
+            raise UsageError(
+                f"--endpoint-api {specific['api']}: generate's; a run over a base file takes {', '.join(APIS)}"
+            )
         return cls(specific.pop("url"), tokenizer=opts.model, n_ctx=n_ctx, **specific)
 
     def __init__(
@@ -62,25 +72,17 @@ class EndpointEngine:
         self.url = self.client.url
         self.ambiguous = 0  # positions whose top 10 held an entry no id was sure of (text keys)
         self.concurrency = concurrency
-        listed = self.client.get("/v1/models").get("data")
-        if not isinstance(listed, list) or not listed or not all(isinstance(m, dict) and "id" in m for m in listed):
-            raise EngineError(f"{self.url}/v1/models: no model list (not an OpenAI-compatible server?)")
-        by_id = {m["id"]: m for m in listed}
-        if model is not None and model not in by_id:
-            raise UsageError(f"--endpoint-model {model}: {self.url} serves {', '.join(sorted(by_id))}")
-        entry = by_id[model] if model is not None else listed[0]
-        self.model_id, self.models_answer = entry["id"], listed
+        self.served = served = Listed(self.client, model, tokenizer)
+        entry, loaded = served.entry, served.loaded
+        self.model_id = entry["id"]
         self.max_model_len = entry.get("max_model_len")
         if n_ctx and self.max_model_len and n_ctx + 1 > self.max_model_len:
             raise UsageError(
                 f"-c {n_ctx}: {self.url} serves {self.model_id} with a context of {self.max_model_len}; "
                 f"a window needs -c + 1 (its operator raises it with --max-model-len)"
             )
-        loaded = hf_tokenizer.served_tokenizer(tokenizer, entry)
-        self.tokenizer, self.tokenizer_path = loaded.tokenizer, loaded.path
+        self.tokenizer = loaded.tokenizer
         self.n_ctx_train, self.bos_id, self.prefix_id = loaded.n_ctx_train, loaded.bos_id, loaded.prefix_id
-        if loaded.n_vocab is None:
-            raise EngineError(f"{loaded.path}: its config names no vocabulary size")
         self.n_vocab = int(loaded.n_vocab)
         self.pieces = Pieces(self.tokenizer, self.n_vocab)
         self.probe = [int(t) for t in self.tokenize(b"The probe of a server")]
@@ -88,24 +90,8 @@ class EndpointEngine:
         self.text_keys = isinstance(self.form, EchoForm) and _text_keyed(self._probed)
         self.k = self._top_k(top_k)
         self.header_note = f" ({self.form.name}{', text prompts' if self.form.text else ''}, top {self.k})"
-        self.facts = Facts(
-            name=self.name,
-            n_vocab=self.n_vocab,
-            bos_id=self.bos_id,
-            prefix_id=self.prefix_id,
-            n_ctx_train=self.n_ctx_train,
-            model=self.model_id,
-            device="server",
-            details={
-                "server": self.url,
-                "tokenizer": self.tokenizer_path,
-                "top_k": self.k,
-                "endpoint_api": self.form.name,
-                "text_keys": self.text_keys,
-                "models_answer": self.models_answer,
-            },
-            recorded=("engine", "model", "device"),
-        )
+        details = {"top_k": self.k, "endpoint_api": self.form.name, "text_keys": self.text_keys}
+        self.facts = self.served.facts(self.name, self.url, self.bos_id, **details)
 
     def _pick_form(self, api: str):
         """The form asked for, or the first the server answers (probed once, never retried: a

@@ -27,6 +27,7 @@ import re
 from kldtool.errors import EngineError
 
 APIS = ("vllm", "sglang", "openai-echo")
+SAMPLING_APIS = ("chat", "completions")  # generate --endpoint's (engines/endpoint/sampled.py)
 LOGPROB_SLACK = 1e-4  # a log-prob above 0 by more than float32 rounding is no log-prob
 MASS_SLACK = 1e-3  # servers round their log-probs: a top K may sum to a little over 1
 AGREE_SLACK = 1e-3  # the same token's log-prob given twice (own and in the top K), or out of order

@@ -8,7 +8,7 @@ from typing import ClassVar, Optional
 import typer
 
 from kldtool.engines.endpoint.client import TIMEOUT_S
-from kldtool.engines.endpoint.forms import APIS
+from kldtool.engines.endpoint.forms import APIS, SAMPLING_APIS
 from kldtool.errors import UsageError
 
 FLAGS = {
@@ -32,7 +32,8 @@ FLAGS = {
             None,
             "--endpoint-api",
             help="--endpoint: the form the server returns prompt log-probs in: vllm (prompt_logprobs), "
-            "sglang (/generate), openai-echo (echo + logprobs), or auto (default: tried in that order).",
+            "sglang (/generate), openai-echo (echo + logprobs), or auto (default: tried in that order); "
+            "generate: chat or completions (default: chat for chat prompts).",
         ),
     ),
     "top_k": (
@@ -79,12 +80,13 @@ class EndpointOptions:
     concurrency: int = 4
     timeout: float = TIMEOUT_S  # a request's deadline, retries included
     follow_redirects: bool = False
+    sampling: bool = False  # generate's: the server's sampled answers, not its prompt log-probs
 
     @classmethod
     def from_flags(cls, flags: dict) -> "EndpointOptions":
         api = flags.get("endpoint_api") or "auto"
-        if api not in (*APIS, "auto"):
-            raise UsageError(f"--endpoint-api {api}: one of {', '.join(APIS)}, auto")
+        if api not in (*APIS, *SAMPLING_APIS, "auto"):
+            raise UsageError(f"--endpoint-api {api}: one of {', '.join(APIS)}, auto (generate: chat, completions)")
         concurrency = flags.get("concurrency")
         return cls(
             url=flags["endpoint"],
