@@ -23,7 +23,7 @@ from helpers.proxy import proxied
 pytest.importorskip("starlette_context")  # llama-cpp-python's [server] extra
 pytestmark = [pytest.mark.filterwarnings("ignore")]
 
-PROMPTS, SAMPLES, TOKENS = 8, 2, 32  # 16 answers, about 400 sampled tokens
+PROMPTS, SAMPLES, TOKENS = 8, 2, 24  # 16 answers, about 350 sampled tokens
 
 
 def _system(body: dict) -> dict:
@@ -64,7 +64,10 @@ def audit(requant, fp32_dir, tmp_path_factory):
     d = tmp_path_factory.mktemp("served-audit")
     quant = requant("Q8_0")
     # the tokenizer from the base's own directory, as a user names it (-m)
+    # one request at a time: the server keeps the last prompt's cache, so the order requests
+    # arrive in moves its numbers (docs/endpoint.md), and the corpus is then the same every run
     gen = ("generate", "-m", fp32_dir, "--num-prompts", PROMPTS, "-n", SAMPLES, "--max-tokens", TOKENS)
+    gen += ("--concurrency", 1)
     out = {"dir": d, "quant": quant}
     with served_gguf(quant, d, n_ctx=256) as url:
         out["gen"] = run_cli(*gen, "--endpoint", url, "-o", d / "served.jsonl")
@@ -76,7 +79,8 @@ def audit(requant, fp32_dir, tmp_path_factory):
                 out[kind] = run_cli(*few, "--endpoint", proxy.url, "-o", d / f"{kind}.jsonl", check_rc=6)
     # Q2_K served under the Q8_0's name: ranked last by report, apart from it by diff
     with served_gguf(requant("Q2_K"), d, n_ctx=256, alias=quant.name) as url:
-        out["gen_q2"] = run_cli(*gen[:4], PROMPTS, "-n", 1, "--max-tokens", 24, "--endpoint", url, "-o", d / "q2.jsonl")
+        one = (*gen[:4], PROMPTS, "-n", 1, "--max-tokens", TOKENS, "--concurrency", 1)
+        out["gen_q2"] = run_cli(*one, "--endpoint", url, "-o", d / "q2.jsonl")
     for name in ("served", "system", "q2"):
         base = ("base", "-m", fp32_dir, "-f", d / f"{name}.jsonl", "--kl-divergence-base", d / f"{name}.kldt")
         run_cli(*base)
@@ -148,7 +152,7 @@ def test_the_stock_server_passes_the_sampling_check_and_counts_the_prompts_as_re
     result = json.loads((audit["dir"] / "served.json").read_text())
     check, prompts = result["sampling_check"], result["prompt_tokens"]
     print(audit["served"].stdout)
-    assert check["passes"] and check["positions"] > 300
+    assert check["passes"] and check["positions"] > 250
     assert prompts["agree"] == prompts["counted_by_server"] == PROMPTS * SAMPLES
     assert "sampling check: passes" in audit["served"].stdout
 
