@@ -74,6 +74,15 @@ def audit(requant, fp32_dir, tmp_path_factory):
         few = ("generate", "-m", fp32_dir, "--num-prompts", 2, "--max-tokens", 2)
         with proxied(url, rewrite=_system) as proxy:
             out["gen_system"] = run_cli(*few, "--endpoint", proxy.url, "-o", d / "system.jsonl")
+        # a chat prompt and a raw one, each API: completions gets the prompt rendered here as text
+        mixed = d / "mixed.jsonl"
+        chat = {"messages": [{"role": "user", "content": "Name three rivers."}]}
+        mixed.write_text(json.dumps(chat) + "\n" + json.dumps({"prompt": "The river flows"}) + "\n")
+        for api in ("auto", "completions"):
+            out[f"api_{api}"] = run_cli(
+                "generate", "-m", fp32_dir, "--prompts", mixed, "--max-tokens", 8, "--concurrency", 1,
+                "--endpoint", url, "--endpoint-api", api, "-o", d / f"api-{api}.jsonl",
+            )  # fmt: skip
         for kind in HOSTILE:
             with proxied(url, respond=_hostile(kind)) as proxy:
                 out[kind] = run_cli(*few, "--endpoint", proxy.url, "-o", d / f"{kind}.jsonl", check_rc=6)
@@ -164,6 +173,19 @@ def test_a_system_prompt_of_the_providers_is_reported_with_both_counts(audit):
     assert result["prompt_tokens"]["differ"] == 2 and d["server"] != d["rendered_here"]
     assert f"(first: {d['server']} against {d['rendered_here']})" in audit["gen_system"].stderr
     assert f"{d['server']} against {d['rendered_here']}" in audit["system"].stdout
+
+
+def test_chat_and_completions_prompts_reach_the_server_as_rendered_here(audit):
+    """auto: the chat prompt through the chat API, the raw one through completions; completions:
+    both as text (llama-cpp-python takes no ids), the chat template's markers parsed by the
+    server. Every answer keeps its log-probs, and the server counts each prompt as stored."""
+    for api in ("auto", "completions"):
+        samples = _samples(audit["dir"] / f"api-{api}.jsonl")
+        print(api, [(len(s["prompt_ids"]), s["served"]["prompt_tokens"]) for s in samples])
+        assert len(samples) == 2 and "counted other prompt tokens" not in audit[f"api_{api}"].stderr
+        for s in samples:
+            assert s["served"]["prompt_tokens"] == len(s["prompt_ids"])
+            assert len(s["served"]["logprobs"]) == len(s["ids"]) == len(s["served"]["top_ids"]) > 0
 
 
 @pytest.mark.parametrize("kind", sorted(HOSTILE))

@@ -20,12 +20,12 @@ import numpy as np
 
 from kldtool.engines import hf_tokenizer
 from kldtool.engines.contract import Sampling
-from kldtool.engines.endpoint.client import Client, HttpError
+from kldtool.engines.endpoint.client import Client
 from kldtool.engines.endpoint.listing import Listed
 from kldtool.engines.endpoint.pieces import Pieces
 from kldtool.engines.endpoint.sampled import MAX_TOP_LOGPROBS, chat_body, completion_body, read_answer
 from kldtool.engines.hf_chat import HfChat
-from kldtool.errors import UsageError
+from kldtool.errors import AccessDenied, EngineError, UsageError
 
 DEFAULT_TOP_LOGPROBS = 20
 
@@ -76,18 +76,23 @@ class EndpointSampler(HfChat):
         """The prompt as ids where the server takes them (asked once, with a one-token request),
         else as the text they print."""
         if self.prompt_ids is None:
-            probe = completion_body(self.model_id, [int(t) for t in ids], Sampling(max_tokens=1), 0, 1)
+            body = completion_body(self.model_id, [int(t) for t in ids], Sampling(max_tokens=1), 0, 1)
+            # asked once, never retried: a refusal is the answer (llama-cpp-python's is a 500)
+            probe = Client(self.url, timeout=self.client.timeout, retries=0, follow_redirects=self.client._http.follow)
             try:
-                self.client.post("/v1/completions", probe)
+                probe.post("/v1/completions", body)
                 self.prompt_ids = True
-            except HttpError as e:
-                if e.status not in (400, 422):
-                    raise
+            except AccessDenied:
+                raise
+            except EngineError:  # a 4xx, or a 5xx it would not take back (llama-cpp-python's)
                 self.prompt_ids = False
+            finally:
+                probe.close()
         if self.prompt_ids:
             return [int(t) for t in ids]
-        skip = 1 if len(ids) and int(ids[0]) in self.pieces.special else 0  # the server adds its own BOS
-        return self.pieces.text(ids[skip:])
+        skip = 1 if len(ids) and int(ids[0]) == self.bos_id else 0  # the server adds its own BOS
+        # special tokens as their text (a chat template's markers), for the server to parse
+        return self.tokenizer.decode([int(t) for t in ids[skip:]], skip_special_tokens=False)
 
     def _one(self, ids: np.ndarray, prompt, s: Sampling, seed: int, where: str):
         if self._chat(prompt):
