@@ -402,9 +402,12 @@ def test_the_audit_of_a_stock_server_from_its_own_samples(runs):
     lq, windows = _decoded(d / "q8.kldt")
     lp, _ = _decoded(d / "served8.kldt")
     exact = np.concatenate([np.sum(np.exp(q) * (q - p), axis=1) for q, p in zip(lq, lp)]).mean()
-    r = w8["reverse_kld"]
-    print("W8A8: estimate", r["value"], "+-", r["standard_error"], "exact", exact)
+    forward = np.concatenate([np.sum(np.exp(p) * (p - q), axis=1) for q, p in zip(lq, lp)]).mean()
+    r, bounds = w8["reverse_kld"], w8["bounds"]
+    print("W8A8: estimate", r["value"], "+-", r["standard_error"], "exact", exact, "forward", forward, bounds)
     assert r["tokens"] == sum(w.n_scored for w in windows) and abs(r["value"] - exact) <= 3 * r["standard_error"]
+    # the top K's bounds lie below the full divergences over the same positions
+    assert 0 < bounds["rkld_at_least"] <= exact + 1e-6 and 0 < bounds["kld_at_least"] <= forward + 1e-6
     assert abs(f32["reverse_kld"]["value"]) < 1e-4
     for result in (w8, f32):
         assert result["sampling_check"]["passes"] and result["sampling_check"]["left_out"] == 0

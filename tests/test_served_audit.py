@@ -93,7 +93,10 @@ def audit(requant, fp32_dir, tmp_path_factory):
     for name in ("served", "system", "q2"):
         base = ("base", "-m", fp32_dir, "-f", d / f"{name}.jsonl", "--kl-divergence-base", d / f"{name}.kldt")
         run_cli(*base)
-        out[name] = run_cli("compare", "--generated", d / f"{name}.jsonl", *base[-2:], "--json", d / f"{name}.json")
+        per_token = ("--per-token", d / f"{name}.h5")
+        out[name] = run_cli(
+            "compare", "--generated", d / f"{name}.jsonl", *base[-2:], "--json", d / f"{name}.json", *per_token
+        )
     return out
 
 
@@ -244,3 +247,16 @@ def test_a_corpus_whose_served_log_probs_are_damaged_is_one_line(tmp_path, serve
     r = run_cli("compare", "--generated", corpus, "--kl-divergence-base", tmp_path / "none.kldt", check_rc=5)
     (line,) = [x for x in r.stderr.splitlines() if x.strip()]
     assert f"{corpus}: line 2: served" in line and said in line
+
+
+def test_per_token_holds_every_sampled_position_of_the_corpus(audit):
+    import h5py
+
+    samples = _samples(audit["dir"] / "served.jsonl")
+    r = json.loads((audit["dir"] / "served.json").read_text())
+    with h5py.File(audit["dir"] / "served.h5") as f:
+        assert np.array_equal(f["token"][:], np.concatenate([s["ids"] for s in samples]))
+        assert np.array_equal(f["served_logprob"][:], np.concatenate([s["served"]["logprobs"] for s in samples]))
+        assert f["difference"][:].mean() == pytest.approx(r["reverse_kld"]["value"], abs=1e-12)
+        assert f["rkld_bound"][:].mean() == pytest.approx(r["bounds"]["rkld_at_least"], abs=1e-12)
+        assert list(np.unique(f["prompt"][:])) == list(range(PROMPTS)) and f["depth"][:].max() < TOKENS

@@ -111,7 +111,7 @@ def compare(
     """Phase 2: run a model over a base file's tokens and print llama-perplexity's KLD statistics."""
     choose_progress(display.progress)
     if generated is not None:  # no model runs: nothing to load
-        _served_audit(generated, base_file, model, engine_flags, json_out, bootstrap_flags)
+        _served_audit(generated, base_file, model, engine_flags, (json_out, per_token), bootstrap_flags)
         return
     start_loading(engine_flags, model)
     from kldtool.cli.compare_flags import checkpoints_of, stopping_of
@@ -150,14 +150,14 @@ def compare(
     compare_files(job)
 
 
-def _served_audit(generated, base_file, model, engine_flags, json_out, bootstrap_flags) -> None:
+def _served_audit(generated, base_file, model, engine_flags, outputs, bootstrap_flags) -> None:
     if base_file is None:
         raise UsageError("compare --generated needs --kl-divergence-base FILE (of `base -f` over the corpus)")
     if model is not None or getattr(engine_flags, "endpoint", None):
         raise UsageError("compare --generated reads the served model's answers from the corpus: no -m or --endpoint")
     from kldtool.pipeline.served_audit import run_served_audit
 
-    run_served_audit(generated, base_file, json_out, bootstrap_of(bootstrap_flags))
+    run_served_audit(generated, base_file, outputs[0], bootstrap_of(bootstrap_flags), outputs[1])
 
 
 @app.command("noise-floor")

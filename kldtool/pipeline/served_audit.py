@@ -19,12 +19,17 @@ from kldtool.analysis.served_runs import KIND
 from kldtool.codec.rows import HEADER_SLOTS, row_params_np
 from kldtool.errors import BaseFileError, MismatchError, UsageError
 from kldtool.logitsfile import open_base_file
+from kldtool.logitsfile.atomic import output_target
 from kldtool.logitsfile.prefetch import PrefetchedChunks
+from kldtool.reduce.quant_topk import reduce_quant_topk
 from kldtool.runtime.small_files import write_json
 from kldtool.stats.bootstrap import Bootstrap
 from kldtool.stats.served_kl import Sample, reverse_kld, sampling_check
 from kldtool.text.generated import read_generated
 from kldtool.text.protocols import stored_windows
+
+
+BOUNDS = ("kld", "rkld", "tv", "tv_hi")  # reduce/quant_topk.py's bounded records kept
 
 
 def sampled_rank(top_ids: np.ndarray, top: np.ndarray, token: int) -> int:
@@ -37,23 +42,32 @@ def sampled_rank(top_ids: np.ndarray, top: np.ndarray, token: int) -> int:
     return int(hit[0]) if len(hit) else len(top_ids)
 
 
-def _base_logprobs(feed, w, n_vocab: int) -> tuple[np.ndarray, np.ndarray]:
+def _base_side(feed, w, h, served: dict) -> tuple[np.ndarray, np.ndarray, dict]:
     """The base's log-prob of each scored target of window ``w`` (decoded as every reader
-    decodes a row) and whether the row held it at its clamp (a floor, not the value)."""
-    lps, clamped, a = [], [], 0
+    decodes a row), whether the row held it at its clamp (a floor, not the value), and the
+    bounds the served top K give of the full divergences at each position (reduce/quant_topk.py,
+    as compare --endpoint computes them): KLD(base‖served) and reverse KLD from below, the total
+    variation between two bounds."""
+    lps, clamped, bounds, a = [], [], [], 0
     for rows in feed.parts_numpy(w.index, 0, w.n_scored):
-        t = w.targets[a : a + len(rows)]
-        if (t >= n_vocab).any():
+        b = a + len(rows)
+        t = w.targets[a:b]
+        if (t >= h.n_vocab).any():
             raise BaseFileError(f"window {w.index}: a target outside the base file's vocabulary")
         scale, low = row_params_np(rows)
         code = rows[np.arange(len(rows)), HEADER_SLOTS + t].astype(np.float32)
         lps.append((code * scale + low).astype(np.float64))
         clamped.append(code == 0)
-        a += len(rows)
-    return np.concatenate(lps), np.concatenate(clamped)
+        known = ~np.isnan(served["top"][a:b])  # an entry the server did not name: unknown, outside S
+        ids, lq = np.where(known, served["ids"][a:b], -1), np.where(known, served["top"][a:b], 0.0)
+        rec = reduce_quant_topk(rows, h.n_vocab, h.clamped_at, ids, lq, served["own"][a:b], t)
+        bounds.append({k: getattr(rec, k) for k in BOUNDS})
+        a = b
+    joined = {k: np.concatenate([x[k] for x in bounds]) for k in BOUNDS}
+    return np.concatenate(lps), np.concatenate(clamped), joined
 
 
-def _samples(corpus: str, samples: list[dict], base: str, reader) -> list[Sample]:
+def _samples(corpus: str, samples: list[dict], base: str, reader) -> tuple[list[Sample], dict]:
     served = [s for s in samples if "served" in s]
     if len(served) != len(samples):
         raise UsageError(
@@ -64,11 +78,13 @@ def _samples(corpus: str, samples: list[dict], base: str, reader) -> list[Sample
         raise UsageError(f"{base}: a top-{h.keep} base file; the estimate needs the base's full rows")
     windows = stored_windows(reader.tokens, h, None)
     scored = [s for s in samples if len(s["ids"])]
+    if not scored:
+        raise UsageError(f"--generated {corpus}: no answer holds a token")
     if len(windows) != len(scored):
         raise MismatchError(
             f"{base}: {len(windows)} windows for the {len(scored)} answers of {corpus}: not its base file"
         )
-    out = []
+    out, bounds = [], []
     feed = PrefetchedChunks(reader, range(len(windows)), device="cpu")
     try:
         for w, s in zip(windows, scored):
@@ -79,18 +95,19 @@ def _samples(corpus: str, samples: list[dict], base: str, reader) -> list[Sample
                     f"{base}: window {w.index} is not sample {s['sample']} of prompt {s['prompt']} of {corpus}"
                 )
             n = w.n_scored
-            lp, clamped = _base_logprobs(feed, w, h.n_vocab)
             v = s["served"]
             k = v["top_ids"].shape[1]
             # The top K - 1 only: a server may name the sampled token in place of the K-th where it
             # lies outside the top K (vLLM's chat API does), and the first K - 1 are the true top
             # K - 1 either way.
             ids, top = v["top_ids"][:n, : max(k - 1, 1)], v["top_logprobs"][:n, : max(k - 1, 1)]
+            lp, clamped, b = _base_side(feed, w, h, {"ids": ids, "top": top, "own": v["logprobs"][:n]})
             ranks = np.array([sampled_rank(ids[t], top[t], int(s["ids"][t])) for t in range(n)])
             out.append(Sample(served=v["logprobs"][:n], base=lp, clamped=clamped, top=top, rank=ranks))
+            bounds.append(b)
     finally:
         feed.close()
-    return out
+    return out, {k: np.concatenate([b[k] for b in bounds]) for k in BOUNDS}
 
 
 def _prompts(samples: list[dict]) -> dict:
@@ -114,6 +131,12 @@ def lines(result: dict) -> list[str]:
         f"KL(served‖base) = {r['value']:.6f}{se}{ci}: unbiased, the mean of log q(x) - log p(x) over "
         f"{r['tokens']} sampled tokens in {r['samples']} samples"
     ]
+    b = result["bounds"]
+    out.append(
+        f"  from the top K over the same positions: KLD(base‖served) ≥ {b['kld_at_least']:.6f}, "
+        f"reverse KLD ≥ {b['rkld_at_least']:.6f}, total variation in [{b['tv_interval'][0]:.6f}, "
+        f"{b['tv_interval'][1]:.6f}] (bounds, as compare --endpoint prints them)"
+    )
     if r["clamped_tokens"]:
         out.append(
             f"  {r['clamped_tokens']} sampled tokens lay at the base row's clamp, where log p is a floor: "
@@ -148,13 +171,39 @@ def lines(result: dict) -> list[str]:
     return out
 
 
-def run_served_audit(corpus: str, base: str, json_path: str | None, bootstrap: Bootstrap) -> dict:
+def _columns(raw: list[dict], samples: list[Sample], bounds: dict) -> dict[str, np.ndarray]:
+    """--per-token's columns, one row per sampled position (analysis/served_per_token.py)."""
+    scored = [s for s in raw if len(s["ids"])]
+    n = [len(x.served) for x in samples]
+
+    def each(f):
+        return np.concatenate([f(s, x, k) for s, x, k in zip(scored, samples, n)])
+
+    return {
+        "prompt": each(lambda s, x, k: np.full(k, s["prompt"], np.int64)),
+        "sample": each(lambda s, x, k: np.full(k, s["sample"], np.int64)),
+        "depth": each(lambda s, x, k: np.arange(k, dtype=np.int64)),
+        "token": each(lambda s, x, k: s["ids"][:k]),
+        "served_logprob": each(lambda s, x, k: x.served),
+        "base_logprob": each(lambda s, x, k: x.base),
+        "difference": each(lambda s, x, k: x.served - x.base),
+        "clamped": each(lambda s, x, k: x.clamped),
+        "rank": each(lambda s, x, k: x.rank),
+        **{f"{name}_bound": bounds[name] for name in BOUNDS},
+    }
+
+
+def run_served_audit(
+    corpus: str, base: str, json_path: str | None, bootstrap: Bootstrap, per_token: str | None = None
+) -> dict:
     if not os.path.exists(corpus):
         raise UsageError(f"--generated {corpus}: no such file")
+    if per_token:
+        output_target(per_token)  # a place that cannot be written is refused before the work
     head, raw = read_generated(corpus)  # the corpus checked whole before the base file is opened
     reader = open_base_file(base)
     try:
-        samples = _samples(corpus, raw, base, reader)
+        samples, bounds = _samples(corpus, raw, base, reader)
         base_model = (reader.metadata.get("model") or {}).get("model")
     finally:
         reader.close()
@@ -172,6 +221,12 @@ def run_served_audit(corpus: str, base: str, json_path: str | None, bootstrap: B
         },
         "reverse_kld": reverse_kld(samples, bootstrap),
         "sampling_check": sampling_check(samples),
+        "bounds": {  # from the served top K against the base's full rows: labelled, not estimates
+            "kld_at_least": float(bounds["kld"].mean()),
+            "rkld_at_least": float(bounds["rkld"].mean()),
+            "tv_interval": [float(bounds["tv"].mean()), float(bounds["tv_hi"].mean())],
+            "positions": len(bounds["kld"]),
+        },
         "prompt_tokens": _prompts(raw),
         "finishes": {f: sum(s["finish"] == f for s in raw) for f in ("stop", "length", "cut")},
         # each answer's own sum and tokens: `diff` pairs two providers' answers by prompt
@@ -188,6 +243,11 @@ def run_served_audit(corpus: str, base: str, json_path: str | None, bootstrap: B
     for line in lines(result):
         print(line)
     sys.stdout.flush()
+    if per_token:
+        from kldtool.analysis.served_per_token import write_served_per_token
+
+        run = {k: result[k] for k in ("generated", "base_file", "served")}
+        write_served_per_token(per_token, _columns(raw, samples, bounds), run)
     if json_path:
         write_json(json_path, json.loads(json.dumps(result)))
     return result

@@ -8,7 +8,7 @@ from kldtool.analysis.served_runs import is_audit, ranked, read_audits
 from kldtool.errors import UsageError
 from kldtool.report.table import console_table, markdown_lines
 
-HEAD = ["provider", "KL(served‖base)", "±", "95 % interval", "tokens", "samples", "sampling", "prompts"]
+HEAD = ["provider", "KL(served‖base)", "±", "95 % interval", "KLD ≥", "tokens", "samples", "sampling", "prompts"]
 TITLE = "Served models against one base, from their own samples"
 
 
@@ -29,6 +29,7 @@ def rows(audits: list[dict]) -> list[list[str]]:
                 f"{k['value']:.6f}",
                 f"{k['standard_error']:.6f}" if k["standard_error"] is not None else "",
                 f"[{lo:.6f}, {hi:.6f}]" if lo is not None else "",
+                f"{r['bounds']['kld_at_least']:.6f}",  # the forward KLD's lower bound from the top K
                 str(k["tokens"]),
                 str(k["samples"]),
                 check,
