@@ -137,6 +137,11 @@ def lines(result: dict) -> list[str]:
         f"reverse KLD ≥ {b['rkld_at_least']:.6f}, total variation in [{b['tv_interval'][0]:.6f}, "
         f"{b['tv_interval'][1]:.6f}] (bounds, as compare --endpoint prints them)"
     )
+    if r["interval_95"] and b["rkld_at_least"] > r["interval_95"][1]:
+        out.append(
+            "  the reverse KLD's bound lies above the estimate's interval: the samples or the log-probs "
+            "are not what the server reports them to be"
+        )
     if r["clamped_tokens"]:
         out.append(
             f"  {r['clamped_tokens']} sampled tokens lay at the base row's clamp, where log p is a floor: "
