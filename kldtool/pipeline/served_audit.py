@@ -139,8 +139,8 @@ def lines(result: dict) -> list[str]:
     )
     if r["interval_95"] and b["rkld_at_least"] > r["interval_95"][1]:
         out.append(
-            "  the reverse KLD's bound lies above the estimate's interval: the samples or the log-probs "
-            "are not what the server reports them to be"
+            "  the reverse KLD's bound lies above the estimate's interval: chance (1 in 40 at most) or "
+            "samples and log-probs that are not what the server reports them to be"
         )
     if r["clamped_tokens"]:
         out.append(
