@@ -90,3 +90,12 @@ def test_a_position_whose_top_k_is_not_complete_is_left_out_whatever_was_drawn()
     full = np.array([3, 5, 7])
     assert sampled_rank(full, top, 5) == 1 and sampled_rank(full, top, 9) == 3
     assert sampled_rank(full, np.array([-0.1, -2.0, np.nan]), 3) == -1
+
+
+def test_the_t_quantile_is_students():
+    """Against the published 97.5 % quantiles of Student's t (any statistics table)."""
+    from kldtool.stats.served_kl import t_quantile
+
+    table = {1: 12.706, 2: 4.303, 3: 3.182, 5: 2.571, 7: 2.365, 15: 2.131, 30: 2.042, 120: 1.980}
+    for df, value in table.items():
+        assert t_quantile(df) == pytest.approx(value, rel=0.01), df
