@@ -106,8 +106,9 @@ class EndpointSampler(HfChat):
     def sample(self, prompts: list[np.ndarray], s: Sampling, seeds: list[int], sources=None):
         """Per prompt (ids, finish, what the server said of it: text/generated.py's ``served``)."""
         sources = sources or [None] * len(prompts)
-        if prompts and self.prompt_ids is None and not self._chat(sources[0]):
-            self._completion_prompt(prompts[0])  # decided before the requests go out together
+        plain = next((ids for ids, src in zip(prompts, sources) if not self._chat(src)), None)
+        if plain is not None and self.prompt_ids is None:
+            self._completion_prompt(plain)  # decided once, before the requests go out together
 
         def one(k: int):
             where = f"{self.url}: sample with seed {seeds[k]}"
