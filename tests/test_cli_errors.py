@@ -326,3 +326,32 @@ def test_bad_state_file(small_raw, tmp_path):
         "not a kldtool state file",
     )
     assert junk.read_bytes() == b"PK\x03\x04 but not a zip"  # never overwritten on a refusal
+
+
+def test_the_exit_waits_for_threads_and_skips_the_teardown(tmp_path):
+    """A library's teardown report (triton's nanobind leak lines) once printed below the one-line
+    error when a worker thread was still alive at exit. The exit now waits for the worker (its
+    file is written) and exits with the code, and nothing at teardown prints."""
+    import subprocess
+    import sys
+
+    done = tmp_path / "worker-finished"
+    script = f"""
+import pathlib, time
+from concurrent.futures import ThreadPoolExecutor
+from kldtool.cli.app import _leave
+
+class Teardown:
+    def __del__(self):
+        print("printed at teardown")
+
+keep = Teardown()
+pool = ThreadPoolExecutor(1)
+pool.submit(lambda: (time.sleep(0.3), pathlib.Path({str(done)!r}).write_text("1")))
+print("kldtool: error: the last line", flush=True)
+_leave(5)
+"""
+    p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 5, p.stderr
+    assert p.stdout.strip().splitlines()[-1] == "kldtool: error: the last line"
+    assert done.read_text() == "1"

@@ -128,13 +128,15 @@ def _without_secrets(line: str) -> str:
 
 
 def _leave(code: int) -> None:
-    """Exit with ``code`` once the exit handlers have run and the output is flushed, without
-    the interpreter's teardown of every loaded module: with numba, LLVM, numpy and typer
-    loaded that takes as long as a short run's reductions. Every file a command
-    writes is closed by then. Where a thread other than daemons still runs, the normal exit
-    waits for it."""
-    if any(not t.daemon for t in threading.enumerate() if t is not threading.main_thread()):
+    """Exit with ``code`` the way the interpreter does (threads waited for, exit handlers run,
+    output flushed), without its teardown of every loaded module: with numba, LLVM, numpy and
+    typer loaded that takes as long as a short run's reductions, and a library's own teardown
+    (triton's nanobind leak report) would print below our one-line error. Every file a command
+    writes is closed by then."""
+    shutdown = getattr(threading, "_shutdown", None)  # the interpreter's first exit step
+    if not callable(shutdown):  # a Python without it: the normal exit, teardown and all
         sys.exit(code)
+    shutdown()  # executors told to stop, every thread other than daemons joined
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         try:
