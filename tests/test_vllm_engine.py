@@ -495,6 +495,11 @@ def test_a_sampled_vllm_corpus_is_the_same_for_its_seed_and_its_answers_are_scor
     answers = [json.loads(x) for x in (d / "greedy.jsonl").read_text().splitlines()[1:]]
     base = fp32_runs["gen-base"][3]
     assert base["scored_tokens"] == sum(len(s["ids"]) for s in answers)
+    # the engine the command builds for whole answers fits them and the model: vLLM needs the
+    # window + 1 within the model's context (a fixed 8192 once asked SmolLM2 for 8193)
+    asked = int((d / "gen-base.ctx").read_text())
+    context = json.loads((Path(fp32_dir) / "config.json").read_text())["max_position_embeddings"]
+    assert max(len(s["prompt_ids"]) + len(s["ids"]) for s in answers) <= asked < context
     r = compare_json(d / "greedy.kldt", tmp_path, "--engine", "transformers", "-m", fp32_dir, "--dtype", "float32")
     s = r["statistics"]
     print("transformers on vLLM's greedy answers:", s["kld_mean"], s["ln_ppl_ratio"])

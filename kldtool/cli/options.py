@@ -87,10 +87,16 @@ def protocol_of(opts: SimpleNamespace, corpus: SimpleNamespace):
     return Protocol.from_flags(name, opts.ctx_size, opts.stride, opts.lengths, opts.prefix_token, opts.full_length_only)
 
 
-def longest(spec) -> int:
-    """The window length engines are built for before the corpus is read (vLLM's max_model_len);
-    0 lets the engine take the model's context (rolling's default window)."""
-    return max(spec.n_ctx, max(spec.lengths, default=0)) or (0 if spec.name == "rolling" else 8192)
+def longest(spec, corpus=None) -> int:
+    """The window length engines are built for before the corpus is tokenized (vLLM's
+    max_model_len is this + 1); 0 lets the engine take the model's context (rolling's default
+    window). Whole documents of ids (a generated corpus) are as long as the longest: a guess of
+    8192 would ask an 8,192-token model for 8,193."""
+    fixed = max(spec.n_ctx, max(spec.lengths, default=0))
+    if fixed or spec.name == "rolling":
+        return fixed
+    known = corpus.longest_document() if corpus is not None else None
+    return known or 8192
 
 
 def corpus_of(opts: SimpleNamespace, engine: str | None = None, model: str | None = None):

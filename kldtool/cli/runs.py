@@ -128,7 +128,7 @@ def base(
         result = base_on_cluster(cluster, engine_flags, corpus, model, job)
         return write_json(json_out, result) if json_out else None
     text = corpus_of(corpus, engine_flags.engine, model)
-    eng = open_engine(engine_flags, model, longest(spec))
+    eng = open_engine(engine_flags, model, longest(spec, text))
     try:
         if resume and not out:
             raise UsageError("--resume needs --kl-divergence-base FILE (the base file to continue)")
@@ -187,7 +187,7 @@ def ppl(
     text = corpus_of(corpus, engine_flags.engine, (models or [None])[0])
 
     def score(model: str | None) -> dict:
-        eng = open_engine(engine_flags, model, longest(spec))
+        eng = open_engine(engine_flags, model, longest(spec, text))
         try:
             return run_ppl(eng, text, PplJob(spec, scoring.chunks, scoring.force))
         finally:

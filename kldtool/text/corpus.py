@@ -67,6 +67,12 @@ class Corpus:
                 )
         return [np.asarray(d, dtype=np.int32) for d in docs]
 
+    def longest_document(self) -> int | None:
+        """The longest document in tokens where that is known before tokenizing (ids)."""
+        if self.format not in ("ids", "generated") or not self.documents:
+            return None
+        return max(len(d) for d in self.documents)
+
     def size(self, whole_stream: bool) -> dict | None:
         """Bytes and words of the text as lm-eval counts them (words: re.split(r"\\s+")), for
         bits per byte and word perplexity; None for pretokenized corpora."""

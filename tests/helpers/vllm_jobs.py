@@ -19,8 +19,8 @@ A group's first job may set "max_ctx" for the group's engines.
 Every ``--engine vllm`` command of the same weights (a hub snapshot linking to a directory's
 files counts as that directory), dtype and vLLM arguments gets the same engine, built for
 windows of up to MAX_CTX tokens (what the command would have built for its own window is the
-same engine with a shorter ``max_model_len``: the scored numbers do not depend on it); the
-windows per call are still the command's own. The commands are kldtool's real CLI, run through
+same engine with a shorter ``max_model_len``: the scored numbers do not depend on it, and the
+window it asked for goes to OUT_DIR/NAME.ctx); the windows per call are still the command's own. The commands are kldtool's real CLI, run through
 its entry point.
 """
 
@@ -62,11 +62,12 @@ def run_group(jobs: list[dict], out: str, max_ctx: int) -> None:
     from greedy_ties import ties
     from vllm_probe import probe
 
-    engines = {}
+    engines, asked = {}, []
     build = VllmEngine.from_options.__func__
     max_ctx = jobs[0].get("max_ctx", max_ctx)
 
     def shared(cls, opts, n_ctx):
+        asked.append(n_ctx)  # the window the command would build its own engine for
         # Keyed by where the weights really are: a hub snapshot's files link to a directory's.
         weights = os.path.realpath(os.path.join(opts.model, "config.json")) if opts.model else None
         own = dataclasses.asdict(opts.specific or VllmOptions())  # a probe's defaults are the CLI's
@@ -114,6 +115,9 @@ def run_group(jobs: list[dict], out: str, max_ctx: int) -> None:
             f.write(str(rc))
         with open(path + ".seconds", "w") as f:  # the first job of a group pays for its engine's start
             f.write(f"{time.monotonic() - t:.2f}")
+        if asked:
+            with open(path + ".ctx", "w") as f:
+                f.write(str(asked.pop()))
     for engine in engines.values():
         engine.close_at_the_end()
 
