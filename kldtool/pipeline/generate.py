@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 from dataclasses import asdict, dataclass
-from urllib.parse import urlsplit
 
 import numpy as np
 
@@ -126,10 +125,9 @@ def run_generate(engine, job: GenerateJob, sinks: Sinks | None = None) -> dict:
         "chat_template": {"from": template.where, "sha256": template.sha256} if template else None,
         "kldtool_version": __version__,
     }
-    if registry.has(engine, SAMPLES) and getattr(engine, "top_logprobs_kept", None):
-        # a served model's answers with their log-probs: where they came from (no query: it may hold a key)
-        url = urlsplit(engine.url)
-        header["server"] = {"url": f"{url.scheme}://{url.netloc}{url.path}", "top_logprobs": engine.top_logprobs_kept}
+    served_from = getattr(engine, "served_from", None)  # a served model's answers with their log-probs
+    if served_from is not None:
+        header["server"] = served_from()
     places = [(i, j, sample_seed(job.seed, i, j)) for i in range(len(ids)) for j in range(job.samples)]
     step = max(engine.samples_per_call, 1)
     writer = CorpusWriter(job.out_path, header, job.resume)

@@ -15,6 +15,7 @@ concurrency are the endpoint engine's."""
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
+from urllib.parse import urlsplit
 
 import numpy as np
 
@@ -46,7 +47,7 @@ class EndpointSampler(HfChat):
     def __init__(self, url, tokenizer, model, top_logprobs, concurrency, api, timeout, follow_redirects):
         if api not in ("auto", "chat", "completions"):
             raise UsageError(f"generate --endpoint-api {api}: chat, completions or auto (chat for chat prompts)")
-        self.k = self.top_logprobs_kept = DEFAULT_TOP_LOGPROBS if top_logprobs is None else top_logprobs
+        self.k = DEFAULT_TOP_LOGPROBS if top_logprobs is None else top_logprobs
         if not 1 <= self.k <= MAX_TOP_LOGPROBS:
             raise UsageError(f"--top-logprobs {self.k}: 1 to {MAX_TOP_LOGPROBS} (the chat API's most)")
         self.client = Client(url, timeout=timeout, follow_redirects=follow_redirects)
@@ -111,15 +112,20 @@ class EndpointSampler(HfChat):
             self._completion_prompt(plain)  # decided once, before the requests go out together
 
         def one(k: int):
-            where = f"{self.url}: sample with seed {seeds[k]}"
-            got = self._one(prompts[k], sources[k], s, seeds[k], where)
-            if got.prompt_tokens is not None and got.prompt_tokens != len(prompts[k]):
-                self.differ += 1
-                self.first_difference = self.first_difference or (got.prompt_tokens, len(prompts[k]))
-            return got.ids, got.finish, got.served()
+            return self._one(prompts[k], sources[k], s, seeds[k], f"{self.url}: sample with seed {seeds[k]}")
 
         with ThreadPoolExecutor(max_workers=max(min(len(prompts), self.concurrency), 1)) as pool:
-            return list(pool.map(one, range(len(prompts))))
+            answers = list(pool.map(one, range(len(prompts))))
+        for ids, got in zip(prompts, answers):  # counted here, not in the threads
+            if got.prompt_tokens is not None and got.prompt_tokens != len(ids):
+                self.differ += 1
+                self.first_difference = self.first_difference or (got.prompt_tokens, len(ids))
+        return [(got.ids, got.finish, got.served()) for got in answers]
+
+    def served_from(self) -> dict:
+        """Where the answers came from, for the corpus header (no query: it may hold a key)."""
+        url = urlsplit(self.url)
+        return {"url": f"{url.scheme}://{url.netloc}{url.path}", "top_logprobs": self.k}
 
     def close(self) -> None:
         self.client.close()
