@@ -67,7 +67,7 @@ class TransformersEngine(Sampler):
                 raise EngineError(f"{model}: no such model directory")
         try:
             with gguf_loading():
-                self.tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
+                self.tokenizer = _tokenizer(AutoTokenizer, source, kwargs, model)
                 self.model = AutoModelForCausalLM.from_pretrained(source, dtype=getattr(torch, dtype), **kwargs)
             self.model.to(device).eval()
         except (OSError, ValueError) as e:
@@ -185,3 +185,14 @@ class TransformersEngine(Sampler):
 
     def close(self) -> None:
         pass  # the model is freed with the engine
+
+
+def _tokenizer(auto, source: str, kwargs: dict, model: str):
+    """The model's tokenizer; the tokenizers library's own failures (a GGUF vocabulary it cannot
+    rebuild raises a bare Exception) become one line."""
+    try:
+        return auto.from_pretrained(source, **kwargs)
+    except (OSError, ValueError):
+        raise
+    except Exception as e:  # noqa: BLE001 - the Rust library raises Exception itself
+        raise EngineError(f"{model}: transformers could not build its tokenizer: {str(e).splitlines()[0]}") from None
