@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from conftest import run_cli
+from kldtool import errors
 from kldtool.errors import UsageError
 from test_attribute import _base_logprobs, _mean_kld, _windows
 from test_cli_errors import fail, one_line_error
@@ -22,6 +23,7 @@ from test_cli_errors import fail, one_line_error
 NAME = "llama3-32k"
 TYPES = "Q4_0,Q8_0"
 COST_WINDOWS = 2  # test_attribute's decoders read the first two windows
+MIX = "Q4_K_M"  # --proof's mix: llama.cpp's own rules on the same source
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +38,7 @@ def tiny(tmp_path_factory):
             4, "--format", "llamacpp", "--kl-divergence-base", base)  # fmt: skip
     bpw = 6.0
     p = run_cli("recipe", src, "--kl-divergence-base", base, "--types", TYPES, "--bpw", bpw, "-o", d / "out",
-                "--cost-windows", COST_WINDOWS, "--progress", "none")  # fmt: skip
+                "--cost-windows", COST_WINDOWS, "--proof", MIX, "--progress", "none")  # fmt: skip
     return src, base, d, p, bpw
 
 
@@ -86,6 +88,57 @@ def test_the_recipe_is_the_least_cost_choice_and_its_file_holds_it(tiny):
     sizes = [q["bytes"] for q in frontier]
     assert sizes == sorted(sizes) and len(frontier) > 5 and (out / "frontier.png").stat().st_size > 10_000
     assert all(q["lower_bound"] <= q["predicted_additive"] + 1e-12 for q in frontier)
+
+
+def test_the_proof_is_llamacpp_on_the_held_out_windows_and_diff_of_the_pair(tiny, tmp_path):
+    """--proof's numbers are what `compare` (llama.cpp) gives each GGUF on the windows the choice
+    never saw and what `diff` gives the pair; the mix's point on the plot is the mix's float64
+    forward on the cost windows against the stored rows decoded by hand."""
+    src, base, d, p, _ = tiny
+    out = d / "out"
+    r = json.loads((out / "recipe.json").read_text())
+    proof, mix = r["proof"], out / "builds" / f"mix-{MIX}.gguf"
+    assert proof["windows"] == [2, 3] and [m["mix"] for m in proof["mixes"]] == [MIX]
+    held = ("--chunk-range", "2:4", "--progress", "none")
+    runs = {}
+    for name, gguf in (("recipe", out / "recipe.gguf"), ("mix", mix)):
+        run_cli("compare", "-m", gguf, "--kl-divergence-base", base, *held, "--per-token", tmp_path / f"{name}.h5",
+                "--json", tmp_path / f"{name}.json")  # fmt: skip
+        runs[name] = json.loads((tmp_path / f"{name}.json").read_text())["statistics"]["kld_mean"]["value"]
+    run_cli("diff", tmp_path / "recipe.h5", tmp_path / "mix.h5", "--json", tmp_path / "diff.json")
+    k = json.loads((tmp_path / "diff.json").read_text())["measures"]["kld_mean"]
+    m = proof["mixes"][0]
+    print(proof)
+    assert proof["recipe"]["kld"] == pytest.approx(runs["recipe"], rel=1e-9)
+    assert m["kld"] == pytest.approx(runs["mix"], rel=1e-9) and m["bytes"] == mix.stat().st_size
+    assert m["recipe_minus_mix"] == pytest.approx(k["difference"], rel=1e-9)
+    assert m["interval_95"] == pytest.approx(k["interval_95"], rel=1e-9)
+    low, high = m["interval_95"]
+    verdict = "lower" if high < 0 else "higher" if low > 0 else "not different"
+    assert m["recipe_is"] == verdict and f"the recipe is {verdict}" in p.stdout.splitlines()[-1]
+    from transformers import AutoModelForCausalLM
+
+    whole = AutoModelForCausalLM.from_pretrained(str(mix.parent), gguf_file=mix.name, dtype=torch.float64).eval()
+    above = _mean_kld(whole, _windows(base), _base_logprobs(base))
+    point = r["mixes_on_cost_windows"][0]
+    print("the mix on the cost windows", point, "float64", above)
+    assert point["bytes"] == m["bytes"] and abs(point["kld"] - above) <= 1e-3 * above + 5e-8
+
+
+def test_a_gguf_whose_tokenizer_transformers_cannot_build_is_one_line(tiny):
+    """The tiny model's GGUF vocabulary is not one transformers rebuilds (the tokenizers library
+    raises a bare Exception): compare through transformers says so in one line."""
+    src, base, _, _, _ = tiny
+    p = fail("compare", "--engine", "transformers", "-m", src, "--kl-divergence-base", base)
+    one_line_error(p, errors.EngineError, "could not build its tokenizer")
+
+
+def test_proof_refuses_an_unknown_mix_before_any_cost(tiny, tmp_path):
+    src, base, _, _, _ = tiny
+    p = fail("recipe", src, "--kl-divergence-base", base, "--types", TYPES, "--size", "1GB", "-o", tmp_path / "o",
+             "--proof", "Q4_K_M,Q9_Z")  # fmt: skip
+    one_line_error(p, UsageError, "--proof", "'Q9_Z'")
+    assert not (tmp_path / "o").exists()
 
 
 @pytest.mark.parametrize("tensor", ["blk.1.ffn_down.weight", "token_embd.weight"])

@@ -39,6 +39,12 @@ def recipe(
     cost_cache: Optional[str] = typer.Option(
         None, "--cost-cache", help="Measured costs, kept to resume (default OUT/costs-cache.jsonl)."
     ),
+    proof: Optional[str] = typer.Option(
+        None,
+        "--proof",
+        help="llama.cpp mixes to beat (e.g. Q3_K_M,Q4_K_M): built, and scored with the recipe by llama.cpp "
+        "on the held-out windows, each paired with it.",
+    ),
     dtype: str = typer.Option("float32", "--dtype", help="The transformers forward's dtype: float32, bfloat16."),
     device: str = typer.Option("cpu", "--device", help="cpu, cuda or cuda:N."),
     bootstrap_flags=None,
@@ -47,7 +53,8 @@ def recipe(
     """Choose each tensor's llama.cpp type for a size or KLD target from measured leave-one-in
     costs, build it with llama-quantize's tensor-type overrides and check the prediction."""
     choose_progress(display.progress)
-    from kldtool.recipe.run import run_recipe
+    from kldtool.recipe.proof import lines, mix_names
+    from kldtool.recipe.run import RecipeJob, run_recipe
     from kldtool.recipe.targets import target_of
 
     if base_file is None:
@@ -62,14 +69,22 @@ def recipe(
     if rounds < 1:
         raise UsageError(f"--rounds {rounds}: at least 1")
     target = target_of(size, bpw, target_kld, src)
+    mixes = mix_names(proof)
+    spec = bootstrap_of(bootstrap_flags)
+    if mixes and spec.resamples < 1:
+        raise UsageError("--proof pairs the recipe with each mix by a bootstrap: give --bootstrap N (N >= 1)")
     os.makedirs(out_dir, exist_ok=True)
-    result = run_recipe(src, base_file, names, target, out_dir, cost_windows, rounds, dtype, device, cost_cache,
-                        bootstrap_of(bootstrap_flags))  # fmt: skip
+    job = RecipeJob(src=src, base_file=base_file, types=names, target=target, out_dir=out_dir,
+                    cost_windows=cost_windows, rounds=rounds, dtype=dtype, device=device, cache_path=cost_cache,
+                    spec=spec, mixes=mixes)  # fmt: skip
+    result = run_recipe(job)
     line = (
         f"recipe: {result['size']:,} bytes, mean KLD {result['measured_kld']:.6f} measured on the cost windows "
         f"(predicted {result['predicted_kld']:.6f}; additive prediction {100 * result['additive_prediction_error']:.1f} % off)"
     )
     print(line)
+    for said in lines(result["proof"]) if result["proof"] else ():
+        print(said)
     if not result["reachable"]:
         best = result["rounds"][-1]
         raise UsageError(

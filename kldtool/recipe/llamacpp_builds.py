@@ -40,6 +40,25 @@ def build_pure(src: str, type_name: str, out_dir: str) -> str:
     return dst
 
 
+def check_type(name: str, where: str) -> None:
+    """A type or mix name llama-quantize knows, else one line naming ``where``."""
+    from kldtool.engines.llamacpp.quantize import ftype_of
+
+    ftype_of(name, where)
+
+
+def build_mixes(src: str, names: list[str], builds: str) -> dict[str, str]:
+    """Each llama.cpp mix of the source (its own rules, no --pure), built once into ``builds``."""
+    from kldtool.engines.llamacpp.quantize import quantize
+
+    out = {}
+    for name in names:
+        out[name] = os.path.join(builds, f"mix-{name}.gguf")
+        if not os.path.isfile(out[name]):
+            quantize(src, out[name], name)
+    return out
+
+
 def lines_of(types: dict[str, str], cands) -> list[str]:
     """llama-quantize --tensor-type lines: each tensor's name, and the type llama.cpp writes for
     the chosen candidate (so the lines rebuild the same bytes)."""

@@ -10,7 +10,10 @@ import os
 import sys
 import time
 
+from dataclasses import dataclass, field
+
 from kldtool.errors import MismatchError, UsageError
+from kldtool.recipe.proof import MIN_HELD_OUT
 
 
 def _say(text: str) -> None:
@@ -19,27 +22,51 @@ def _say(text: str) -> None:
 
 def _measure_build(engine, reader, windows, cands, dtype, src, out_dir):
     """``measure(types, k)`` for the rounds: build round k's GGUF and score it on the windows."""
-    from kldtool.attribute.kld import all_swapped, mean_kld, window_vectors
-    from kldtool.attribute.units import load_quant
-    from kldtool.recipe.costs import tensor_unit
     from kldtool.recipe.llamacpp_builds import build_recipe
+    from kldtool.recipe.whole_file import score_file
 
     def measure(types: dict, k: int) -> float:
         dst = os.path.join(out_dir, f"round-{k}.gguf")
         build_recipe(src, cands, types, dst)
-        q = load_quant(dst, dtype).state_dict()
-        units = [
-            tensor_unit(engine.model, t, cands.params[t], q[cands.params[t]].to(engine.model.device)) for t in types
-        ]
-        with all_swapped(units):
-            return mean_kld(window_vectors(engine, reader, windows))
+        return score_file(engine, reader, windows, cands, dtype, dst, list(types))
 
     return measure
 
 
-def run_recipe(
-    src, base_file, types, target, out_dir, cost_windows, max_rounds, dtype, device, cache_path, spec
-) -> dict:
+@dataclass(frozen=True, kw_only=True)
+class RecipeJob:
+    src: str
+    base_file: str
+    types: list
+    target: tuple  # (kind, value): targets.py
+    out_dir: str
+    cost_windows: int
+    rounds: int
+    dtype: str
+    device: str
+    cache_path: str | None
+    spec: object  # the bootstrap
+    mixes: list = field(default_factory=list)  # --proof: llama.cpp mixes to beat on the held-out windows
+
+
+def _windows(job: RecipeJob, reader, engine):
+    from kldtool.text.protocols import stored_windows
+
+    if engine.facts.n_vocab != reader.header.n_vocab:
+        raise MismatchError(
+            f"{job.base_file}: written for a vocabulary of {reader.header.n_vocab}, {job.src} has {engine.facts.n_vocab}"
+        )
+    every = stored_windows(reader.tokens, reader.header, engine.facts.bos_id)
+    if len(every) < job.cost_windows:
+        raise UsageError(f"--cost-windows {job.cost_windows}: {job.base_file} has {len(every)} windows")
+    held_out = [int(w.index) for w in every[job.cost_windows :]]
+    if job.mixes and len(held_out) < MIN_HELD_OUT:
+        raise UsageError(f"--proof: {job.base_file} has {len(held_out)} window(s) after the cost windows; "
+                         f"the proof needs {MIN_HELD_OUT}")  # fmt: skip
+    return every[: job.cost_windows], held_out
+
+
+def run_recipe(job: RecipeJob) -> dict:
     from kldtool.attribute.kld import mean_kld
     from kldtool.logitsfile import open_base_file
     from kldtool.provenance.identity import base_identity
@@ -47,41 +74,39 @@ def run_recipe(
     from kldtool.recipe.candidates import find_candidates
     from kldtool.recipe.cost_cache import CostCache
     from kldtool.recipe.costs import measure_costs, pending
+    from kldtool.recipe.llamacpp_builds import build_mixes
     from kldtool.recipe.rounds import problem, run_rounds
     from kldtool.recipe.source import source_engine
+    from kldtool.recipe.whole_file import score_file
     from kldtool.runtime.progress import Progress
-    from kldtool.text.protocols import stored_windows
 
-    t0 = time.monotonic()
-    reader = open_base_file(base_file)
+    t0, out_dir = time.monotonic(), job.out_dir
+    reader = open_base_file(job.base_file)
     try:
-        engine = source_engine(src, dtype, device)
-        if engine.facts.n_vocab != reader.header.n_vocab:
-            raise MismatchError(
-                f"{base_file}: written for a vocabulary of {reader.header.n_vocab}, {src} has {engine.facts.n_vocab}"
-            )
-        every = stored_windows(reader.tokens, reader.header, engine.facts.bos_id)
-        if len(every) < cost_windows:
-            raise UsageError(f"--cost-windows {cost_windows}: {base_file} has {len(every)} windows")
-        windows, held_out = every[:cost_windows], [w.index for w in every[cost_windows:]]
+        engine = source_engine(job.src, job.dtype, job.device)
+        windows, held_out = _windows(job, reader, engine)
         builds = os.path.join(out_dir, "builds")
         os.makedirs(builds, exist_ok=True)
-        cands = find_candidates(src, engine.model, types, builds, _say)
-        identity = {"source": content_hash(src), "base_file": base_identity(reader),
-                    "windows": [int(w.index) for w in windows], "dtype": dtype}  # fmt: skip
-        cache = CostCache(cache_path or os.path.join(out_dir, "costs-cache.jsonl"), identity)
+        cands = find_candidates(job.src, engine.model, job.types, builds, _say)
+        identity = {"source": content_hash(job.src), "base_file": base_identity(reader),
+                    "windows": [int(w.index) for w in windows], "dtype": job.dtype}  # fmt: skip
+        cache = CostCache(job.cache_path or os.path.join(out_dir, "costs-cache.jsonl"), identity)
         todo = sum(len(v) for v in pending(cands, cache).values())
-        _say(f"recipe: {len(cands.tensors)} tensors, {len(types)} types, {todo} candidates to measure "
+        _say(f"recipe: {len(cands.tensors)} tensors, {len(job.types)} types, {todo} candidates to measure "
              f"(one forward each from the tensor's layer up, on {len(windows)} windows); "
              f"{len(cache.records)} in the cost cache")  # fmt: skip
         t_costs = time.monotonic()
         with Progress("recipe: costs", max(todo, 1), "candidates") as shown:
-            base_vec, took = measure_costs(engine, reader, windows, cands, cache, spec, dtype, shown.to)
+            base_vec, took = measure_costs(engine, reader, windows, cands, cache, job.spec, job.dtype, shown.to)
         took["seconds"] = round(time.monotonic() - t_costs, 2)
         p = problem(cands, cache, mean_kld(base_vec))
-        result = run_rounds(
-            p, target, _measure_build(engine, reader, windows, cands, dtype, src, out_dir), max_rounds, _say
-        )
+        measure = _measure_build(engine, reader, windows, cands, job.dtype, job.src, out_dir)
+        result = run_rounds(p, job.target, measure, job.rounds, _say)
+        mixes = build_mixes(job.src, job.mixes, builds)
+        points = [{"name": n, "bytes": os.path.getsize(f),
+                   "kld": score_file(engine, reader, windows, cands, job.dtype, f, cands.tensors)}
+                  for n, f in mixes.items()]  # fmt: skip
+        engine.close()  # the proof loads llama.cpp's models beside none of it
     finally:
         reader.close()
     final = os.path.join(out_dir, f"round-{result['final']['built']}.gguf")
@@ -90,25 +115,36 @@ def run_recipe(
         leftover = os.path.join(out_dir, f"round-{r['round']}.gguf")
         if os.path.exists(leftover):
             os.unlink(leftover)
-    return _write(p, cache, result, target, out_dir, windows, held_out, took, t0, src, base_file)
+    proof = _prove(job, mixes, held_out)
+    return _write(p, cache, result, job, windows, held_out, took, t0, points, proof)
 
 
-def _write(p, cache, result, target, out_dir, windows, held_out, took, t0, src, base_file) -> dict:
+def _prove(job: RecipeJob, mixes: dict, held_out: list[int]) -> dict | None:
+    from kldtool.recipe.proof import prove
+
+    if not mixes:
+        return None
+    recipe = os.path.join(job.out_dir, "recipe.gguf")
+    return prove(job.base_file, recipe, mixes, (held_out[0], held_out[-1] + 1), job.out_dir, job.spec)
+
+
+def _write(p, cache, result, job: RecipeJob, windows, held_out, took, t0, mixes: list, proof: dict | None) -> dict:
     from kldtool.recipe import outputs
     from kldtool.recipe.llamacpp_builds import lines_of
     from kldtool.runtime.small_files import write_json, write_text
 
+    out_dir = job.out_dir
     lines = lines_of(result["types"], p.cands)
     write_text(os.path.join(out_dir, "recipe.tensor-types.txt"), outputs.tensor_type_file(lines, p.cands.default_type))
     outputs.write_tables(out_dir, "costs", outputs.cost_rows(p, cache))
     points = outputs.frontier(p, result["alpha"])
     outputs.write_tables(out_dir, "frontier", points)
-    outputs.plot(points, result["rounds"], [], os.path.join(out_dir, "frontier.png"))
+    outputs.plot(points, result["rounds"], mixes, os.path.join(out_dir, "frontier.png"))
     final = result["final"]
     summary = {
-        "source": src,
-        "base_file": base_file,
-        "target": {"kind": target[0], "value": target[1]},
+        "source": job.src,
+        "base_file": job.base_file,
+        "target": {"kind": job.target[0], "value": job.target[1]},
         "reachable": result["reachable"],
         "size": final["size"],
         "measured_kld": final["measured"],
@@ -125,6 +161,8 @@ def _write(p, cache, result, target, out_dir, windows, held_out, took, t0, src, 
         "held_out_windows": [int(i) for i in held_out],
         "costs_took": took,
         "knapsack": {"bucket_bytes": p.table.bucket, "buckets": len(p.table.best)},
+        "mixes_on_cost_windows": mixes,
+        "proof": proof,
         "seconds": round(time.monotonic() - t0, 2),
     }
     write_json(os.path.join(out_dir, "recipe.json"), summary)

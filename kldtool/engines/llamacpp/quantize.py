@@ -11,6 +11,19 @@ from kldtool.errors import EngineError, UsageError
 ALIASES = {"Q3_K": "Q3_K_M", "Q4_K": "Q4_K_M", "Q5_K": "Q5_K_M"}
 
 
+def ftype_of(type_name: str, where: str = "") -> int:
+    """llama.cpp's file type for llama-quantize's name of it."""
+    import llama_cpp as lib
+
+    # F32 is llama.cpp's one "ALL_" type: every tensor in float32 (a quant's fp32 form)
+    name = ALIASES.get(type_name.upper(), type_name.upper())
+    ftype = getattr(lib, f"LLAMA_FTYPE_MOSTLY_{name}", getattr(lib, f"LLAMA_FTYPE_ALL_{name}", None))
+    if ftype is None:
+        at = f"{where}: " if where else ""
+        raise UsageError(f"{at}unknown GGUF quant type {type_name!r} (e.g. F32, Q8_0, Q6_K, Q4_K_M, Q2_K)")
+    return ftype
+
+
 def quantize(
     src: str, dst: str, type_name: str, threads: int | None = None, types: list = (), pure: bool = False
 ) -> None:
@@ -22,13 +35,8 @@ def quantize(
     from kldtool.engines.llamacpp.tensor_types import overrides_array
 
     silence_llama_logs(lib)
-    # F32 is llama.cpp's one "ALL_" type: every tensor in float32 (a quant's fp32 form)
-    name = ALIASES.get(type_name.upper(), type_name.upper())
-    ftype = getattr(lib, f"LLAMA_FTYPE_MOSTLY_{name}", getattr(lib, f"LLAMA_FTYPE_ALL_{name}", None))
-    if ftype is None:
-        raise UsageError(f"unknown GGUF quant type {type_name!r} (e.g. F32, Q8_0, Q6_K, Q4_K_M, Q2_K)")
     params = lib.llama_model_quantize_default_params()
-    params.ftype = ftype
+    params.ftype = ftype_of(type_name)
     params.allow_requantize = True
     params.nthread = threads or os.cpu_count() or 1
     params.pure = pure
