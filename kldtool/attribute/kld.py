@@ -46,18 +46,33 @@ def swapped(unit: Unit, values: dict):
                 where[k].copy_(v)
 
 
-def window_vectors(engine, reader, windows) -> np.ndarray:
-    """Per window, compare's chunk vector (KLD, NLL, same-top ... sums) of the engine's model now."""
-    source = engine_modes.rows_source(engine, reader, [w.index for w in windows])
+def window_vectors(engine, reader, windows, held=None) -> np.ndarray:
+    """Per window, compare's chunk vector (KLD, NLL, same-top ... sums) of the engine's model now;
+    ``held``: the windows' rows already read (hold_rows), else read for this run."""
+    source = held or engine_modes.rows_source(engine, reader, [w.index for w in windows])
     out = []
     try:
         for group in groups(windows, engine.windows_per_call(max(len(w.tokens) for w in windows))):
             out += [chunk_vector(r) for r in engine_modes.score(engine, group, source)]
     finally:
         close = getattr(source, "close", None)
-        if close:
+        if close and held is None:
             close()
     return np.stack(out)
+
+
+HOLD_BYTES = 1 << 30  # beside the model on its device; more windows than that are read each run
+
+
+def hold_rows(engine, reader, windows):
+    """The windows' base rows read once for the many runs over them; None where the engine
+    reads rows its own way or they would take more than HOLD_BYTES."""
+    frames = sum(len(reader.frames.of_chunk(w.index)) for w in windows)
+    if engine_modes.scores_itself(engine) or frames * reader.frame_nbytes > HOLD_BYTES:
+        return None
+    from kldtool.logitsfile.held_rows import HeldRows
+
+    return HeldRows(reader, [w.index for w in windows], engine.facts.device)
 
 
 def paired_kld(a: np.ndarray, b: np.ndarray, spec: Bootstrap) -> dict:

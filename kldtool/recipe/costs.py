@@ -47,9 +47,12 @@ def pending(cands: Candidates, cache: CostCache) -> dict[str, list[tuple[str, st
     return out
 
 
-def measure_costs(engine, reader, windows, cands: Candidates, cache: CostCache, spec, dtype: str, progress=None):
+def measure_costs(
+    engine, reader, windows, cands: Candidates, cache: CostCache, spec, dtype: str, progress=None, held=None
+):
     """Measure what the cache lacks; returns the base run's chunk vectors and what it took
-    (forwards run, candidates measured, bytes of stored layer inputs); the cache holds the costs."""
+    (forwards run, candidates measured, bytes of stored layer inputs); the cache holds the costs.
+    ``held``: the windows' rows read once (attribute/kld.hold_rows)."""
     import torch
 
     from kldtool.attribute.units import load_quant
@@ -57,7 +60,7 @@ def measure_costs(engine, reader, windows, cands: Candidates, cache: CostCache, 
     model = engine.model
     stored = LayerInputs(model)
     with stored.recording():
-        base_vec = window_vectors(engine, reader, windows)
+        base_vec = window_vectors(engine, reader, windows, held)
     todo = pending(cands, cache)
     total, done, forwards = sum(len(v) for v in todo.values()), 0, 0
     stored_bytes = stored.nbytes()
@@ -75,7 +78,7 @@ def measure_costs(engine, reader, windows, cands: Candidates, cache: CostCache, 
                 record |= {"kld_mean": None, "above_base": 0.0, "interval_95": [0.0, 0.0], "source_values": True}
             else:
                 with swapped(unit, unit.quant), stored.starting_at(unit.layer):
-                    vec = window_vectors(engine, reader, windows)
+                    vec = window_vectors(engine, reader, windows, held)
                 forwards += 1
                 r = paired_kld(vec, base_vec, spec)
                 record |= {"kld_mean": r["kld_mean"], "above_base": r["difference"], "interval_95": r["interval_95"]}

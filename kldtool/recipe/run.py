@@ -20,7 +20,7 @@ def _say(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
 
-def _measure_build(engine, reader, windows, cands, dtype, src, out_dir):
+def _measure_build(engine, reader, windows, cands, dtype, src, out_dir, held):
     """``measure(types, k)`` for the rounds: build round k's GGUF and score it on the windows."""
     from kldtool.recipe.llamacpp_builds import build_recipe
     from kldtool.recipe.whole_file import score_file
@@ -28,7 +28,7 @@ def _measure_build(engine, reader, windows, cands, dtype, src, out_dir):
     def measure(types: dict, k: int) -> float:
         dst = os.path.join(out_dir, f"round-{k}.gguf")
         build_recipe(src, cands, types, dst)
-        return score_file(engine, reader, windows, cands, dtype, dst, list(types))
+        return score_file(engine, reader, windows, cands, dtype, dst, list(types), held)
 
     return measure
 
@@ -67,7 +67,7 @@ def _windows(job: RecipeJob, reader, engine):
 
 
 def run_recipe(job: RecipeJob) -> dict:
-    from kldtool.attribute.kld import mean_kld
+    from kldtool.attribute.kld import hold_rows, mean_kld
     from kldtool.logitsfile import open_base_file
     from kldtool.provenance.identity import base_identity
     from kldtool.provenance.model_ref import content_hash
@@ -96,15 +96,16 @@ def run_recipe(job: RecipeJob) -> dict:
              f"(one forward each from the tensor's layer up, on {len(windows)} windows); "
              f"{len(cache.records)} in the cost cache")  # fmt: skip
         t_costs = time.monotonic()
+        held = hold_rows(engine, reader, windows)  # every candidate scores the same windows
         with Progress("recipe: costs", max(todo, 1), "candidates") as shown:
-            base_vec, took = measure_costs(engine, reader, windows, cands, cache, job.spec, job.dtype, shown.to)
+            base_vec, took = measure_costs(engine, reader, windows, cands, cache, job.spec, job.dtype, shown.to, held)
         took["seconds"] = round(time.monotonic() - t_costs, 2)
         p = problem(cands, cache, mean_kld(base_vec))
-        measure = _measure_build(engine, reader, windows, cands, job.dtype, job.src, out_dir)
+        measure = _measure_build(engine, reader, windows, cands, job.dtype, job.src, out_dir, held)
         result = run_rounds(p, job.target, measure, job.rounds, _say)
         mixes = build_mixes(job.src, job.mixes, builds)
         points = [{"name": n, "bytes": os.path.getsize(f),
-                   "kld": score_file(engine, reader, windows, cands, job.dtype, f, cands.tensors)}
+                   "kld": score_file(engine, reader, windows, cands, job.dtype, f, cands.tensors, held)}
                   for n, f in mixes.items()]  # fmt: skip
         engine.close()  # the proof loads llama.cpp's models beside none of it
     finally:

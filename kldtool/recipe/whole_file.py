@@ -5,7 +5,7 @@ a llama.cpp mix beside the frontier it is plotted against."""
 from __future__ import annotations
 
 
-def score_file(engine, reader, windows, cands, dtype: str, path: str, tensors) -> float:
+def score_file(engine, reader, windows, cands, dtype: str, path: str, tensors, held=None) -> float:
     """Mean KLD on ``windows`` with each of ``tensors`` as the GGUF at ``path`` holds it."""
     from kldtool.attribute.kld import all_swapped, mean_kld, window_vectors
     from kldtool.attribute.units import load_quant
@@ -15,4 +15,4 @@ def score_file(engine, reader, windows, cands, dtype: str, path: str, tensors) -
     params = cands.params
     units = [tensor_unit(engine.model, t, params[t], q[params[t]].to(engine.model.device)) for t in tensors]
     with all_swapped(units):
-        return mean_kld(window_vectors(engine, reader, windows))
+        return mean_kld(window_vectors(engine, reader, windows, held))
