@@ -2,7 +2,8 @@
 Q4_1 GGUF is the source, as every requant in this project), a WikiText-2 base file of the fp32
 model (transformers), costs on the first --cost-windows windows at six types, and at the size of
 each mix (Q3_K_M, Q4_K_M) a recipe built; then the recipe and the mix compared by llama.cpp on
-the held-out windows (every window after the cost windows), paired by `kldtool diff`.
+the held-out windows (every window after the cost windows), paired by `kldtool diff`: the
+recipe's own `--proof MIX`.
 
 Prints per mix: its size and the recipe's, both KLDs on the held-out windows, the paired
 difference with its interval; the recipe's predicted and measured KLD on the cost windows and
@@ -36,15 +37,6 @@ def kldtool(*args) -> subprocess.CompletedProcess:
     return p
 
 
-def held_out(model: Path, base: Path, first: int, last: int, out: Path) -> dict:
-    """llama.cpp's compare of one GGUF on windows first..last-1: its JSON, and its per-token file."""
-    h5 = out.with_suffix(".h5")
-    if not h5.exists():
-        kldtool("compare", "-m", model, "--kl-divergence-base", base, "--chunk-range", f"{first}:{last}",
-                "--per-token", h5, "--json", out, "--progress", "none")  # fmt: skip
-    return json.loads(out.read_text())
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--work", type=Path, default=Path("/tmp/kldtool-recipe-frontier"))
@@ -63,37 +55,27 @@ def main() -> None:
     cache = a.work / "costs-cache.jsonl"
     rows, figures, ratios, mixes = [], [], [], []
     for mix in MIXES:
-        mix_gguf = a.work / f"{mix}.gguf"
+        mix_gguf = a.work / f"{mix}.gguf"  # its size is the recipe's target; recipe --proof builds its own
         if not mix_gguf.exists():
             quantize(src, str(mix_gguf), mix)
         size = mix_gguf.stat().st_size
         out = a.work / f"recipe-{mix}"
         kldtool("recipe", src, "--kl-divergence-base", base, "--types", TYPES, "--size", size, "-o", out,
-                "--cost-windows", a.cost_windows, "--cost-cache", cache, "--progress", "none")  # fmt: skip
+                "--cost-windows", a.cost_windows, "--cost-cache", cache, "--proof", mix,
+                "--progress", "none")  # fmt: skip
         r = json.loads((out / "recipe.json").read_text())
-        ours = held_out(out / "recipe.gguf", base, a.cost_windows, a.windows, a.work / f"held-recipe-{mix}.json")
-        theirs = held_out(mix_gguf, base, a.cost_windows, a.windows, a.work / f"held-{mix}.json")
-        d = a.work / f"diff-{mix}.json"
-        kldtool("diff", a.work / f"held-recipe-{mix}.h5", a.work / f"held-{mix}.h5", "--json", d)
-        paired = json.loads(d.read_text())
-        k = paired["measures"]["kld_mean"] if "measures" in paired else paired["kld_mean"]
-        kr, km = ours["statistics"]["kld_mean"]["value"], theirs["statistics"]["kld_mean"]["value"]
-        verdict = "lower" if k["interval_95"][1] < 0 else ("higher" if k["interval_95"][0] > 0 else "not different")
-        row = (f"{mix} {size:,} B vs recipe {r['size']:,} B: held-out KLD {km:.5f} vs {kr:.5f}, recipe - mix "
-               f"{k['difference']:+.5f} [{k['interval_95'][0]:+.5f}, {k['interval_95'][1]:+.5f}] ({verdict}); "
+        proof = r["proof"]
+        m, kr = proof["mixes"][0], proof["recipe"]["kld"]
+        low, high = m["interval_95"]
+        row = (f"{mix} {m['bytes']:,} B vs recipe {r['size']:,} B: held-out KLD {m['kld']:.5f} vs {kr:.5f}, "
+               f"recipe - mix {m['recipe_minus_mix']:+.5f} [{low:+.5f}, {high:+.5f}] ({m['recipe_is']}); "
                f"cost windows predicted {r['predicted_kld']:.5f} measured {r['measured_kld']:.5f}, additive "
                f"{100 * r['additive_prediction_error']:.1f} % off, {len(r['rounds'])} round(s)")  # fmt: skip
         print(row)
         figures.append(row)
-        ratios.append(f"{mix}: {km / kr:.3f}")
+        ratios.append(f"{mix}: {m['kld'] / kr:.3f}")
         rows.append(r)
-        # the mix on the cost windows through the recipe's own forward (transformers), for the plot
-        cw = a.work / f"cost-windows-{mix}.json"
-        if not cw.exists():
-            kldtool("compare", "--engine", "transformers", "-m", mix_gguf, "--kl-divergence-base", base,
-                    "--chunk-range", f"0:{a.cost_windows}", "--json", cw, "--progress", "none")  # fmt: skip
-        kld = json.loads(cw.read_text())["statistics"]["kld_mean"]["value"]
-        mixes.append({"name": mix, "bytes": size, "kld": kld})
+        mixes += r["mixes_on_cost_windows"]
     from kldtool.recipe.outputs import plot
 
     last = a.work / f"recipe-{MIXES[-1]}"
