@@ -42,6 +42,12 @@ def tiny(tmp_path_factory):
     return src, base, d, p, bpw
 
 
+def _build(out, name: str):
+    """A build of the run's source: kept under builds/ in a directory of that source's own."""
+    (found,) = (out / "builds").glob(f"*/{name}")
+    return found
+
+
 def _costs(out) -> list[dict]:
     return json.loads((out / "costs.json").read_text())["costs"]
 
@@ -97,7 +103,7 @@ def test_the_proof_is_llamacpp_on_the_held_out_windows_and_diff_of_the_pair(tiny
     src, base, d, p, _ = tiny
     out = d / "out"
     r = json.loads((out / "recipe.json").read_text())
-    proof, mix = r["proof"], out / "builds" / f"mix-{MIX}.gguf"
+    proof, mix = r["proof"], _build(out, f"mix-{MIX}.gguf")
     assert proof["windows"] == [2, 3] and [m["mix"] for m in proof["mixes"]] == [MIX]
     held = ("--chunk-range", "2:4", "--progress", "none")
     runs = {}
@@ -148,7 +154,7 @@ def test_a_cost_is_a_float64_leave_one_in_forward(tiny, tensor):
 
     src, base, d, _, _ = tiny
     row = next(x for x in _costs(d / "out") if x["tensor"] == tensor and x["asked"] == "Q4_0")
-    build = d / "out" / "builds" / "pure-Q4_0.gguf"
+    build = _build(d / "out", "pure-Q4_0.gguf")
     model = AutoModelForCausalLM.from_pretrained(str(src.parent), gguf_file=src.name, dtype=torch.float64).eval()
     quant = AutoModelForCausalLM.from_pretrained(str(build.parent), gguf_file=build.name, dtype=torch.float64)
     windows, rows = _windows(base), _base_logprobs(base)
@@ -204,6 +210,22 @@ def test_a_damaged_cost_cache_is_refused_in_one_line_and_a_cut_last_line_is_meas
     q = fail("recipe", src, *flags, "--cost-cache", other, "-o", d / "other")
     one_line_error(q, UsageError, f"{other}: costs measured against another source")
     shutil.rmtree(d / "cut")
+
+
+def test_another_source_in_the_same_directory_gets_builds_of_its_own(tiny, tmp_path):
+    """A second source sent to the same -o (its builds/ kept) is built anew: its --pure Q4_0 is
+    what llama-quantize makes of it, byte for byte, and the first source's is left as it was."""
+    src, base, d, _, _ = tiny
+    other, out = tmp_path / "other.gguf", tmp_path / "out"
+    shutil.copy(_build(d / "out", f"mix-{MIX}.gguf"), other)  # a quant as the source
+    shutil.copytree(d / "out" / "builds", out / "builds")
+    first = _build(d / "out", "pure-Q4_0.gguf").read_bytes()
+    run_cli("recipe", other, "--kl-divergence-base", base, "--types", TYPES, "--size", "10MB", "-o", out,
+            "--cost-windows", COST_WINDOWS, "--rounds", 1, "--progress", "none")  # fmt: skip
+    fresh = tmp_path / "fresh.gguf"
+    run_cli("quantize", other, fresh, "Q4_0", "--pure")
+    builds = {p.read_bytes() for p in (out / "builds").glob("*/pure-Q4_0.gguf")}
+    assert builds == {first, fresh.read_bytes()} and first != fresh.read_bytes()
 
 
 @pytest.mark.quick

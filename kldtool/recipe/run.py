@@ -85,10 +85,11 @@ def run_recipe(job: RecipeJob) -> dict:
     try:
         engine = source_engine(job.src, job.dtype, job.device)
         windows, held_out = _windows(job, reader, engine)
-        builds = os.path.join(out_dir, "builds")
+        source = content_hash(job.src)
+        builds = os.path.join(out_dir, "builds", source[:16])  # another source's builds are never this one's
         os.makedirs(builds, exist_ok=True)
         cands = find_candidates(job.src, engine.model, job.types, builds, _say)
-        identity = {"source": content_hash(job.src), "base_file": base_identity(reader),
+        identity = {"source": source, "base_file": base_identity(reader),
                     "windows": [int(w.index) for w in windows], "dtype": job.dtype}  # fmt: skip
         cache = CostCache(job.cache_path or os.path.join(out_dir, "costs-cache.jsonl"), identity)
         todo = sum(len(v) for v in pending(cands, cache).values())
