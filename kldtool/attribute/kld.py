@@ -89,13 +89,14 @@ def attribute_kld(
     reference runs; leave-one-out starts from the whole quant, ``every`` unit swapped in."""
     results: dict = {u.name: {} for u in units}
     done, total = 0, len(units) * len(modes) + ("out" in modes)
+    held = hold_rows(engine, reader, windows)  # every unit's run scores the same windows
 
     def each(mode: str, values_of, reference, measured_first: bool, key: str) -> None:
         # One candidate per unit: its values swapped in, paired against the reference run.
         nonlocal done
         for u in units:
             with swapped(u, values_of(u)):
-                v = window_vectors(engine, reader, windows)
+                v = window_vectors(engine, reader, windows, held)
             r = paired_kld(v, reference, spec) if measured_first else paired_kld(reference, v, spec)
             kld = r["kld_mean"] if measured_first else r["versus"]
             results[u.name][mode] = {"kld_mean": kld, key: r["difference"], "interval_95": r["interval_95"]}
@@ -103,13 +104,13 @@ def attribute_kld(
             if progress:
                 progress(done, total)
 
-    base_vec = window_vectors(engine, reader, windows)
+    base_vec = window_vectors(engine, reader, windows, held)
     if "in" in modes:
         each("in", lambda u: u.quant, base_vec, True, "above_base")
     quant_vec = None
     if "out" in modes:
         with all_swapped(every):
-            quant_vec = window_vectors(engine, reader, windows)
+            quant_vec = window_vectors(engine, reader, windows, held)
             done += 1
             each("out", lambda u: u.base, quant_vec, False, "gain")
     refs = {"base_kld_mean": mean_kld(base_vec)}
