@@ -20,18 +20,15 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 
+from recipe_work import arguments, base_file
 from results import append_row
 
-ROOT = Path(__file__).resolve().parent.parent
-WIKI = ROOT.parent / "shared" / "data" / "wikitext-2" / "wiki.test.txt"
 TYPES = ["Q4_0", "Q5_0", "Q8_0", "Q3_K", "Q4_K", "Q6_K"]
 
 
@@ -72,11 +69,7 @@ def candidate_seconds(engine, reader, windows, cands, stored, quant, tensor: str
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--work", type=Path, default=Path("/tmp/kldtool-recipe-frontier"))
-    ap.add_argument("-c", type=int, default=128)
-    ap.add_argument("--windows", type=int, default=48)
-    ap.add_argument("--cost-windows", type=int, default=8)
+    ap = arguments(argparse.ArgumentParser())
     ap.add_argument("--no-full", action="store_true", help="skip the whole cost run (the fit's sum only)")
     a = ap.parse_args()
     from kldtool.attribute.kld import hold_rows, window_vectors
@@ -94,12 +87,7 @@ def main() -> None:
     from kldtool.stats.bootstrap import Bootstrap
     from kldtool.text.protocols import stored_windows
 
-    a.work.mkdir(parents=True, exist_ok=True)
-    src, base = default_gguf(), a.work / "base.kldt"
-    if not base.exists():
-        subprocess.run([sys.executable, "-m", "kldtool", "base", "--engine", "transformers", "-f", str(WIKI),
-                        "-c", str(a.c), "--chunks", str(a.windows), "--kl-divergence-base", str(base),
-                        "--progress", "none"], check=True)  # fmt: skip
+    src, base = default_gguf(), base_file(a)
     builds = Path(tempfile.mkdtemp(prefix="recipe-costs-"))
     build_s = {t: timed(build_pure, src, t, str(builds))[1] for t in TYPES}
     reader = open_base_file(str(base))

@@ -18,40 +18,20 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
-import sys
-from pathlib import Path
 
+from recipe_work import arguments, base_file, kldtool
 from results import append_row
 
-ROOT = Path(__file__).resolve().parent.parent
-WIKI = ROOT.parent / "shared" / "data" / "wikitext-2" / "wiki.test.txt"
 TYPES = "Q4_0,Q5_0,Q8_0,Q3_K,Q4_K,Q6_K"
 MIXES = ("Q3_K_M", "Q4_K_M")
 
 
-def kldtool(*args) -> subprocess.CompletedProcess:
-    p = subprocess.run([sys.executable, "-m", "kldtool", *map(str, args)], capture_output=True, text=True)
-    if p.returncode:
-        raise SystemExit(f"kldtool {' '.join(map(str, args))} failed:\n{p.stderr[-3000:]}")
-    return p
-
-
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--work", type=Path, default=Path("/tmp/kldtool-recipe-frontier"))
-    ap.add_argument("-c", type=int, default=128)
-    ap.add_argument("--windows", type=int, default=48)
-    ap.add_argument("--cost-windows", type=int, default=8)
-    a = ap.parse_args()
+    a = arguments(argparse.ArgumentParser()).parse_args()
     from kldtool.engines.defaults import default_gguf
     from kldtool.engines.llamacpp.quantize import quantize
 
-    a.work.mkdir(parents=True, exist_ok=True)
-    src, base = default_gguf(), a.work / "base.kldt"
-    if not base.exists():
-        kldtool("base", "--engine", "transformers", "-f", WIKI, "-c", a.c, "--chunks", a.windows,
-                "--kl-divergence-base", base)  # fmt: skip
+    src, base = default_gguf(), base_file(a)
     cache = a.work / "costs-cache.jsonl"
     rows, figures, ratios, mixes = [], [], [], []
     for mix in MIXES:

@@ -12,7 +12,6 @@ from kldtool.logitsfile.prefetch import PrefetchedChunks
 class HeldRows:
     def __init__(self, reader, chunks: list[int], device=None):
         self.header = reader.header
-        self.device = device
         source = PrefetchedChunks(reader, chunks, device=device)
         try:
             self._rows = {c: source.rows_torch(c, device) for c in chunks}
