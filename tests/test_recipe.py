@@ -228,6 +228,61 @@ def test_another_source_in_the_same_directory_gets_builds_of_its_own(tiny, tmp_p
     assert builds == {first, fresh.read_bytes()} and first != fresh.read_bytes()
 
 
+def test_report_of_recipes_shows_their_own_numbers_and_draws_the_frontier(tiny, tmp_path):
+    """`report OUT/recipe.json`: the table, the rounds and the proof's rows are the file's own
+    numbers, in the console, the Markdown and a self-contained page whose inlined PNG is a real
+    drawing; a file edited to disagree with itself is refused in one line before anything is
+    written."""
+    import base64
+    import io
+    import re
+
+    from matplotlib import image
+
+    _, _, d, _, _ = tiny
+    path = d / "out" / "recipe.json"
+    r = json.loads(path.read_text())
+    again = tmp_path / "again"
+    again.mkdir()
+    shutil.copy(path, again / "recipe.json")  # two recipes of one cost run: one frontier, both built points
+    md, page = tmp_path / "r.md", tmp_path / "r.html"
+    p = run_cli("report", path, again / "recipe.json", "--markdown", md, "--html", page, "--title", "tiny recipes")
+    m = r["proof"]["mixes"][0]
+    html = page.read_text()
+    for text in (p.stdout, md.read_text(), html):
+        for needle in (f"{r['measured_kld']:.6f}", f"{r['size']:,}", f"{m['recipe_minus_mix']:+.6f}", m["mix"],
+                       f"{m['kld']:.6f}", f"{r['proof']['recipe']['kld']:.6f}", m["recipe_is"]):  # fmt: skip
+            assert needle in text, (needle, text[:2000])
+    assert all(f"{q['measured']:.6f}" in html and f"{q['predicted']:.6f}" in html for q in r["rounds"])
+    assert "<script" not in html and "https://" not in html and "http://" not in html and "tiny recipes" in html
+    (data,) = re.findall(r'src="data:image/png;base64,([^"]+)"', html)
+    pixels = image.imread(io.BytesIO(base64.b64decode(data)), format="png")
+    assert pixels.shape[0] >= 300 and len(np.unique(pixels.reshape(-1, pixels.shape[-1]), axis=0)) > 50
+
+    def edited(name: str, change) -> str:
+        x = json.loads(path.read_text())
+        change(x)
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "recipe.json").write_text(json.dumps(x))
+        return tmp_path / name / "recipe.json"
+
+    flipped = "higher" if m["recipe_is"] != "higher" else "lower"
+    cases = [
+        (edited("verdict", lambda x: x["proof"]["mixes"][0].update(recipe_is=flipped)),
+         f"proof.mixes[0].recipe_is is '{flipped}', but its interval says '{m['recipe_is']}'"),
+        (edited("order", lambda x: x["frontier"].reverse()), "frontier[1].bytes is"),
+        (edited("nan", lambda x: x.update(measured_kld=float("nan"))), "recipe.measured_kld is nan"),
+        (edited("shrunk", lambda x: x["rounds"][0].update(size=-5)), "rounds[0].size is -5"),
+    ]  # fmt: skip
+    out = tmp_path / "never.md"
+    for bad, needle in cases:
+        one_line_error(fail("report", bad, "--markdown", out), UsageError, str(bad), needle)
+    other = edited("source", lambda x: x.update(source="/elsewhere/model.gguf"))
+    one_line_error(fail("report", path, other, "--markdown", out), UsageError, "its source differs from")
+    one_line_error(fail("report", path, d / "out" / "costs.json"), UsageError, "costs.json: not a recipe result")
+    assert not out.exists()
+
+
 @pytest.mark.quick
 def test_recipe_flag_errors(tmp_path):
     gguf = tmp_path / "m.gguf"

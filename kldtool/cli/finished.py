@@ -42,7 +42,8 @@ def report(
     results: list[str] = typer.Argument(
         ...,
         help="compare/merge --json results and compare --per-token .h5 files (those of one model are pooled); "
-        "generate corpora (.jsonl: degeneration side by side); compare --generated --json results (ranked).",
+        "generate corpora (.jsonl: degeneration side by side); compare --generated --json results (ranked); "
+        "recipe results (OUT/recipe.json: the frontier, rounds and proof).",
     ),
     markdown: Optional[str] = typer.Option(None, "--markdown", help="Write the table as Markdown here."),
     csv_out: Optional[str] = typer.Option(None, "--csv", help="Write the table as CSV (full precision) here."),
@@ -85,7 +86,7 @@ def report(
     from kldtool.report.degeneration import corpora_among
 
     corpora, results = corpora_among(results)
-    if _report_of_its_own(corpora, results, markdown):
+    if _report_of_its_own(corpora, results, markdown, html_out, title):
         return
     rows = load_results(results, mix=mix)
     if card_out:  # before anything is printed: runs of two references are refused in one line
@@ -137,9 +138,9 @@ def report(
         print(f"report: wrote {html_out}", file=sys.stderr)
 
 
-def _report_of_its_own(corpora: list, results: list[str], markdown: str | None) -> bool:
-    """Generated corpora alone (their degeneration), or audits of served models alone."""
-    from kldtool.report import degeneration, providers
+def _report_of_its_own(corpora: list, results: list[str], markdown: str | None, html_out, title) -> bool:
+    """Generated corpora alone (their degeneration), audits of served models alone, or recipes."""
+    from kldtool.report import degeneration, providers, recipes
     from kldtool.runtime.small_files import write_text
 
     if corpora and not results:
@@ -147,7 +148,7 @@ def _report_of_its_own(corpora: list, results: list[str], markdown: str | None) 
         if markdown:
             write_text(markdown, degeneration.markdown(corpora))
         return True
-    return providers.report_audits(results, markdown)
+    return providers.report_audits(results, markdown) or recipes.report_recipes(results, markdown, html_out, title)
 
 
 def _breakdowns(rows) -> list:

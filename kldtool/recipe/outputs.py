@@ -66,27 +66,6 @@ def tensor_type_file(lines: list[str], default_type: str) -> str:
 
 
 def plot(points: list[dict], built: list[dict], mixes: list[dict], path: str) -> None:
-    """Size against KLD: the predicted frontier as a line, the built recipes and any mixes as points."""
-    import matplotlib
+    from kldtool.report.frontier_plot import draw
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    mb = [q["bytes"] / 1e6 for q in points]
-    ax.plot(mb, [q["predicted"] for q in points], label="predicted frontier (corrected)")
-    ax.plot(mb, [q["predicted_additive"] for q in points], linestyle=":", label="additive prediction")
-    ax.scatter([b["size"] / 1e6 for b in built], [b["measured"] for b in built], marker="*", s=120, zorder=3,
-               label="built recipe (measured)")  # fmt: skip
-    for m in mixes:
-        ax.scatter([m["bytes"] / 1e6], [m["kld"]], marker="o", color="black", zorder=3)
-        ax.annotate(m["name"], (m["bytes"] / 1e6, m["kld"]), textcoords="offset points", xytext=(4, 4))
-    ax.set_xlabel("size (MB)")
-    ax.set_ylabel("mean KLD (cost windows)")
-    ax.set_yscale("log")
-    ax.legend()
-    fig.tight_layout()
-    tmp = f"{path}.partial-{os.getpid()}.png"
-    fig.savefig(tmp, dpi=110)
-    plt.close(fig)
-    os.replace(tmp, path)
+    draw([{"label": None, "frontier": points, "rounds": built}], mixes, path)

@@ -12,6 +12,7 @@ import time
 
 from dataclasses import dataclass, field
 
+from kldtool.analysis.recipe_runs import KIND as RESULT_KIND
 from kldtool.errors import MismatchError, UsageError
 from kldtool.recipe.proof import MIN_HELD_OUT
 
@@ -144,6 +145,7 @@ def _write(p, cache, result, job: RecipeJob, windows, held_out, took, t0, mixes:
     outputs.plot(points, result["rounds"], mixes, os.path.join(out_dir, "frontier.png"))
     final = result["final"]
     summary = {
+        "kldtool": RESULT_KIND,
         "source": job.src,
         "base_file": job.base_file,
         "target": {"kind": job.target[0], "value": job.target[1]},
@@ -164,6 +166,7 @@ def _write(p, cache, result, job: RecipeJob, windows, held_out, took, t0, mixes:
         "costs_took": took,
         "knapsack": {"bucket_bytes": p.table.bucket, "buckets": len(p.table.best)},
         "mixes_on_cost_windows": mixes,
+        "frontier": points,
         "proof": proof,
         "seconds": round(time.monotonic() - t0, 2),
     }

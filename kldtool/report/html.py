@@ -33,10 +33,7 @@ img{max-width:640px;margin:8px 8px 8px 0;border:1px solid #eee}
 
 
 def _table(rows: list[ResultRow]) -> str:
-    head, body = table.text_rows(rows)
-    th = "".join(f"<th>{html.escape(h)}</th>" for h in head)
-    trs = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>" for cells in body)
-    return f'<table id="summary"><thead><tr>{th}</tr></thead><tbody>{trs}</tbody></table>'
+    return table_html(*table.text_rows(rows), "summary")
 
 
 def _manifests(rows: list[ResultRow]) -> str:
@@ -56,17 +53,32 @@ def _manifests(rows: list[ResultRow]) -> str:
     return f'<table id="manifests"><thead><tr>{th}</tr></thead><tbody>{trs}</tbody></table>'
 
 
+def image(path: str, alt: str) -> str:
+    """A PNG inlined as data: the page fetches nothing."""
+    with open(path, "rb") as f:
+        data = base64.b64encode(f.read()).decode("ascii")
+    return f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{data}">'
+
+
+def table_html(head: list[str], body: list[list[str]], ident: str) -> str:
+    th = "".join(f"<th>{html.escape(h)}</th>" for h in head)
+    trs = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>" for cells in body)
+    return f'<table id="{ident}"><thead><tr>{th}</tr></thead><tbody>{trs}</tbody></table>'
+
+
+def page(title: str, body: list[str]) -> str:
+    name = html.escape(title)
+    return (
+        f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>{name}</title>'
+        f"<style>{STYLE}</style></head><body><h1>{name}</h1>{''.join(body)}</body></html>"
+    )
+
+
 def _plots(rows: list[ResultRow]) -> str:
     from kldtool.report.plots import write_plots
 
     with tempfile.TemporaryDirectory() as d:
-        paths = write_plots(rows, d)
-        imgs = []
-        for p in paths:
-            with open(p, "rb") as f:
-                data = base64.b64encode(f.read()).decode("ascii")
-            imgs.append(f'<img alt="{html.escape(os.path.basename(p))}" src="data:image/png;base64,{data}">')
-    return "".join(imgs)
+        return "".join(image(p, os.path.basename(p)) for p in write_plots(rows, d))
 
 
 def _token(text: str, kld: float, tip: str) -> str:
@@ -115,8 +127,7 @@ def render(
 ) -> str:
     """The page; ``views``: per model given as a per-token file, its worst windows
     (analysis.worst.window_views) or why they are unavailable; ``splits``: its breakdowns."""
-    name = html.escape(title or "kldtool report")
-    body = [f"<h1>{name}</h1>", _table(rows)]
+    body = [_table(rows)]
     if pairs:
         body.append(
             f'<h2>Paired comparisons</h2><p>{html.escape(pairs[0])}</p><ul class="pairs">'
@@ -134,7 +145,4 @@ def render(
             f"{FULL_SHADE_KLD:g} nats and above); hover a token for its values.</p>"
         )
         body += [f'<section class="model"><h3>{html.escape(r.label)}</h3>{_windows(v)}</section>' for r, v in views]
-    return (
-        f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>{name}</title>'
-        f"<style>{STYLE}</style></head><body>{''.join(body)}</body></html>"
-    )
+    return page(title or "kldtool report", body)

@@ -5,7 +5,6 @@ whether it counted the prompts as rendered here; ``diff``'s lines for two of the
 from __future__ import annotations
 
 from kldtool.analysis.served_runs import is_audit, ranked, read_audits
-from kldtool.errors import UsageError
 from kldtool.report.table import console_table, markdown_lines
 
 HEAD = ["provider", "KL(served‖base)", "±", "95 % interval", "KLD ≥", "tokens", "samples", "sampling", "prompts"]
@@ -61,12 +60,10 @@ def diff_lines(d: dict) -> list[str]:
 def report_audits(paths: list[str], markdown_path: str | None) -> bool:
     """``report`` of audits (compare --generated results) only: the table, closest to the base
     first, and its Markdown; False where ``paths`` hold none (another report's)."""
-    audits = [p for p in paths if is_audit(p)]
-    if not audits:
+    from kldtool.report.kinds import all_of_kind
+
+    if not all_of_kind(paths, is_audit, "a compare --generated result"):
         return False
-    if len(audits) < len(paths):
-        other = next(p for p in paths if p not in audits)
-        raise UsageError(f"{other}: not a compare --generated result; report those apart from the others")
     rows = ranked(read_audits(paths))
     console(rows)
     if markdown_path:
