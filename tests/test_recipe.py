@@ -52,6 +52,22 @@ def _costs(out) -> list[dict]:
     return json.loads((out / "costs.json").read_text())["costs"]
 
 
+def _enumerated(rows: list[dict], r: dict, limit: int) -> tuple[float, float]:
+    """(the least summed cost of any choice under ``limit``, every one enumerated in numpy;
+    the summed cost of the recipe ``r``'s choice), both from the measured costs in ``rows``."""
+    tensors = list(dict.fromkeys(x["tensor"] for x in rows))
+    by = {t: [x for x in rows if x["tensor"] == t] for t in tensors}
+    assert len(tensors) == 16 and all(len(v) == 2 for v in by.values())
+    chosen = {t: next(x for x in by[t] if x["written"] == r["types"][t]) for t in tensors}
+    fixed = r["size"] - sum(x["bytes"] for x in chosen.values())
+    size = np.array([[x["bytes"] for x in by[t]] for t in tensors])
+    cost = np.array([[max(0.0, x["kld_above_base"]) for x in by[t]] for t in tensors])
+    combos = np.array(list(itertools.product((0, 1), repeat=16)))
+    total_size = fixed + size[np.arange(16), combos].sum(axis=1)
+    total_cost = cost[np.arange(16), combos].sum(axis=1)
+    return total_cost[total_size <= limit].min(), sum(max(0.0, x["kld_above_base"]) for x in chosen.values())
+
+
 def test_the_recipe_is_the_least_cost_choice_and_its_file_holds_it(tiny):
     from gguf import GGUFReader
 
@@ -64,19 +80,9 @@ def test_the_recipe_is_the_least_cost_choice_and_its_file_holds_it(tiny):
     assert (out / "recipe.gguf").stat().st_size <= limit
     # Every choice enumerated: none fits the size at a lower summed cost (beyond the gap rounding allows).
     rows = _costs(out)
-    tensors = list(dict.fromkeys(x["tensor"] for x in rows))
-    by = {t: [x for x in rows if x["tensor"] == t] for t in tensors}
-    assert len(tensors) == 16 and all(len(v) == 2 for v in by.values())
-    chosen = {t: next(x for x in by[t] if x["written"] == r["types"][t]) for t in tensors}
-    fixed = r["size"] - sum(x["bytes"] for x in chosen.values())
-    size = np.array([[x["bytes"] for x in by[t]] for t in tensors])
-    cost = np.array([[max(0.0, x["kld_above_base"]) for x in by[t]] for t in tensors])
-    combos = np.array(list(itertools.product((0, 1), repeat=16)))
-    total_size = fixed + size[np.arange(16), combos].sum(axis=1)
-    total_cost = cost[np.arange(16), combos].sum(axis=1)
-    best = total_cost[total_size <= limit].min()
-    ours = sum(max(0.0, x["kld_above_base"]) for x in chosen.values())
+    best, ours = _enumerated(rows, r, limit)
     assert ours <= best + r["gap"] + 1e-12 and r["size"] <= limit
+    tensors = list(dict.fromkeys(x["tensor"] for x in rows))
     # The prediction stated with its rounds, within 10 % of the measured KLD at the end.
     assert abs(r["predicted_kld"] - r["measured_kld"]) <= 0.10 * r["measured_kld"]
     assert r["cost_windows"] == [0, 1] and r["held_out_windows"] == [2, 3]
@@ -226,6 +232,44 @@ def test_another_source_in_the_same_directory_gets_builds_of_its_own(tiny, tmp_p
     run_cli("quantize", other, fresh, "Q4_0", "--pure")
     builds = {p.read_bytes() for p in (out / "builds").glob("*/pure-Q4_0.gguf")}
     assert builds == {first, fresh.read_bytes()} and first != fresh.read_bytes()
+
+
+def test_prune_measures_fewer_and_picks_what_measuring_every_candidate_picks(tiny):
+    """--prune on a cache of its own: fewer forwards than candidates; every chosen candidate
+    measured (with the exhaustive run's cost); the choice as good as the best of every choice
+    enumerated over the exhaustive run's costs; each candidate's weight error what gguf's own
+    dequantization gives in float64."""
+    import gguf
+    from gguf import GGUFReader
+
+    src, base, d, _, bpw = tiny
+    out = d / "pruned"
+    p = run_cli("recipe", src, "--kl-divergence-base", base, "--types", TYPES, "--bpw", bpw, "-o", out,
+                "--cost-windows", COST_WINDOWS, "--prune", "--progress", "none")  # fmt: skip
+    assert "16 coarsest candidates to measure" in p.stderr
+    full = {(x["tensor"], x["asked"]): x for x in _costs(d / "out")}
+    rows, r = _costs(out), json.loads((out / "recipe.json").read_text())
+    measured = [x for x in rows if x["measured"]]
+    print(f"{len(measured)} of {len(rows)} measured; took {r['costs_took']}")
+    assert len(measured) < len(rows) == len(full) and r["costs_took"]["forwards"] == len(measured)
+    for x in measured:
+        assert x["kld_above_base"] == full[(x["tensor"], x["asked"])]["kld_above_base"]
+    assert all(
+        next(x for x in rows if x["tensor"] == t and x["written"] == w)["measured"] for t, w in r["types"].items()
+    )
+    limit = int(bpw * sum(int(t.n_elements) for t in GGUFReader(str(src)).tensors) / 8)
+    best, _ = _enumerated(list(full.values()), r, limit)
+    truth = sum(max(0.0, full[(x["tensor"], x["asked"])]["kld_above_base"]) for x in rows
+                if r["types"][x["tensor"]] == x["written"])  # fmt: skip
+    assert truth <= best + r["gap"] + 1e-12 and r["size"] <= limit
+    assert all(q["estimated_candidates"] >= 0 for q in json.loads((out / "frontier.json").read_text())["frontier"])
+    source = {t.name: t for t in GGUFReader(str(src)).tensors}
+    for asked in TYPES.split(","):
+        build = {t.name: t for t in GGUFReader(str(_build(out, f"pure-{asked}.gguf"))).tensors}
+        for x in (x for x in rows if x["asked"] == asked):
+            a, b = (gguf.quants.dequantize(t.data, t.tensor_type) for t in (build[x["tensor"]], source[x["tensor"]]))
+            want = float(((a.astype(np.float64) - b.astype(np.float64)) ** 2).sum())
+            assert x["weight_error"] == pytest.approx(want, rel=1e-6), x
 
 
 def test_report_of_recipes_shows_their_own_numbers_and_draws_the_frontier(tiny, tmp_path):

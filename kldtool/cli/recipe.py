@@ -45,6 +45,12 @@ def recipe(
         help="llama.cpp mixes to beat (e.g. Q3_K_M,Q4_K_M): built, and scored with the recipe by llama.cpp "
         "on the held-out windows, each paired with it.",
     ),
+    prune: bool = typer.Option(
+        False,
+        "--prune",
+        help="Measure each tensor's coarsest candidate, estimate the others from their weight error, and "
+        "measure any estimated candidate a solve picks before it is built (fewer forwards).",
+    ),
     dtype: str = typer.Option("float32", "--dtype", help="The transformers forward's dtype: float32, bfloat16."),
     device: str = typer.Option("cpu", "--device", help="cpu, cuda or cuda:N."),
     bootstrap_flags=None,
@@ -76,7 +82,7 @@ def recipe(
     os.makedirs(out_dir, exist_ok=True)
     job = RecipeJob(src=src, base_file=base_file, types=names, target=target, out_dir=out_dir,
                     cost_windows=cost_windows, rounds=rounds, dtype=dtype, device=device, cache_path=cost_cache,
-                    spec=spec, mixes=mixes)  # fmt: skip
+                    spec=spec, mixes=mixes, prune=prune)  # fmt: skip
     result = run_recipe(job)
     line = (
         f"recipe: {result['size']:,} bytes, mean KLD {result['measured_kld']:.6f} measured on the cost windows "

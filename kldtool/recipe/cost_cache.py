@@ -2,7 +2,8 @@
 the first line names what the costs were measured against (the source, the base file, the
 windows, the dtype); each record carries the sha256 of its own JSON, so a damaged or edited
 line is refused (one line naming it) instead of read. A last line without its newline is what
-a kill during its write leaves: it is dropped and measured again."""
+a kill during its write leaves: it is dropped and measured again. Besides the costs it keeps
+each candidate's squared weight error against the source, the proxy --prune estimates from."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ def _digest(record: dict) -> str:
 
 class CostCache:
     def __init__(self, path: str, identity: dict):
-        self.path, self.records = path, {}
+        self.path, self.records, self.errors = path, {}, {}
         head = {"kldtool_recipe_costs": VERSION, "identity": identity}
         if os.path.exists(path):
             self._read(head)
@@ -57,7 +58,10 @@ class CostCache:
             if not ok:
                 raise UsageError(f"{path}:{n}: a damaged cost record (its checksum does not match); delete the file")
             r = item["record"]
-            self.records[(r["tensor"], r["sha256"])] = r
+            if "weight_error" in r and "above_base" not in r:
+                self.errors[(r["tensor"], r["sha256"])] = r["weight_error"]
+            else:
+                self.records[(r["tensor"], r["sha256"])] = r
 
     def _append(self, obj: dict) -> None:
         line = (json.dumps(obj, sort_keys=True) + "\n").encode()
@@ -74,3 +78,12 @@ class CostCache:
     def put(self, record: dict) -> None:
         self._append({"record": record, "sha256": _digest(record)})
         self.records[(record["tensor"], record["sha256"])] = record
+
+    def error(self, tensor: str, sha256: str) -> float | None:
+        """The candidate's squared weight error against the source (recipe/pruning.py), if known."""
+        return self.errors.get((tensor, sha256))
+
+    def put_error(self, tensor: str, sha256: str, value: float) -> None:
+        record = {"tensor": tensor, "sha256": sha256, "weight_error": value}
+        self._append({"record": record, "sha256": _digest(record)})
+        self.errors[(tensor, sha256)] = value

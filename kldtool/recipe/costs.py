@@ -20,6 +20,7 @@ from kldtool.recipe.cost_cache import CostCache
 from kldtool.recipe.layer_reuse import LayerInputs
 
 BLOCK = re.compile(r"^blk\.(\d+)\.")
+ROWS = 4096  # rows of a tensor differenced at a time in float64
 
 
 def block_of(tensor: str) -> int:
@@ -37,20 +38,49 @@ def tensor_unit(model, tensor: str, pname: str, values) -> Unit:
                 numel=base.numel())  # fmt: skip
 
 
-def pending(cands: Candidates, cache: CostCache) -> dict[str, list[tuple[str, str]]]:
-    """Per build (asked type), the (tensor, candidate digest) pairs still to measure there."""
+def _per_build(cands: Candidates, keep) -> dict[str, list[tuple[str, str]]]:
     out: dict[str, list[tuple[str, str]]] = {t: [] for t in cands.types}
     for tensor in cands.tensors:
         for asked, w in cands.options(tensor).items():
-            if cache.get(tensor, w.sha256) is None:
+            if keep(tensor, w):
                 out[asked].append((tensor, w.sha256))
     return out
 
 
+def pending(cands: Candidates, cache: CostCache, wanted: set | None = None) -> dict[str, list[tuple[str, str]]]:
+    """Per build (asked type), the (tensor, candidate digest) pairs still to measure there
+    (only those in ``wanted`` where it is given)."""
+    return _per_build(
+        cands, lambda t, w: cache.get(t, w.sha256) is None and (wanted is None or (t, w.sha256) in wanted)
+    )
+
+
+def errors_pending(cands: Candidates, cache: CostCache) -> dict[str, list[tuple[str, str]]]:
+    """Per build, the candidates whose weight error the cache lacks."""
+    return _per_build(cands, lambda t, w: cache.error(t, w.sha256) is None)
+
+
+def _weight_errors(model, quant: dict, cands: Candidates, items, cache: CostCache) -> None:
+    """Each candidate's squared distance from the source's values, summed in float64 a slice of
+    rows at a time (no float64 copy of a whole embedding)."""
+    import torch
+
+    for tensor, sha in items:
+        pname = cands.params[tensor]
+        q, b = quant[pname], model.get_parameter(pname).detach()
+        total = 0.0
+        for start in range(0, q.shape[0], ROWS):
+            d = q[start : start + ROWS].to(b.device, torch.float64) - b[start : start + ROWS].to(torch.float64)
+            total += float((d * d).sum())
+        cache.put_error(tensor, sha, total)
+
+
 def measure_costs(
-    engine, reader, windows, cands: Candidates, cache: CostCache, spec, dtype: str, progress=None, held=None
-):
-    """Measure what the cache lacks; returns the base run's chunk vectors and what it took
+    engine, reader, windows, cands: Candidates, cache: CostCache, spec, dtype: str, progress=None, held=None,
+    wanted: set | None = None, errors: bool = False,
+):  # fmt: skip
+    """Measure what the cache lacks (of ``wanted``, where given; with ``errors``, every
+    candidate's weight error too); returns the base run's chunk vectors and what it took
     (forwards run, candidates measured, bytes of stored layer inputs); the cache holds the costs.
     ``held``: the windows' rows read once (attribute/kld.hold_rows)."""
     import torch
@@ -61,13 +91,15 @@ def measure_costs(
     stored = LayerInputs(model)
     with stored.recording():
         base_vec = window_vectors(engine, reader, windows, held)
-    todo = pending(cands, cache)
+    todo = pending(cands, cache, wanted)
+    gaps = errors_pending(cands, cache) if errors else {t: [] for t in cands.types}
     total, done, forwards = sum(len(v) for v in todo.values()), 0, 0
     stored_bytes = stored.nbytes()
     for asked, items in todo.items():
-        if not items:
+        if not items and not gaps[asked]:
             continue
         quant = load_quant(cands.builds[asked], dtype).state_dict()
+        _weight_errors(model, quant, cands, gaps[asked], cache)
         for tensor, sha in items:
             t0 = time.monotonic()
             w = cands.written[tensor][asked]

@@ -17,20 +17,22 @@ FRONTIER_POINTS = 256
 
 
 def cost_rows(p: Problem, cache) -> list[dict]:
+    """One row a candidate: measured (its interval), or estimated by --prune (no interval)."""
     rows = []
-    for tensor, opts in zip(p.cands.tensors, p.options):
-        for asked in opts:
+    for i, (tensor, opts) in enumerate(zip(p.cands.tensors, p.options)):
+        for j, asked in enumerate(opts):
             w = p.cands.written[tensor][asked]
-            r = cache.get(tensor, w.sha256)
-            rows.append({"tensor": tensor, "asked": asked, "written": w.type_name, "bytes": w.nbytes,
-                         "kld_above_base": r["above_base"], "interval_95": r["interval_95"],
-                         "same_as_source": bool(r.get("source_values"))})  # fmt: skip
+            r = cache.get(tensor, w.sha256) or {}
+            rows.append({"tensor": tensor, "asked": asked, "written": w.type_name, "bytes": w.nbytes, "sha256": w.sha256,
+                         "kld_above_base": r.get("above_base", p.costs[i][j]), "interval_95": r.get("interval_95"),
+                         "same_as_source": bool(r.get("source_values")), "measured": bool(r),
+                         "weight_error": cache.error(tensor, w.sha256)})  # fmt: skip
     return rows
 
 
 def frontier(p: Problem, alpha: float) -> list[dict]:
     """Points of the least predicted KLD against size, at most FRONTIER_POINTS, each an answer
-    the knapsack can name (its exact bytes)."""
+    the knapsack can name (its exact bytes), with how many of its candidates are estimated."""
     steps = np.nonzero(np.diff(p.table.best, prepend=np.inf) < 0)[0]
     if len(steps) > FRONTIER_POINTS:
         steps = steps[np.linspace(0, len(steps) - 1, FRONTIER_POINTS).round().astype(int)]
@@ -38,7 +40,8 @@ def frontier(p: Problem, alpha: float) -> list[dict]:
     for at in steps:
         c = chosen(p, int(at))
         out.append({"bytes": c["size"], "predicted_additive": p.floor + c["summed_cost"],
-                    "predicted": p.floor + alpha * c["summed_cost"], "lower_bound": p.floor + c["lower"]})  # fmt: skip
+                    "predicted": p.floor + alpha * c["summed_cost"], "lower_bound": p.floor + c["lower"],
+                    "estimated_candidates": c["estimated"]})  # fmt: skip
     return out
 
 

@@ -25,21 +25,27 @@ class Problem:
     cands: Candidates
     options: list[list[str]]  # per tensor (cands.tensors' order): its candidates' asked types
     sizes: list[list[int]]
-    costs: list[list[float]]  # KLD above the base model's, per candidate
+    costs: list[list[float]]  # KLD above the base model's, per candidate: measured, or estimated (--prune)
+    measured: list[list[bool]]
     floor: float  # the base model's own mean KLD against the base file
     table: knapsack.Table
     lower: np.ndarray  # the bound from below at each bucket count (the certificate)
 
 
-def problem(cands: Candidates, cache, floor: float) -> Problem:
-    options, sizes, costs = [], [], []
+def problem(cands: Candidates, cache, floor: float, estimate=None) -> Problem:
+    """``estimate(tensor, written)``: the cost of a candidate the cache lacks (recipe/pruning.py)."""
+    options, sizes, costs, measured = [], [], [], []
     for tensor in cands.tensors:
         opts = cands.options(tensor)
         options.append(list(opts))
         sizes.append([w.nbytes for w in opts.values()])
-        costs.append([max(0.0, cache.get(tensor, w.sha256)["above_base"]) for w in opts.values()])
+        records = [cache.get(tensor, w.sha256) for w in opts.values()]
+        measured.append([r is not None for r in records])
+        costs.append([max(0.0, r["above_base"]) if r is not None else estimate(tensor, w)
+                      for r, w in zip(records, opts.values())])  # fmt: skip
     table, lower = knapsack.solve(sizes, costs, cands.fixed_bytes)
-    return Problem(cands=cands, options=options, sizes=sizes, costs=costs, floor=floor, table=table, lower=lower)
+    return Problem(cands=cands, options=options, sizes=sizes, costs=costs, measured=measured, floor=floor,
+                   table=table, lower=lower)  # fmt: skip
 
 
 def chosen(p: Problem, at: int) -> dict:
@@ -48,8 +54,9 @@ def chosen(p: Problem, at: int) -> dict:
     summed = sum(p.costs[i][j] for i, j in enumerate(picks))
     size = p.cands.fixed_bytes + sum(p.sizes[i][j] for i, j in enumerate(picks))
     lower = float(p.lower[min(at, len(p.lower) - 1)])
+    estimated = sum(not p.measured[i][j] for i, j in enumerate(picks))
     return {"types": types, "summed_cost": float(summed), "size": int(size), "gap": max(summed - lower, 0.0),
-            "lower": lower, "at": at}  # fmt: skip
+            "lower": lower, "at": at, "estimated": estimated}  # fmt: skip
 
 
 def at_for(p: Problem, target: tuple[str, float], alpha: float) -> tuple[int, bool]:
@@ -74,12 +81,19 @@ def fit(rounds: list[dict], floor: float) -> float:
     return float((s * m).sum() / (s * s).sum()) if (s * s).sum() > 0 else 1.0
 
 
-def run_rounds(p: Problem, target: tuple[str, float], measure, max_rounds: int, say) -> dict:
-    """``measure(types, k)`` builds and measures round k's choice (its mean KLD)."""
+def fixed_solve(p: Problem, target: tuple[str, float]):
+    """The solver of a problem whose costs are all measured: at_for on it."""
+    return lambda alpha: (p, *at_for(p, target, alpha))
+
+
+def run_rounds(solve, target: tuple[str, float], measure, max_rounds: int, say) -> dict:
+    """``solve(alpha)``: (the problem, the bucket count to pick at, reachable), every candidate
+    it picks there measured (fixed_solve, or pruning.settling_solve); ``measure(types, k)``
+    builds and measures round k's choice (its mean KLD)."""
     alpha, rounds, seen = 1.0, [], {}
     reachable = True
     for k in range(1, max_rounds + 1):
-        at, reachable = at_for(p, target, alpha)
+        p, at, reachable = solve(alpha)
         pick = chosen(p, at)
         key = tuple(sorted(pick["types"].items()))
         if key not in seen:  # a choice made again is not built again: its round's file is it
@@ -105,4 +119,4 @@ def run_rounds(p: Problem, target: tuple[str, float], measure, max_rounds: int, 
     last = rounds[-1]
     met = target[0] != "kld" or last["measured"] <= target[1]
     return {"rounds": rounds, "types": pick["types"], "alpha": last["alpha"], "reachable": reachable and met,
-            "final": last}  # fmt: skip
+            "final": last, "problem": p}  # fmt: skip

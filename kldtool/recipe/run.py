@@ -48,6 +48,7 @@ class RecipeJob:
     cache_path: str | None
     spec: object  # the bootstrap
     mixes: list = field(default_factory=list)  # --proof: llama.cpp mixes to beat on the held-out windows
+    prune: bool = False  # --prune: measure the coarsest candidates, estimate the rest (pruning.py)
 
 
 def _windows(job: RecipeJob, reader, engine):
@@ -68,18 +69,16 @@ def _windows(job: RecipeJob, reader, engine):
 
 
 def run_recipe(job: RecipeJob) -> dict:
-    from kldtool.attribute.kld import hold_rows, mean_kld
+    from kldtool.attribute.kld import hold_rows
     from kldtool.logitsfile import open_base_file
     from kldtool.provenance.identity import base_identity
     from kldtool.provenance.model_ref import content_hash
     from kldtool.recipe.candidates import find_candidates
     from kldtool.recipe.cost_cache import CostCache
-    from kldtool.recipe.costs import measure_costs, pending
     from kldtool.recipe.llamacpp_builds import build_mixes
-    from kldtool.recipe.rounds import problem, run_rounds
+    from kldtool.recipe.rounds import run_rounds
     from kldtool.recipe.source import source_engine
     from kldtool.recipe.whole_file import score_file
-    from kldtool.runtime.progress import Progress
 
     t0, out_dir = time.monotonic(), job.out_dir
     reader = open_base_file(job.base_file)
@@ -93,18 +92,12 @@ def run_recipe(job: RecipeJob) -> dict:
         identity = {"source": source, "base_file": base_identity(reader),
                     "windows": [int(w.index) for w in windows], "dtype": job.dtype}  # fmt: skip
         cache = CostCache(job.cache_path or os.path.join(out_dir, "costs-cache.jsonl"), identity)
-        todo = sum(len(v) for v in pending(cands, cache).values())
-        _say(f"recipe: {len(cands.tensors)} tensors, {len(job.types)} types, {todo} candidates to measure "
-             f"(one forward each from the tensor's layer up, on {len(windows)} windows); "
-             f"{len(cache.records)} in the cost cache")  # fmt: skip
-        t_costs = time.monotonic()
         held = hold_rows(engine, reader, windows)  # every candidate scores the same windows
-        with Progress("recipe: costs", max(todo, 1), "candidates") as shown:
-            base_vec, took = measure_costs(engine, reader, windows, cands, cache, job.spec, job.dtype, shown.to, held)
-        took["seconds"] = round(time.monotonic() - t_costs, 2)
-        p = problem(cands, cache, mean_kld(base_vec))
+        costs = _Costs(engine, reader, windows, cands, cache, job, held)
+        solve = costs.solver()
         measure = _measure_build(engine, reader, windows, cands, job.dtype, job.src, out_dir, held)
-        result = run_rounds(p, job.target, measure, job.rounds, _say)
+        result = run_rounds(solve, job.target, measure, job.rounds, _say)
+        p, took = result["problem"], costs.took
         mixes = build_mixes(job.src, job.mixes, builds)
         points = [{"name": n, "bytes": os.path.getsize(f),
                    "kld": score_file(engine, reader, windows, cands, job.dtype, f, cands.tensors, held)}
@@ -120,6 +113,54 @@ def run_recipe(job: RecipeJob) -> dict:
             os.unlink(leftover)
     proof = _prove(job, mixes, held_out)
     return _write(p, cache, result, job, windows, held_out, took, t0, points, proof)
+
+
+class _Costs:
+    """The costs phase: every candidate measured, or (--prune) the coarsest ones, with every
+    candidate's weight error, and the rest when a solve picks them; ``took`` sums the passes."""
+
+    def __init__(self, engine, reader, windows, cands, cache, job: RecipeJob, held):
+        from kldtool.recipe import pruning
+
+        self.args = (engine, reader, windows, cands, cache, job.spec, job.dtype)
+        self.job, self.held, self.took, self.floor = job, held, {"forwards": 0, "candidates": 0, "seconds": 0.0}, None
+        self.estimated = 0
+        if job.prune:
+            self.measure(pruning.anchors(cands), errors=True, what="coarsest candidates")
+            self.measure(pruning.unestimable(cands, cache), what="candidates with no estimate")
+        else:
+            self.measure(None, what="candidates")
+
+    def measure(self, wanted, errors: bool = False, what: str = "candidates") -> None:
+        from kldtool.attribute.kld import mean_kld
+        from kldtool.recipe.costs import measure_costs, pending
+        from kldtool.runtime.progress import Progress
+
+        engine, reader, windows, cands, cache = self.args[:5]
+        todo = sum(len(v) for v in pending(cands, cache, wanted).values())
+        if self.floor is not None and not todo:
+            return
+        _say(f"recipe: {len(cands.tensors)} tensors, {len(self.job.types)} types, {todo} {what} to measure "
+             f"(one forward each from the tensor's layer up, on {len(windows)} windows); "
+             f"{len(cache.records)} in the cost cache")  # fmt: skip
+        t = time.monotonic()
+        with Progress("recipe: costs", max(todo, 1), "candidates") as shown:
+            base_vec, took = measure_costs(*self.args, shown.to, self.held, wanted=wanted, errors=errors)
+        self.floor = mean_kld(base_vec)
+        self.took["forwards"] += took["forwards"]
+        self.took["candidates"] += took["candidates"]
+        self.took["stored_inputs_bytes"] = took["stored_inputs_bytes"]
+        self.took["seconds"] = round(self.took["seconds"] + time.monotonic() - t, 2)
+
+    def solver(self):
+        from kldtool.recipe import pruning
+        from kldtool.recipe.rounds import fixed_solve, problem
+
+        cands, cache = self.args[3], self.args[4]
+        if not self.job.prune:
+            return fixed_solve(problem(cands, cache, self.floor), self.job.target)
+        return pruning.settling_solve(cands, cache, self.floor, self.job.target,
+                                      lambda wanted: self.measure(wanted, what="picked candidates"), _say)  # fmt: skip
 
 
 def _prove(job: RecipeJob, mixes: dict, held_out: list[int]) -> dict | None:
