@@ -310,6 +310,7 @@ ENGINE_TOOLS = {
     "kldtool.pipeline.checkpoint_sweep": "xlstm",  # a helibrunna run's checkpoints
     "kldtool.pipeline.merge": "endpoint",  # what a merged endpoint run knows only as a bound
     "kldtool.recipe.llamacpp_builds": "llamacpp",  # `kldtool recipe`: llama-quantize
+    "kldtool.recipe.routing_flips": "transformers",  # `kldtool recipe`'s forward is transformers' model
 }
 
 

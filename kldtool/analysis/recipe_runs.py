@@ -90,6 +90,10 @@ def _checked(path: str, r: dict) -> dict:
         c.number(m, "kld", f"mixes_on_cost_windows[{i}]")
     if r.get("proof") is not None:
         _check_proof(c, r["proof"])
+    if r.get("routing_flips") is not None:
+        for key in ("decisions", "tokens_any_layer"):
+            if c.number(r["routing_flips"], key, "routing_flips") > 1:
+                c.fail(f"routing_flips.{key}", "is above 1")
     windows = r.get("cost_windows")
     if not isinstance(windows, list) or not windows or not all(isinstance(w, int) and w >= 0 for w in windows):
         c.fail("cost_windows", "is not a list of window numbers")

@@ -89,6 +89,10 @@ def recipe(
         f"(predicted {result['predicted_kld']:.6f}; additive prediction {100 * result['additive_prediction_error']:.1f} % off)"
     )
     print(line)
+    if result.get("routing_flips"):
+        f = result["routing_flips"]
+        print(f"recipe: routing moved on {100 * f['decisions']:.2f} % of the (token, routed layer) choices, "
+              f"{100 * f['tokens_any_layer']:.2f} % of tokens in some layer")  # fmt: skip
     for said in lines(result["proof"]) if result["proof"] else ():
         print(said)
     if not result["reachable"]:

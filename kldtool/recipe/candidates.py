@@ -24,6 +24,7 @@ class Candidates:
     builds: dict[str, str]  # asked type -> its --pure build
     tensors: list[str]  # the tensors a recipe sets, in the file's order
     params: dict[str, str]  # tensor -> the transformers parameter holding it
+    parts: dict[str, tuple]  # tensor -> its (dimension, start, length) in that parameter, where only a part
     written: dict[str, dict[str, Written]]  # tensor -> asked type -> what was written
     default_type: str  # the build's type for what no line sets: the asked type of the largest build
     fixed_bytes: int  # that build's bytes outside the tensors a recipe sets
@@ -48,21 +49,28 @@ def gguf_arch(path: str) -> tuple[str, int]:
     return arch, int(blocks.parts[-1][0]) if blocks is not None else 0
 
 
-def parameter_names(model, src: str) -> dict[str, str]:
-    """GGUF tensor name -> the transformers parameter (gguf's name map for the architecture)."""
+def parameter_names(model, src: str) -> tuple[dict[str, str], dict[str, tuple]]:
+    """GGUF tensor name -> the transformers parameter (gguf's name map for the architecture; a
+    mixture's stacked experts by expert_slots), and the tensors that are a part of theirs."""
     import gguf
+
+    from kldtool.recipe.expert_slots import expert_slots
 
     arch, blocks = gguf_arch(src)
     by_name = {v: k for k, v in gguf.MODEL_ARCH_NAMES.items()}
     if arch not in by_name:
         raise UsageError(f"{src}: architecture {arch!r} is not in the gguf package's name map")
     names = gguf.get_tensor_name_map(by_name[arch], blocks)
-    out = {}
+    out, parts = {}, {}
+    for gname, (pname, part) in expert_slots(model).items():
+        out[gname] = pname
+        if part is not None:
+            parts[gname] = part
     for pname, p in model.named_parameters(remove_duplicate=False):
         gname = names.get_name(pname, try_suffixes=(".weight", ".bias"))
         if gname is not None and p.dim() >= 2:
             out.setdefault(gname, pname)
-    return out
+    return out, parts
 
 
 def find_candidates(src: str, model, types: list[str], out_dir: str, say=print) -> Candidates:
@@ -73,7 +81,7 @@ def find_candidates(src: str, model, types: list[str], out_dir: str, say=print) 
         say(f"recipe: llama.cpp's --pure {t} build of {os.path.basename(src)}")
         builds[t] = build_pure(src, t, out_dir)
     written = {t: read_written(p) for t, p in builds.items()}
-    params = parameter_names(model, src)
+    params, parts = parameter_names(model, src)
     first = written[types[0]]
     quantized = [n for n in first if any(written[t][n].type_name not in FLOAT_TYPES for t in types)]
     tensors = [n for n in quantized if n in params]
@@ -90,6 +98,7 @@ def find_candidates(src: str, model, types: list[str], out_dir: str, say=print) 
         builds=builds,
         tensors=tensors,
         params={n: params[n] for n in tensors},
+        parts={n: parts[n] for n in tensors if n in parts},
         written={n: {t: written[t][n] for t in types} for n in tensors},
         default_type=default,
         fixed_bytes=fixed,

@@ -17,6 +17,7 @@ from kldtool.attribute.kld import paired_kld, swapped, window_vectors
 from kldtool.attribute.units import Unit
 from kldtool.recipe.candidates import Candidates
 from kldtool.recipe.cost_cache import CostCache
+from kldtool.recipe.expert_slots import composed, part_of
 from kldtool.recipe.layer_reuse import LayerInputs
 
 BLOCK = re.compile(r"^blk\.(\d+)\.")
@@ -66,8 +67,8 @@ def _weight_errors(model, quant: dict, cands: Candidates, items, cache: CostCach
     import torch
 
     for tensor, sha in items:
-        pname = cands.params[tensor]
-        q, b = quant[pname], model.get_parameter(pname).detach()
+        pname, part = cands.params[tensor], cands.parts.get(tensor)
+        q, b = part_of(quant[pname], part), part_of(model.get_parameter(pname).detach(), part)
         total = 0.0
         for start in range(0, q.shape[0], ROWS):
             d = q[start : start + ROWS].to(b.device, torch.float64) - b[start : start + ROWS].to(torch.float64)
@@ -103,7 +104,9 @@ def measure_costs(
         for tensor, sha in items:
             t0 = time.monotonic()
             w = cands.written[tensor][asked]
-            unit = tensor_unit(model, tensor, cands.params[tensor], quant[cands.params[tensor]].to(model.device))
+            pname = cands.params[tensor]
+            values = composed(model, quant, cands.params, cands.parts, [tensor], model.device)[pname]
+            unit = tensor_unit(model, tensor, pname, values)
             record = {"tensor": tensor, "sha256": sha, "asked": asked, "written": w.type_name, "bytes": w.nbytes}
             leaf = next(iter(unit.quant))
             if torch.equal(unit.quant[leaf].to(unit.base[leaf].dtype), unit.base[leaf]):

@@ -36,9 +36,13 @@ def frontier(p: Problem, alpha: float) -> list[dict]:
     steps = np.nonzero(np.diff(p.table.best, prepend=np.inf) < 0)[0]
     if len(steps) > FRONTIER_POINTS:
         steps = steps[np.linspace(0, len(steps) - 1, FRONTIER_POINTS).round().astype(int)]
-    out = []
+    out: list[dict] = []
     for at in steps:
         c = chosen(p, int(at))
+        # Sizes are rounded up to buckets: a later step can name an answer no larger than the one
+        # before at a lower cost, which then is no point of the frontier.
+        while out and out[-1]["bytes"] >= c["size"]:
+            out.pop()
         out.append({"bytes": c["size"], "predicted_additive": p.floor + c["summed_cost"],
                     "predicted": p.floor + alpha * c["summed_cost"], "lower_bound": p.floor + c["lower"],
                     "estimated_candidates": c["estimated"]})  # fmt: skip

@@ -89,7 +89,8 @@ def fixed_solve(p: Problem, target: tuple[str, float]):
 def run_rounds(solve, target: tuple[str, float], measure, max_rounds: int, say) -> dict:
     """``solve(alpha)``: (the problem, the bucket count to pick at, reachable), every candidate
     it picks there measured (fixed_solve, or pruning.settling_solve); ``measure(types, k)``
-    builds and measures round k's choice (its mean KLD)."""
+    builds and measures round k's choice: {"measured": its mean KLD, and anything else to keep
+    in the round's row (a mixture's routing flips)}."""
     alpha, rounds, seen = 1.0, [], {}
     reachable = True
     for k in range(1, max_rounds + 1):
@@ -98,11 +99,11 @@ def run_rounds(solve, target: tuple[str, float], measure, max_rounds: int, say) 
         key = tuple(sorted(pick["types"].items()))
         if key not in seen:  # a choice made again is not built again: its round's file is it
             seen[key] = (measure(pick["types"], k), k)
-        measured, built = seen[key]
+        got, built = seen[key]
+        measured = got["measured"]
         predicted = p.floor + alpha * pick["summed_cost"]
-        row = {"round": k, "alpha": alpha, "predicted": predicted, "measured": measured,
-               "uncorrected": p.floor + pick["summed_cost"], "size": pick["size"], "gap": pick["gap"],
-               "summed_cost": pick["summed_cost"], "built": built}  # fmt: skip
+        row = {"round": k, "alpha": alpha, "predicted": predicted, "uncorrected": p.floor + pick["summed_cost"],
+               "size": pick["size"], "gap": pick["gap"], "summed_cost": pick["summed_cost"], "built": built} | got  # fmt: skip
         row["error"] = abs(predicted - measured) / measured if measured > 0 else 0.0
         rounds.append(row)
         say(f"recipe: round {k}: {pick['size']:,} bytes, predicted KLD {predicted:.6f} (factor {alpha:.3f}), "

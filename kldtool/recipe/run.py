@@ -22,14 +22,27 @@ def _say(text: str) -> None:
 
 
 def _measure_build(engine, reader, windows, cands, dtype, src, out_dir, held):
-    """``measure(types, k)`` for the rounds: build round k's GGUF and score it on the windows."""
+    """``measure(types, k)`` for the rounds: build round k's GGUF and score it on the windows;
+    for a mixture of experts, with its routing flips against the source's routing there."""
+    from kldtool.attribute.kld import window_vectors
+    from kldtool.recipe import routing_flips
     from kldtool.recipe.llamacpp_builds import build_recipe
     from kldtool.recipe.whole_file import score_file
 
-    def measure(types: dict, k: int) -> float:
+    source = None
+    if routing_flips.routes(engine.model):
+        with routing_flips.ChosenExperts(engine.model) as caught:
+            window_vectors(engine, reader, windows, held)
+        source = caught.chosen()
+
+    def measure(types: dict, k: int) -> dict:
         dst = os.path.join(out_dir, f"round-{k}.gguf")
         build_recipe(src, cands, types, dst)
-        return score_file(engine, reader, windows, cands, dtype, dst, list(types), held)
+        if source is None:
+            return {"measured": score_file(engine, reader, windows, cands, dtype, dst, list(types), held)}
+        with routing_flips.ChosenExperts(engine.model) as caught:
+            kld = score_file(engine, reader, windows, cands, dtype, dst, list(types), held)
+        return {"measured": kld, "routing_flips": routing_flips.flips(source, caught.chosen())}
 
     return measure
 
@@ -198,6 +211,7 @@ def _write(p, cache, result, job: RecipeJob, windows, held_out, took, t0, mixes:
         if final["measured"] > 0
         else 0.0,  # fmt: skip
         "gap": final["gap"],
+        "routing_flips": final.get("routing_flips"),  # a mixture of experts' (routing_flips.py)
         "base_kld": p.floor,
         "rounds": result["rounds"],
         "types": {t: p.cands.written[t][a].type_name for t, a in result["types"].items()},

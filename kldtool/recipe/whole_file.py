@@ -10,9 +10,11 @@ def score_file(engine, reader, windows, cands, dtype: str, path: str, tensors, h
     from kldtool.attribute.kld import all_swapped, mean_kld, window_vectors
     from kldtool.attribute.units import load_quant
     from kldtool.recipe.costs import tensor_unit
+    from kldtool.recipe.expert_slots import composed
 
     q = load_quant(path, dtype).state_dict()
-    params = cands.params
-    units = [tensor_unit(engine.model, t, params[t], q[params[t]].to(engine.model.device)) for t in tensors]
+    model = engine.model
+    values = composed(model, q, cands.params, cands.parts, tensors, model.device)  # one unit a parameter
+    units = [tensor_unit(model, pname, pname, v) for pname, v in values.items()]
     with all_swapped(units):
         return mean_kld(window_vectors(engine, reader, windows, held))

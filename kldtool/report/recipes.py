@@ -12,7 +12,8 @@ import tempfile
 from kldtool.analysis.recipe_runs import is_recipe, read_recipes
 from kldtool.report.table import console_table, markdown_lines
 
-HEAD = ["recipe", "target", "bytes", "predicted KLD", "measured KLD", "additive error", "rounds", "held-out KLD"]
+HEAD = ["recipe", "target", "bytes", "predicted KLD", "measured KLD", "additive error", "rounds", "held-out KLD",
+        "routing flips"]  # fmt: skip
 PROOF_HEAD = ["recipe", "mix", "mix bytes", "mix KLD", "recipe KLD", "recipe − mix", "95 % interval", "the recipe is"]
 ROUND_HEAD = ["recipe", "round", "bytes", "predicted", "additive", "measured", "apart"]
 TITLE = "Recipes: per-tensor types chosen from measured costs"
@@ -30,7 +31,8 @@ def rows(recipes: list[dict]) -> list[list[str]]:
         err = abs(r["rounds"][-1]["uncorrected"] - r["measured_kld"]) / r["measured_kld"] if r["measured_kld"] else 0
         out.append([r["label"], _target(r), f"{r['size']:,}", f"{r['predicted_kld']:.6f}",
                     f"{r['measured_kld']:.6f}", f"{100 * err:.1f} %", str(len(r["rounds"])),
-                    f"{proof['recipe']['kld']:.6f}" if proof else "-"])  # fmt: skip
+                    f"{proof['recipe']['kld']:.6f}" if proof else "-",
+                    f"{100 * r['routing_flips']['decisions']:.2f} %" if r.get("routing_flips") else "-"])  # fmt: skip
     return out
 
 

@@ -1,0 +1,124 @@
+"""`kldtool recipe` on a mixture of experts: the tiny random Qwen 3 MoE of helpers/moe_models.py
+as an F32 GGUF, at Q4_0 and Q8_0. Each layer's stacked routed-expert tensors (gate, up, down)
+are candidates of their own, though transformers keeps gate and up in one parameter; the router
+stays as llama.cpp keeps it. References outside the code under test: gguf's own reading of the
+files, a float64 forward with one expert tensor taken from llama.cpp's build, and the routers'
+own logits (transformers' output_router_logits) of the source and of the built recipe."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import run_cli
+from helpers import moe_models
+from helpers.vocab_gguf import write_gguf
+from test_attribute import _base_logprobs, _mean_kld, _windows
+
+COST_WINDOWS = 2  # test_attribute's decoders read the first two windows
+
+
+def _model_and_gguf(root):
+    model = moe_models.build("qwen3-moe", root / "model")
+    return model, write_gguf(model, root / "qwen3-moe-F32.gguf", "F32")
+
+
+@pytest.fixture(scope="module")
+def moe(tmp_path_factory):
+    d = tmp_path_factory.mktemp("recipe-moe")
+    model, src = _model_and_gguf(d)
+    text = moe_models.corpus(d / "corpus.txt")
+    base = d / "base.raw"  # llama.cpp's format: the test decodes its rows itself
+    run_cli("base", "--engine", "transformers", "-m", model, "-f", text, "-c", 128, "--chunks", 4,
+            "--format", "llamacpp", "--kl-divergence-base", base)  # fmt: skip
+    p = run_cli("recipe", src, "--kl-divergence-base", base, "--types", "Q4_0,Q8_0", "--bpw", 6.5, "-o", d / "out",
+                "--cost-windows", COST_WINDOWS, "--progress", "none")  # fmt: skip
+    return src, base, d, p
+
+
+@pytest.mark.quick
+def test_stacked_experts_map_to_the_parts_transformers_loads_them_into(tmp_path):
+    """expert_slots' parts of gate_up_proj and down_proj hold, in the GGUF transformers loads,
+    the very values gguf reads from each llama.cpp tensor."""
+    from gguf import GGUFReader
+    from transformers import AutoModelForCausalLM
+
+    from kldtool.recipe.expert_slots import expert_slots, part_of
+
+    _, src = _model_and_gguf(tmp_path)
+    model = AutoModelForCausalLM.from_pretrained(str(src.parent), gguf_file=src.name, dtype=torch.float32)
+    slots = expert_slots(model)
+    tensors = {t.name: np.asarray(t.data) for t in GGUFReader(str(src)).tensors}
+    names = {f"blk.{i}.ffn_{w}_exps.weight" for i in range(moe_models.LAYERS) for w in ("gate", "up", "down")}
+    assert set(slots) == names
+    for name, (pname, part) in slots.items():
+        got = part_of(model.get_parameter(pname).detach(), part).numpy()
+        assert np.array_equal(got, tensors[name]), name
+
+
+def test_experts_are_candidates_and_the_router_stays(moe):
+    from gguf import GGUFReader
+
+    src, _, d, p = moe
+    r = json.loads((d / "out" / "recipe.json").read_text())
+    costs = json.loads((d / "out" / "costs.json").read_text())["costs"]
+    tensors = {x["tensor"] for x in costs}
+    experts = {f"blk.{i}.ffn_{w}_exps.weight" for i in range(moe_models.LAYERS) for w in ("gate", "up", "down")}
+    assert experts <= tensors and not any("ffn_gate_inp" in t for t in tensors)
+    written = {t.name: t.tensor_type.name.lower() for t in GGUFReader(str(d / "out" / "recipe.gguf")).tensors}
+    assert {t: written[t] for t in r["types"]} == r["types"]
+    assert {written[f"blk.{i}.ffn_gate_inp.weight"] for i in range(moe_models.LAYERS)} == {"f32"}
+    assert {r["types"][t] for t in experts} == {"q4_0", "q8_0"}, r["types"]  # the choice splits the experts
+
+
+def test_an_expert_tensors_cost_is_a_float64_leave_one_in_forward(moe):
+    """The up projection of layer 1's experts, a part of transformers' gate_up_proj, swapped in
+    alone from llama.cpp's Q4_0 build."""
+    from transformers import AutoModelForCausalLM
+
+    src, base, d, _ = moe
+    tensor = "blk.1.ffn_up_exps.weight"
+    costs = json.loads((d / "out" / "costs.json").read_text())["costs"]
+    row = next(x for x in costs if x["tensor"] == tensor and x["asked"] == "Q4_0")
+    (build,) = (d / "out" / "builds").glob("*/pure-Q4_0.gguf")
+    eager = {"dtype": torch.float64, "experts_implementation": "eager"}  # grouped_mm has no float64
+    model = AutoModelForCausalLM.from_pretrained(str(src.parent), gguf_file=src.name, **eager).eval()
+    quant = AutoModelForCausalLM.from_pretrained(str(build.parent), gguf_file=build.name, **eager)
+    windows, rows = _windows(base), _base_logprobs(base)
+    floor = _mean_kld(model, windows, rows)
+    name = "model.layers.1.mlp.experts.gate_up_proj"
+    half = model.get_parameter(name).shape[1] // 2
+    with torch.no_grad():
+        model.get_parameter(name)[:, half:].copy_(quant.get_parameter(name)[:, half:])
+    above = _mean_kld(model, windows, rows) - floor
+    print(tensor, "cost", row["kld_above_base"], "float64", above)
+    assert above > 0 and abs(row["kld_above_base"] - above) <= 1e-3 * above + 5e-8
+
+
+def _chosen(path, windows: np.ndarray) -> np.ndarray:
+    """Routed layers x tokens x k: each router's top k by its own logits, sorted."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32).eval()
+    k = model.config.num_experts_per_tok
+    with torch.inference_mode():
+        out = model(input_ids=torch.from_numpy(windows.astype(np.int64)), output_router_logits=True, use_cache=False)
+    return np.stack([np.sort(torch.topk(lg.float(), k, dim=-1).indices.numpy(), axis=-1) for lg in out.router_logits])
+
+
+def test_the_built_recipes_routing_flips_are_the_routers_own(moe):
+    """Flips against the source's choice, recomputed from the router logits transformers returns
+    for the source's GGUF and the recipe's, loaded as files."""
+    src, base, d, p = moe
+    r = json.loads((d / "out" / "recipe.json").read_text())
+    ours = r["rounds"][-1]["routing_flips"]
+    windows = _windows(base)
+    a, b = _chosen(src, windows), _chosen(d / "out" / "recipe.gguf", windows)
+    changed = (a != b).any(axis=-1)
+    print("flips", ours, "reference", changed.mean(), changed.mean(axis=1))
+    assert 0 < ours["decisions"] < 1
+    assert abs(ours["decisions"] - changed.mean()) <= 2 / changed.size  # a near-tie may go either way
+    assert r["routing_flips"] == ours and "routing moved on" in p.stdout
+    shown = run_cli("report", d / "out" / "recipe.json").stdout
+    assert f"{100 * ours['decisions']:.2f} %" in shown
