@@ -43,6 +43,8 @@ COSTS = {
     "test_adaptive_sweep.py": 46,
     "test_html_report.py": 45,
     "test_served_audit.py": 70,  # 2026-12-06, Zen 4 EPYC, alone
+    "test_recipe.py": 110,  # 2026-12-06, Zen 3 EPYC, alone
+    "test_recipe_moe.py": 50,
 }
 
 
