@@ -98,7 +98,11 @@ def test_the_recipe_is_the_least_cost_choice_and_its_file_holds_it(tiny):
     assert len(digest) == 1
     frontier = json.loads((out / "frontier.json").read_text())["frontier"]
     sizes = [q["bytes"] for q in frontier]
-    assert all(a < b for a, b in zip(sizes, sizes[1:])) and len(frontier) > 5 and (out / "frontier.png").stat().st_size > 10_000
+    assert (
+        all(a < b for a, b in zip(sizes, sizes[1:]))
+        and len(frontier) > 5
+        and (out / "frontier.png").stat().st_size > 10_000
+    )
     assert all(q["lower_bound"] <= q["predicted_additive"] + 1e-12 for q in frontier)
 
 
