@@ -12,7 +12,11 @@ from kldtool.errors import UsageError
 
 KIND = "recipe"  # recipe/run.py writes it as the result's "kldtool"
 MAX_BYTES = 64 << 20
-VERDICTS = ("lower", "higher", "not different")
+
+
+def verdict(low: float, high: float) -> str:
+    """The recipe against a mix from the 95 % interval of recipe - mix."""
+    return "lower" if high < 0 else "higher" if low > 0 else "not different"
 
 
 def is_recipe(path: str) -> bool:
@@ -116,9 +120,9 @@ def _check_proof(c: _Check, proof) -> None:
         ok = ok and all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in span)
         if not ok or span[0] > span[1]:
             c.fail(f"{where}.interval_95", "is not a finite interval [low, high]")
-        verdict = "lower" if span[1] < 0 else "higher" if span[0] > 0 else "not different"
-        if m.get("recipe_is") != verdict:
-            c.fail(f"{where}.recipe_is", f"is {m.get('recipe_is')!r}, but its interval says {verdict!r}")
+        says = verdict(*span)
+        if m.get("recipe_is") != says:
+            c.fail(f"{where}.recipe_is", f"is {m.get('recipe_is')!r}, but its interval says {says!r}")
 
 
 def read_recipes(paths: list[str]) -> list[dict]:

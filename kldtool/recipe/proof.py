@@ -44,6 +44,7 @@ def _held_out(base_file: str, gguf: str, span: tuple[int, int], stem: str, spec)
 def prove(base_file: str, recipe: str, mixes: dict[str, str], span: tuple[int, int], out_dir: str, spec) -> dict:
     """The held-out KLD of the recipe and of each mix, and recipe - mix with its 95 % interval."""
     from kldtool.analysis.diff import run_diff
+    from kldtool.analysis.recipe_runs import verdict
 
     where = os.path.join(out_dir, "proof")
     os.makedirs(where, exist_ok=True)
@@ -59,7 +60,7 @@ def prove(base_file: str, recipe: str, mixes: dict[str, str], span: tuple[int, i
             "kld": theirs["statistics"]["kld_mean"]["value"],
             "recipe_minus_mix": k["difference"],
             "interval_95": [low, high],
-            "recipe_is": "lower" if high < 0 else "higher" if low > 0 else "not different",
+            "recipe_is": verdict(low, high),
         })  # fmt: skip
     return {
         "windows": [span[0], span[1] - 1],

@@ -33,8 +33,10 @@ def estimator(cands: Candidates, cache):
     """``estimate(tensor, written)`` from the tensor's measured coarsest candidate; None where
     no ratio exists (the coarsest holds the source's own values while this one does not)."""
 
+    lowest = {t: coarsest(cands, t) for t in cands.tensors}
+
     def estimate(tensor: str, w) -> float | None:
-        a = coarsest(cands, tensor)
+        a = lowest[tensor]
         ea, e = cache.error(tensor, a.sha256), cache.error(tensor, w.sha256)
         if e == 0.0:
             return 0.0

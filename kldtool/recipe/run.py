@@ -135,9 +135,9 @@ class _Costs:
     def __init__(self, engine, reader, windows, cands, cache, job: RecipeJob, held):
         from kldtool.recipe import pruning
 
-        self.args = (engine, reader, windows, cands, cache, job.spec, job.dtype)
+        self.args = (engine, reader, windows, cands, cache, job.spec, job.dtype)  # measure_costs' first seven
+        self.cands, self.cache, self.windows = cands, cache, windows
         self.job, self.held, self.took, self.floor = job, held, {"forwards": 0, "candidates": 0, "seconds": 0.0}, None
-        self.estimated = 0
         if job.prune:
             self.measure(pruning.anchors(cands), errors=True, what="coarsest candidates")
             self.measure(pruning.unestimable(cands, cache), what="candidates with no estimate")
@@ -149,12 +149,12 @@ class _Costs:
         from kldtool.recipe.costs import measure_costs, pending
         from kldtool.runtime.progress import Progress
 
-        engine, reader, windows, cands, cache = self.args[:5]
+        cands, cache = self.cands, self.cache
         todo = sum(len(v) for v in pending(cands, cache, wanted).values())
         if self.floor is not None and not todo:
             return
         _say(f"recipe: {len(cands.tensors)} tensors, {len(self.job.types)} types, {todo} {what} to measure "
-             f"(one forward each from the tensor's layer up, on {len(windows)} windows); "
+             f"(one forward each from the tensor's layer up, on {len(self.windows)} windows); "
              f"{len(cache.records)} in the cost cache")  # fmt: skip
         t = time.monotonic()
         with Progress("recipe: costs", max(todo, 1), "candidates") as shown:
@@ -169,7 +169,7 @@ class _Costs:
         from kldtool.recipe import pruning
         from kldtool.recipe.rounds import fixed_solve, problem
 
-        cands, cache = self.args[3], self.args[4]
+        cands, cache = self.cands, self.cache
         if not self.job.prune:
             return fixed_solve(problem(cands, cache, self.floor), self.job.target)
         return pruning.settling_solve(cands, cache, self.floor, self.job.target,

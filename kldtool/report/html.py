@@ -39,18 +39,12 @@ def _table(rows: list[ResultRow]) -> str:
 def _manifests(rows: list[ResultRow]) -> str:
     """How each run's numbers were computed (kldtool/provenance/manifest.py)."""
     fields = ("engine", "versions", *NUMERIC)
-    th = "".join(f"<th>{f}</th>" for f in ("quant", *fields))
 
-    def cell(v):
-        return html.escape(", ".join(f"{k} {x}" for k, x in v.items()) if isinstance(v, dict) else str(v))
+    def cell(v) -> str:
+        return ", ".join(f"{k} {x}" for k, x in v.items()) if isinstance(v, dict) else str(v)
 
-    trs = "".join(
-        f"<tr><td>{html.escape(r.label)}</td>"
-        + "".join(f"<td>{cell((r.manifest or {}).get(f, '-'))}</td>" for f in fields)
-        + "</tr>"
-        for r in rows
-    )
-    return f'<table id="manifests"><thead><tr>{th}</tr></thead><tbody>{trs}</tbody></table>'
+    body = [[r.label, *(cell((r.manifest or {}).get(f, "-")) for f in fields)] for r in rows]
+    return table_html(["quant", *fields], body, "manifests")
 
 
 def image(path: str, alt: str) -> str:

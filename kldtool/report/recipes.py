@@ -73,15 +73,15 @@ def _windows(recipes: list[dict]) -> str:
 
 def console(recipes: list[dict]) -> None:
     console_table(HEAD, rows(recipes), TITLE)
-    if proof_rows(recipes):
-        console_table(PROOF_HEAD, proof_rows(recipes), "Proof on the held-out windows, paired with each mix", left=2)
+    if proved := proof_rows(recipes):
+        console_table(PROOF_HEAD, proved, "Proof on the held-out windows, paired with each mix", left=2)
     print(_windows(recipes))
 
 
 def markdown(recipes: list[dict]) -> str:
     lines = [f"## {TITLE}", "", _windows(recipes), "", *markdown_lines(HEAD, rows(recipes))]
-    if proof_rows(recipes):
-        lines += ["", "### Proof on the held-out windows", "", *markdown_lines(PROOF_HEAD, proof_rows(recipes), 2)]
+    if proved := proof_rows(recipes):
+        lines += ["", "### Proof on the held-out windows", "", *markdown_lines(PROOF_HEAD, proved, 2)]
     return "\n".join(lines) + "\n"
 
 
@@ -97,8 +97,8 @@ def html_page(recipes: list[dict], title: str | None) -> str:
     body = [f"<p>{html.escape(_windows(recipes))}</p>", table_html(HEAD, rows(recipes), "recipes"),
             "<h2>Frontier</h2>", figure, "<h2>Rounds: predicted against measured</h2>",
             table_html(ROUND_HEAD, round_rows(recipes), "rounds")]  # fmt: skip
-    if proof_rows(recipes):
-        body += ["<h2>Proof on the held-out windows</h2>", table_html(PROOF_HEAD, proof_rows(recipes), "proof")]
+    if proved := proof_rows(recipes):
+        body += ["<h2>Proof on the held-out windows</h2>", table_html(PROOF_HEAD, proved, "proof")]
     return page(title or TITLE, body)
 
 
