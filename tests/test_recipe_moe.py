@@ -1,5 +1,7 @@
 """`kldtool recipe` on a mixture of experts: the tiny random Qwen 3 MoE of helpers/moe_models.py
-as an F32 GGUF, at Q4_0 and Q8_0. Each layer's stacked routed-expert tensors (gate, up, down)
+as an F32 GGUF, at Q4_0 and Q8_0, and its DeepSeek V3 (llama.cpp's deepseek2, read by
+engines/latent_gguf.py, as transformers reads none: latent attention's kv_b_proj split per head
+into attn_k_b and attn_v_b, a dense first layer, a shared expert, sigmoid routing). Each layer's stacked routed-expert tensors (gate, up, down)
 are candidates of their own, though transformers keeps gate and up in one parameter; the router
 stays as llama.cpp keeps it. References outside the code under test: gguf's own reading of the
 files, a float64 forward with one expert tensor taken from llama.cpp's build, and the routers'
@@ -17,6 +19,9 @@ from helpers.vocab_gguf import write_gguf
 from test_attribute import _base_logprobs, _mean_kld, _windows
 
 COST_WINDOWS = 2  # test_attribute's decoders read the first two windows
+# DeepSeek's shape with 32-wide key heads: attn_k_b's rows are the key head (16 in moe_models),
+# and Q4_0's blocks take 32, so llama.cpp would keep a narrower one in float.
+NOPE = 32
 
 
 def _model_and_gguf(root):
@@ -122,3 +127,106 @@ def test_the_built_recipes_routing_flips_are_the_routers_own(moe):
     assert r["routing_flips"] == ours and "routing moved on" in p.stdout
     shown = run_cli("report", d / "out" / "recipe.json").stdout
     assert f"{100 * ours['decisions']:.2f} %" in shown
+
+
+# DeepSeek V3's own rope: yarn, its factor 40 and mscale 1 (here on a 64-token original context)
+YARN = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 40.0, "original_max_position_embeddings": 64,
+        "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0}  # fmt: skip
+
+
+def _deepseek(root, **sizes):
+    model = moe_models.build("deepseek-v3", root / "model", qk_nope_head_dim=NOPE, **sizes)
+    return model, write_gguf(model, root / "deepseek-v3-F32.gguf", "F32")
+
+
+@pytest.mark.quick
+@pytest.mark.parametrize("rope", ["default", "yarn"])
+def test_a_deepseek2_gguf_is_the_transformers_model_it_was_written_from(tmp_path, rope):
+    """transformers reads no deepseek2 GGUF: ours gives back every parameter of the model the
+    file was written from, bit for bit, and its config (yarn's too, from llama.cpp's keys), so
+    the same logits; latent_slots' parts of kv_b_proj hold what gguf reads from attn_k_b
+    (transposed per head) and attn_v_b."""
+    from gguf import GGUFReader
+    from transformers import AutoModelForCausalLM
+
+    from kldtool.attribute.units import load_quant
+    from kldtool.engines.latent_gguf import latent_slots
+    from kldtool.recipe.expert_slots import part_of
+
+    src, path = _deepseek(tmp_path, **({"rope_parameters": YARN} if rope == "yarn" else {}))
+    ref = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32).eval()
+    ours = load_quant(str(path), "float32")
+    a, b = ref.state_dict(), ours.state_dict()
+    assert set(a) == set(b) and all(torch.equal(a[k], b[k]) for k in a)
+    assert ours.config.rope_parameters == ref.config.rope_parameters
+    ids = torch.randint(3, moe_models.VOCAB, (1, 160), generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        assert torch.equal(ref(ids).logits, ours(ids).logits)
+    tensors = {t.name: np.asarray(t.data) for t in GGUFReader(str(path)).tensors}
+    slots = latent_slots(ours)
+    assert set(slots) == {f"blk.{i}.attn_{w}_b.weight" for i in range(moe_models.LAYERS) for w in ("k", "v")}
+    for name, (pname, part) in slots.items():
+        got = part_of(ours.get_parameter(pname).detach(), part).numpy()
+        want = tensors[name].swapaxes(1, 2) if "attn_k_b" in name else tensors[name]
+        assert np.array_equal(got, want), name
+
+
+@pytest.fixture(scope="module")
+def deepseek(tmp_path_factory):
+    d = tmp_path_factory.mktemp("recipe-deepseek")
+    model, src = _deepseek(d)
+    text = moe_models.corpus(d / "corpus.txt")
+    base = d / "base.raw"
+    run_cli("base", "--engine", "transformers", "-m", model, "-f", text, "-c", 128, "--chunks", 4,
+            "--format", "llamacpp", "--kl-divergence-base", base)  # fmt: skip
+    p = run_cli("recipe", src, "--kl-divergence-base", base, "--types", "Q4_0,Q8_0", "--bpw", 6.5, "-o", d / "out",
+                "--cost-windows", COST_WINDOWS, "--progress", "none")  # fmt: skip
+    return model, base, d, p
+
+
+def test_deepseeks_latent_attention_and_experts_are_candidates(deepseek):
+    """Each layer's attn_k_b and attn_v_b (two parts of one transformers parameter), its routed
+    and shared experts are candidates; routers and the correction bias stay float, as llama.cpp
+    keeps them; the GGUF holds the chosen types."""
+    from gguf import GGUFReader
+
+    _, _, d, p = deepseek
+    r = json.loads((d / "out" / "recipe.json").read_text())
+    tensors = {x["tensor"] for x in json.loads((d / "out" / "costs.json").read_text())["costs"]}
+    routed = range(1, moe_models.LAYERS)  # the first layer is dense
+    want = {f"blk.{i}.attn_{w}_b.weight" for i in range(moe_models.LAYERS) for w in ("k", "v")}
+    want |= {
+        f"blk.{i}.ffn_{w}_{kind}.weight" for i in routed for w in ("gate", "up", "down") for kind in ("exps", "shexp")
+    }
+    assert want <= tensors and not any("ffn_gate_inp" in t or "exp_probs" in t for t in tensors)
+    written = {t.name: t.tensor_type.name.lower() for t in GGUFReader(str(d / "out" / "recipe.gguf")).tensors}
+    assert {t: written[t] for t in r["types"]} == r["types"]
+    assert {written[f"blk.{i}.ffn_gate_inp.weight"] for i in routed} == {"f32"}
+    assert 0 < r["routing_flips"]["decisions"] < 1 and "routing moved on" in p.stdout
+
+
+def test_a_latent_value_tensors_cost_is_a_float64_leave_one_in_forward(deepseek):
+    """Layer 1's attn_v_b from llama.cpp's Q4_0 build, read by gguf and put into the value rows
+    of each head of the float64 model's kv_b_proj here, by numpy."""
+    from gguf import GGUFReader
+    from gguf.quants import dequantize
+    from transformers import AutoModelForCausalLM
+
+    model_dir, base, d, _ = deepseek
+    tensor = "blk.1.attn_v_b.weight"
+    row = next(x for x in json.loads((d / "out" / "costs.json").read_text())["costs"]
+               if x["tensor"] == tensor and x["asked"] == "Q4_0")  # fmt: skip
+    (build,) = (d / "out" / "builds").glob("*/pure-Q4_0.gguf")
+    t = next(t for t in GGUFReader(str(build)).tensors if t.name == tensor)
+    v_b = dequantize(t.data, t.tensor_type).reshape([int(x) for x in t.shape[::-1]])  # heads x v x latent
+    eager = {"dtype": torch.float64, "experts_implementation": "eager"}  # grouped_mm has no float64
+    model = AutoModelForCausalLM.from_pretrained(model_dir, **eager).eval()
+    windows, rows = _windows(base), _base_logprobs(base)
+    floor = _mean_kld(model, windows, rows)
+    kv_b = model.model.layers[1].self_attn.kv_b_proj.weight
+    heads = v_b.shape[0]
+    with torch.no_grad():
+        kv_b.view(heads, -1, kv_b.shape[-1])[:, NOPE:].copy_(torch.from_numpy(v_b.astype(np.float64)))
+    above = _mean_kld(model, windows, rows) - floor
+    print(tensor, "cost", row["kld_above_base"], "float64", above)
+    assert above > 0 and abs(row["kld_above_base"] - above) <= 1e-3 * above + 5e-8

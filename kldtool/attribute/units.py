@@ -126,6 +126,10 @@ def load_quant(path: str, dtype: str):
     kwargs = {"dtype": getattr(torch, dtype)}
     source = path
     if path.lower().endswith(".gguf"):
+        from kldtool.engines.latent_gguf import is_latent, load_latent
+
+        if is_latent(path):  # transformers reads no deepseek2 GGUF
+            return load_latent(path, kwargs["dtype"])
         source, kwargs["gguf_file"] = os.path.dirname(os.path.abspath(path)), os.path.basename(path)
     else:
         try:

@@ -51,9 +51,11 @@ def gguf_arch(path: str) -> tuple[str, int]:
 
 def parameter_names(model, src: str) -> tuple[dict[str, str], dict[str, tuple]]:
     """GGUF tensor name -> the transformers parameter (gguf's name map for the architecture; a
-    mixture's stacked experts by expert_slots), and the tensors that are a part of theirs."""
+    mixture's stacked experts by expert_slots, DeepSeek's split kv_b_proj by latent_slots), and
+    the tensors that are a part of theirs."""
     import gguf
 
+    from kldtool.engines.latent_gguf import latent_slots
     from kldtool.recipe.expert_slots import expert_slots
 
     arch, blocks = gguf_arch(src)
@@ -62,7 +64,7 @@ def parameter_names(model, src: str) -> tuple[dict[str, str], dict[str, tuple]]:
         raise UsageError(f"{src}: architecture {arch!r} is not in the gguf package's name map")
     names = gguf.get_tensor_name_map(by_name[arch], blocks)
     out, parts = {}, {}
-    for gname, (pname, part) in expert_slots(model).items():
+    for gname, (pname, part) in (expert_slots(model) | latent_slots(model)).items():
         out[gname] = pname
         if part is not None:
             parts[gname] = part

@@ -3,7 +3,9 @@ keeps each layer's routed experts as two stacked parameters, ``mlp.experts.gate_
 (experts x 2·intermediate x hidden: the gate projection's rows, then the up projection's) and
 ``mlp.experts.down_proj``, where llama.cpp keeps three (``ffn_gate_exps``, ``ffn_up_exps``,
 ``ffn_down_exps``), the layout transformers' own GGUF loader reads them into. A recipe's tensor
-is then a part of a parameter, ``(dimension, start, length)``, or the whole of one (None)."""
+is then a part of a parameter, ``(dimension, start, length)``, or the whole of one (None); a part
+may name a shape to view the parameter in first, ``(dimension, start, length, shape)``, as
+DeepSeek's per-head key and value rows of one ``kv_b_proj`` (engines/latent_gguf.py)."""
 
 from __future__ import annotations
 
@@ -30,7 +32,11 @@ def expert_slots(model) -> dict[str, tuple[str, tuple | None]]:
 
 
 def part_of(values, part: tuple | None):
-    return values if part is None else values.narrow(*part)
+    if part is None:
+        return values
+    if len(part) == 4:
+        values = values.view(part[3])
+    return values.narrow(*part[:3])
 
 
 def composed(model, quant: dict, params: dict, parts: dict, tensors, device) -> dict:

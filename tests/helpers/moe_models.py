@@ -32,15 +32,15 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 
 
 def build(name: str, target: Path, **sizes) -> Path:
-    """The shape ``name`` at ``target``; ``sizes`` overrides COMMON's (docs/metrics.md's figure
-    uses 8 layers of 256)."""
+    """The shape ``name`` at ``target``; ``sizes`` overrides COMMON's and the shape's own
+    (docs/metrics.md's figure uses 8 layers of 256)."""
     import torch
     from helpers.vocab_models import tokenizer
     from transformers import AutoConfig, AutoModelForCausalLM
 
     model_type, special = SHAPES[name]
     config = AutoConfig.for_model(
-        model_type, vocab_size=VOCAB, bos_token_id=1, eos_token_id=2, pad_token_id=0, **(COMMON | sizes), **special
+        model_type, vocab_size=VOCAB, bos_token_id=1, eos_token_id=2, pad_token_id=0, **(COMMON | special | sizes)
     )
     config.architectures = [AutoModelForCausalLM._model_mapping[type(config)].__name__]
     torch.manual_seed(0)

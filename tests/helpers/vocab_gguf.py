@@ -183,6 +183,12 @@ def _latent_attention(out, cfg: dict) -> None:
     out.add_expert_weights_norm(bool(cfg["norm_topk_prob"]))
     gating = {"sigmoid": gguf.ExpertGatingFuncType.SIGMOID, "softmax": gguf.ExpertGatingFuncType.SOFTMAX}
     out.add_expert_gating_func(gating[cfg["scoring_func"]])
+    rope = cfg.get("rope_parameters") or {}
+    if rope.get("rope_type") == "yarn":  # as llama.cpp's converter writes DeepSeek's yarn
+        out.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        out.add_rope_scaling_factor(rope["factor"])
+        out.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
+        out.add_rope_scaling_yarn_log_mul(0.1 * rope["mscale_all_dim"])
 
 
 def _split_kv_b(t, cfg: dict) -> dict:

@@ -1,0 +1,222 @@
+"""llama.cpp's deepseek2 GGUFs (DeepSeek V2/V3, Kimi K2: latent attention) as transformers models.
+
+transformers reads no deepseek2 GGUF, so this reads one itself: the config from the file's
+metadata, every tensor dequantized by the gguf package, renamed to transformers' DeepSeek V3
+parameters. llama.cpp stores each layer's ``kv_b_proj`` as two tensors, ``attn_k_b`` (per head,
+transposed, so queries multiply into the latent) and ``attn_v_b``; both are written back into
+their rows of ``kv_b_proj`` (``latent_slots`` says which), and the stacked experts into
+transformers' stacked ``gate_up_proj`` and ``down_proj``. The rope needs no permutation: the
+file keeps DeepSeek's interleaved pairs, which transformers' ``rope_interleave`` reads.
+"""
+
+from __future__ import annotations
+
+import re
+
+from kldtool.errors import EngineError
+
+ARCH = "deepseek2"
+LAYER = re.compile(r"^blk\.(\d+)\.(.+)$")
+RENAMED = {  # llama.cpp's name in a layer -> transformers'
+    "attn_norm.weight": "input_layernorm.weight",
+    "ffn_norm.weight": "post_attention_layernorm.weight",
+    "attn_q.weight": "self_attn.q_proj.weight",
+    "attn_q_a.weight": "self_attn.q_a_proj.weight",
+    "attn_q_a_norm.weight": "self_attn.q_a_layernorm.weight",
+    "attn_q_b.weight": "self_attn.q_b_proj.weight",
+    "attn_kv_a_mqa.weight": "self_attn.kv_a_proj_with_mqa.weight",
+    "attn_kv_a_norm.weight": "self_attn.kv_a_layernorm.weight",
+    "attn_kv_b.weight": "self_attn.kv_b_proj.weight",  # files written before the split
+    "attn_output.weight": "self_attn.o_proj.weight",
+    "ffn_gate.weight": "mlp.gate_proj.weight",
+    "ffn_up.weight": "mlp.up_proj.weight",
+    "ffn_down.weight": "mlp.down_proj.weight",
+    "ffn_gate_inp.weight": "mlp.gate.weight",
+    "exp_probs_b.bias": "mlp.gate.e_score_correction_bias",
+    "ffn_down_exps.weight": "mlp.experts.down_proj",
+    "ffn_gate_shexp.weight": "mlp.shared_experts.gate_proj.weight",
+    "ffn_up_shexp.weight": "mlp.shared_experts.up_proj.weight",
+    "ffn_down_shexp.weight": "mlp.shared_experts.down_proj.weight",
+}
+TOP = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
+       "output.weight": "lm_head.weight"}  # fmt: skip
+STACKED = ("ffn_gate_exps.weight", "ffn_up_exps.weight")  # one gate_up_proj: the gate's rows first
+SPLIT = ("attn_k_b.weight", "attn_v_b.weight")  # one kv_b_proj
+
+
+def is_latent(path: str) -> bool:
+    from gguf import GGUFReader
+
+    try:
+        f = GGUFReader(path).fields.get("general.architecture")
+    except (OSError, ValueError):  # not a GGUF it can read: transformers' loader says why
+        return False
+    return f is not None and f.contents() == ARCH
+
+
+def _fields(reader) -> dict:
+    """The architecture's scalar keys; a float32 as the shortest decimal it stores (1e-06, not
+    9.99999997e-07), which is what the checkpoint's config said."""
+    import numpy as np
+    from gguf import GGUFValueType
+
+    out = {}
+    for key, f in reader.fields.items():
+        if key.startswith(f"{ARCH}.") and f.types and len(f.data) == 1:
+            v = f.contents()
+            out[key[len(ARCH) + 1 :]] = float(str(np.float32(v))) if f.types[0] == GGUFValueType.FLOAT32 else v
+    return out
+
+
+def latent_config(reader, vocab: int, tied: bool):
+    """transformers' DeepseekV3Config of the file's metadata."""
+    from transformers import DeepseekV3Config
+
+    k = _fields(reader)
+
+    def need(key):
+        if key not in k:
+            raise EngineError(f"{ARCH} GGUF: no {ARCH}.{key} in its metadata")
+        return k[key]
+
+    rope = int(need("rope.dimension_count"))
+    # key_length_mla is the decompressed head; files written before the split keep it in key_length
+    qk = int(k.get("attention.key_length_mla", need("attention.key_length")))
+    v = int(k.get("attention.value_length_mla", need("attention.value_length")))
+    heads = int(need("attention.head_count"))
+    gating = int(k.get("expert_gating_func", 1))  # gguf's ExpertGatingFuncType: 1 softmax, 2 sigmoid
+    params = {"rope_type": "default", "rope_theta": float(k.get("rope.freq_base", 10000.0))}
+    if k.get("rope.scaling.type") == "yarn":
+        # llama.cpp's yarn_log_multiplier is 0.1 * DeepSeek's mscale_all_dim
+        mscale = float(k.get("rope.scaling.yarn_log_multiplier", 0.0)) / 0.1
+        beta = float(k.get("rope.scaling.yarn_beta_fast", 32.0)), float(k.get("rope.scaling.yarn_beta_slow", 1.0))
+        params |= {"rope_type": "yarn", "factor": float(need("rope.scaling.factor")), "beta_fast": beta[0],
+                   "beta_slow": beta[1], "mscale": mscale, "mscale_all_dim": mscale,
+                   "original_max_position_embeddings": int(need("rope.scaling.original_context_length"))}  # fmt: skip
+    elif k.get("rope.scaling.type", "none") != "none":
+        raise EngineError(f"{ARCH} GGUF: rope scaling {k['rope.scaling.type']!r} is not read here (only yarn)")
+    return DeepseekV3Config(
+        vocab_size=vocab,
+        hidden_size=int(need("embedding_length")),
+        intermediate_size=int(need("feed_forward_length")),
+        moe_intermediate_size=int(k.get("expert_feed_forward_length", 0)) or None,
+        num_hidden_layers=int(need("block_count")),
+        num_attention_heads=heads,
+        num_key_value_heads=heads,
+        n_routed_experts=int(k.get("expert_count", 0)) or None,
+        num_experts_per_tok=int(k.get("expert_used_count", 0)) or None,
+        n_shared_experts=int(k.get("expert_shared_count", 0)) or None,
+        first_k_dense_replace=int(k.get("leading_dense_block_count", 0)),
+        routed_scaling_factor=float(k.get("expert_weights_scale", 1.0)),
+        norm_topk_prob=bool(k.get("expert_weights_norm", False)),
+        scoring_func="sigmoid" if gating == 2 else "softmax",
+        n_group=int(k.get("expert_group_count", 1)),
+        topk_group=int(k.get("expert_group_used_count", 1)),
+        q_lora_rank=int(k.get("attention.q_lora_rank", 0)) or None,
+        kv_lora_rank=int(need("attention.kv_lora_rank")),
+        qk_rope_head_dim=rope,
+        qk_nope_head_dim=qk - rope,
+        v_head_dim=v,
+        head_dim=rope,
+        rms_norm_eps=float(need("attention.layer_norm_rms_epsilon")),
+        max_position_embeddings=int(need("context_length")),
+        rope_parameters=params,
+        rope_interleave=True,
+        tie_word_embeddings=tied,
+        bos_token_id=_token(reader, "bos"),
+        eos_token_id=_token(reader, "eos"),
+    )
+
+
+def _token(reader, which: str):
+    f = reader.fields.get(f"tokenizer.ggml.{which}_token_id")
+    return None if f is None else int(f.contents())
+
+
+def _values(t):
+    """A GGUF tensor as float32 numpy, in the file's row-major shape."""
+    import numpy as np
+    from gguf.quants import dequantize
+
+    return np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32).reshape(tuple(int(x) for x in t.shape[::-1]))
+
+
+def _state(reader, config) -> dict:
+    """transformers' state dict of the file's tensors (torch, float32)."""
+    import numpy as np
+    import torch
+
+    nope, v = config.qk_nope_head_dim, config.v_head_dim
+    out, pieces = {}, {}
+    for t in reader.tensors:
+        if t.name in TOP:
+            out[TOP[t.name]] = _values(t)
+            continue
+        m = LAYER.match(t.name)
+        leaf = m.group(2) if m else None
+        prefix = f"model.layers.{m.group(1)}." if m else ""
+        if leaf in RENAMED:
+            out[prefix + RENAMED[leaf]] = _values(t)
+        elif leaf in STACKED or leaf in SPLIT:
+            pieces.setdefault(prefix, {})[leaf] = _values(t)
+        elif t.name != "rope_freqs.weight":
+            raise EngineError(f"{ARCH} GGUF: tensor {t.name} has no transformers parameter here")
+    for prefix, got in pieces.items():
+        if all(n in got for n in STACKED):
+            out[prefix + "mlp.experts.gate_up_proj"] = np.concatenate([got[n] for n in STACKED], axis=1)
+        if all(n in got for n in SPLIT):  # k_b: (heads, latent, nope); v_b: (heads, v, latent)
+            k_b, v_b = (got[n] for n in SPLIT)
+            heads, latent = k_b.shape[0], k_b.shape[1]
+            if k_b.shape[2] != nope or v_b.shape != (heads, v, latent):
+                raise EngineError(f"{ARCH} GGUF: {prefix}attn_k_b/attn_v_b do not match the metadata's head sizes")
+            kv_b = np.concatenate([k_b.swapaxes(1, 2), v_b], axis=1).reshape(heads * (nope + v), latent)
+            out[prefix + "self_attn.kv_b_proj.weight"] = kv_b
+    # copies: the reader's arrays map the file read-only
+    return {name: torch.from_numpy(np.array(a, dtype=np.float32)) for name, a in out.items()}
+
+
+def load_latent(path: str, dtype):
+    """The deepseek2 GGUF at ``path`` as transformers' DeepseekV3ForCausalLM in ``dtype``."""
+    import torch
+    from gguf import GGUFReader
+    from transformers import AutoModelForCausalLM
+    from transformers.initialization import no_init_weights
+
+    reader = GGUFReader(path)
+    shapes = {t.name: tuple(int(x) for x in t.shape[::-1]) for t in reader.tensors}
+    if "token_embd.weight" not in shapes:
+        raise EngineError(f"{path}: no token_embd.weight")
+    config = latent_config(reader, shapes["token_embd.weight"][0], "output.weight" not in shapes)
+    state = _state(reader, config)
+    with no_init_weights():
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    want = model.state_dict()
+    absent = sorted(set(want) - set(state) - ({"lm_head.weight"} if config.tie_word_embeddings else set()))
+    wrong = [n for n, x in state.items() if n not in want or tuple(want[n].shape) != tuple(x.shape)]
+    if absent or wrong:
+        raise EngineError(f"{path}: its tensors do not make the model its metadata describes "
+                          f"({(absent or wrong)[0]}{', ...' if len(absent) + len(wrong) > 1 else ''})")  # fmt: skip
+    with torch.no_grad():
+        for name, x in state.items():
+            want[name].copy_(x)
+    if config.tie_word_embeddings:
+        model.tie_weights()
+    return model.eval()
+
+
+def latent_slots(model) -> dict[str, tuple[str, tuple]]:
+    """GGUF tensor name -> (kv_b_proj's parameter, its part) for each layer's attn_k_b and
+    attn_v_b: kv_b_proj viewed per head, (heads, nope + v, latent), then the nope rows or the v
+    rows of every head."""
+    cfg = model.config
+    if getattr(cfg, "model_type", None) != "deepseek_v3":
+        return {}
+    nope, v, heads = cfg.qk_nope_head_dim, cfg.v_head_dim, cfg.num_attention_heads
+    out = {}
+    for pname, p in model.named_parameters():
+        m = re.search(r"(?:^|\.)layers\.(\d+)\.self_attn\.kv_b_proj\.weight$", pname)
+        if m:
+            view = (heads, nope + v, p.shape[-1])
+            out[f"blk.{m.group(1)}.attn_k_b.weight"] = (pname, (1, 0, nope, view))
+            out[f"blk.{m.group(1)}.attn_v_b.weight"] = (pname, (1, nope, v, view))
+    return out
