@@ -230,3 +230,30 @@ def test_a_latent_value_tensors_cost_is_a_float64_leave_one_in_forward(deepseek)
     above = _mean_kld(model, windows, rows) - floor
     print(tensor, "cost", row["kld_above_base"], "float64", above)
     assert above > 0 and abs(row["kld_above_base"] - above) <= 1e-3 * above + 5e-8
+
+
+@pytest.mark.parametrize(
+    "key, value, says",
+    [
+        ("deepseek2.attention.kv_lora_rank", 48, "its tensors do not make the model its metadata describes"),
+        ("deepseek2.attention.key_length_mla", 40, "attn_k_b/attn_v_b do not match the metadata's head sizes"),
+    ],
+)
+def test_a_deepseek2_gguf_whose_metadata_lies_is_one_line(deepseek, tmp_path, key, value, says):
+    """A file whose keys disagree with its tensors is refused in one line before any build."""
+    import shutil
+
+    from gguf import GGUFReader
+
+    from kldtool.errors import EngineError
+
+    _, base, d, _ = deepseek
+    bad = tmp_path / "lying.gguf"
+    shutil.copyfile(d / "deepseek-v3-F32.gguf", bad)
+    field = GGUFReader(str(bad), "r+").fields[key]
+    field.parts[field.data[0]][0] = value
+    p = run_cli("recipe", bad, "--kl-divergence-base", base, "--types", "Q4_0", "--bpw", 6.5, "-o", tmp_path / "out",
+                "--progress", "none", check_rc=EngineError.exit_code)  # fmt: skip
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and says in lines[0] and "Traceback" not in p.stderr, p.stderr
+    assert not (tmp_path / "out" / "recipe.json").exists()
