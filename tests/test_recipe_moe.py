@@ -235,12 +235,14 @@ def test_a_latent_value_tensors_cost_is_a_float64_leave_one_in_forward(deepseek)
 @pytest.mark.parametrize(
     "key, value, says",
     [
-        ("deepseek2.attention.kv_lora_rank", 48, "its tensors do not make the model its metadata describes"),
-        ("deepseek2.attention.key_length_mla", 40, "attn_k_b/attn_v_b do not match the metadata's head sizes"),
+        ("deepseek2.attention.kv_lora_rank", 48, "tensor blk.0.attn_kv_a_mqa.weight is (80, 64), its metadata makes"),
+        ("deepseek2.attention.key_length_mla", 40, "tensor blk.0.attn_q_b.weight is (192, 32), its metadata makes"),
+        ("deepseek2.block_count", 10**9, "deepseek2.block_count is 1000000000, its tensors are of 4 layers"),
     ],
 )
 def test_a_deepseek2_gguf_whose_metadata_lies_is_one_line(deepseek, tmp_path, key, value, says):
-    """A file whose keys disagree with its tensors is refused in one line before any build."""
+    """A file whose keys disagree with its tensors is refused in one line naming the first
+    disagreement, before any build and before a model of the keys' sizes is allocated."""
     import shutil
 
     from gguf import GGUFReader

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import re
 
+import numpy as np
+
 from kldtool.errors import EngineError
 
 ARCH = "deepseek2"
@@ -40,8 +42,6 @@ RENAMED = {  # llama.cpp's name in a layer -> transformers'
 }
 TOP = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
        "output.weight": "lm_head.weight"}  # fmt: skip
-STACKED = ("ffn_gate_exps.weight", "ffn_up_exps.weight")  # one gate_up_proj: the gate's rows first
-SPLIT = ("attn_k_b.weight", "attn_v_b.weight")  # one kv_b_proj
 
 
 def is_latent(path: str) -> bool:
@@ -57,7 +57,6 @@ def is_latent(path: str) -> bool:
 def _fields(reader) -> dict:
     """The architecture's scalar keys; a float32 as the shortest decimal it stores (1e-06, not
     9.99999997e-07), which is what the checkpoint's config said."""
-    import numpy as np
     from gguf import GGUFValueType
 
     out = {}
@@ -68,17 +67,20 @@ def _fields(reader) -> dict:
     return out
 
 
-def latent_config(reader, vocab: int, tied: bool):
-    """transformers' DeepseekV3Config of the file's metadata."""
+def latent_config(reader, vocab: int, tied: bool, layers: int):
+    """transformers' DeepseekV3Config of the file's metadata, whose block count must be
+    ``layers`` (the tensors'): checked first, as the config sizes lists by it."""
     from transformers import DeepseekV3Config
 
     k = _fields(reader)
 
     def need(key):
         if key not in k:
-            raise EngineError(f"{ARCH} GGUF: no {ARCH}.{key} in its metadata")
+            raise EngineError(f"no {ARCH}.{key} in its metadata")
         return k[key]
 
+    if int(need("block_count")) != layers:
+        raise EngineError(f"{ARCH}.block_count is {int(need('block_count'))}, its tensors are of {layers} layers")
     rope = int(need("rope.dimension_count"))
     # key_length_mla is the decompressed head; files written before the split keep it in key_length
     qk = int(k.get("attention.key_length_mla", need("attention.key_length")))
@@ -94,13 +96,13 @@ def latent_config(reader, vocab: int, tied: bool):
                    "beta_slow": beta[1], "mscale": mscale, "mscale_all_dim": mscale,
                    "original_max_position_embeddings": int(need("rope.scaling.original_context_length"))}  # fmt: skip
     elif k.get("rope.scaling.type", "none") != "none":
-        raise EngineError(f"{ARCH} GGUF: rope scaling {k['rope.scaling.type']!r} is not read here (only yarn)")
+        raise EngineError(f"rope scaling {k['rope.scaling.type']!r} is not read here (only yarn)")
     return DeepseekV3Config(
         vocab_size=vocab,
         hidden_size=int(need("embedding_length")),
         intermediate_size=int(need("feed_forward_length")),
         moe_intermediate_size=int(k.get("expert_feed_forward_length", 0)) or None,
-        num_hidden_layers=int(need("block_count")),
+        num_hidden_layers=layers,
         num_attention_heads=heads,
         num_key_value_heads=heads,
         n_routed_experts=int(k.get("expert_count", 0)) or None,
@@ -134,49 +136,70 @@ def _token(reader, which: str):
 
 
 def _values(t):
-    """A GGUF tensor as float32 numpy, in the file's row-major shape."""
-    import numpy as np
+    """A GGUF tensor as float32 numpy, in the file's row-major shape (a float one copied: the
+    reader maps the file read-only)."""
     from gguf.quants import dequantize
 
-    return np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32).reshape(tuple(int(x) for x in t.shape[::-1]))
+    a = np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32)
+    return (a if a.flags.writeable else a.copy()).reshape(tuple(int(x) for x in t.shape[::-1]))
 
 
-def _state(reader, config) -> dict:
-    """transformers' state dict of the file's tensors (torch, float32)."""
-    import numpy as np
-    import torch
+def _plan(tensors, config) -> dict[str, tuple[str, tuple | None, bool]]:
+    """GGUF tensor name -> (transformers' state-dict name, the part of it the tensor fills, whether
+    the tensor is that part transposed per head): a part is (dimension, start, length[, a shape
+    to view the whole in first])."""
+    nope, v, heads = config.qk_nope_head_dim, config.v_head_dim, config.num_attention_heads
+    half = config.moe_intermediate_size
+    per_head = (heads, nope + v, config.kv_lora_rank)
+    parts = {"ffn_gate_exps.weight": ("mlp.experts.gate_up_proj", (1, 0, half or 0), False),
+             "ffn_up_exps.weight": ("mlp.experts.gate_up_proj", (1, half or 0, half or 0), False),
+             "attn_k_b.weight": ("self_attn.kv_b_proj.weight", (1, 0, nope, per_head), True),
+             "attn_v_b.weight": ("self_attn.kv_b_proj.weight", (1, nope, v, per_head), False)}  # fmt: skip
+    plan = {}
+    for name in tensors:
+        m = LAYER.match(name)
+        leaf, prefix = (m.group(2), f"model.layers.{m.group(1)}.") if m else (None, "")
+        if name in TOP:
+            plan[name] = (TOP[name], None, False)
+        elif leaf in RENAMED:
+            plan[name] = (prefix + RENAMED[leaf], None, False)
+        elif leaf in parts:
+            hf, part, flip = parts[leaf]
+            plan[name] = (prefix + hf, part, flip)
+        elif name != "rope_freqs.weight":  # llama.cpp's precomputed rope factors: the config has them
+            raise EngineError(f"tensor {name} has no transformers parameter here")
+    return plan
 
-    nope, v = config.qk_nope_head_dim, config.v_head_dim
-    out, pieces = {}, {}
-    for t in reader.tensors:
-        if t.name in TOP:
-            out[TOP[t.name]] = _values(t)
-            continue
-        m = LAYER.match(t.name)
-        leaf = m.group(2) if m else None
-        prefix = f"model.layers.{m.group(1)}." if m else ""
-        if leaf in RENAMED:
-            out[prefix + RENAMED[leaf]] = _values(t)
-        elif leaf in STACKED or leaf in SPLIT:
-            pieces.setdefault(prefix, {})[leaf] = _values(t)
-        elif t.name != "rope_freqs.weight":
-            raise EngineError(f"{ARCH} GGUF: tensor {t.name} has no transformers parameter here")
-    for prefix, got in pieces.items():
-        if all(n in got for n in STACKED):
-            out[prefix + "mlp.experts.gate_up_proj"] = np.concatenate([got[n] for n in STACKED], axis=1)
-        if all(n in got for n in SPLIT):  # k_b: (heads, latent, nope); v_b: (heads, v, latent)
-            k_b, v_b = (got[n] for n in SPLIT)
-            heads, latent = k_b.shape[0], k_b.shape[1]
-            if k_b.shape[2] != nope or v_b.shape != (heads, v, latent):
-                raise EngineError(f"{ARCH} GGUF: {prefix}attn_k_b/attn_v_b do not match the metadata's head sizes")
-            kv_b = np.concatenate([k_b.swapaxes(1, 2), v_b], axis=1).reshape(heads * (nope + v), latent)
-            out[prefix + "self_attn.kv_b_proj.weight"] = kv_b
-    # copies: the reader's arrays map the file read-only
-    return {name: torch.from_numpy(np.array(a, dtype=np.float32)) for name, a in out.items()}
+
+def _target(whole, part: tuple | None, flip: bool):
+    """What a tensor fills of ``whole``, in the tensor's own layout."""
+    if part is None:
+        return whole
+    view = whole.view(part[3]) if len(part) == 4 else whole
+    piece = view.narrow(*part[:3])
+    return piece.transpose(1, 2) if flip else piece
+
+
+def _check(plan: dict, shapes: dict, want: dict, tied: bool) -> None:
+    """Every tensor's shape is its part's, and the parts cover every entry of the state dict
+    once (checked on the meta device: nothing allocated yet)."""
+    covered: dict[str, int] = {}
+    for name, (hf, part, flip) in plan.items():
+        if hf not in want:
+            raise EngineError(f"tensor {name}: the model its metadata describes has no {hf}")
+        expected = tuple(_target(want[hf], part, flip).shape)
+        if shapes[name] != expected:
+            raise EngineError(f"tensor {name} is {shapes[name]}, its metadata makes {hf} need {expected}")
+        covered[hf] = covered.get(hf, 0) + int(np.prod(expected))
+    for hf, x in want.items():
+        if covered.get(hf, 0) != x.numel() and not (tied and hf == "lm_head.weight"):
+            raise EngineError(f"no tensor (or not all of one) for {hf}")
 
 
 def load_latent(path: str, dtype):
-    """The deepseek2 GGUF at ``path`` as transformers' DeepseekV3ForCausalLM in ``dtype``."""
+    """The deepseek2 GGUF at ``path`` as transformers' DeepseekV3ForCausalLM in ``dtype``: the
+    file's shapes checked against its metadata's model on the meta device first, then each tensor
+    dequantized and copied into its place one at a time."""
     import torch
     from gguf import GGUFReader
     from transformers import AutoModelForCausalLM
@@ -184,21 +207,27 @@ def load_latent(path: str, dtype):
 
     reader = GGUFReader(path)
     shapes = {t.name: tuple(int(x) for x in t.shape[::-1]) for t in reader.tensors}
-    if "token_embd.weight" not in shapes:
-        raise EngineError(f"{path}: no token_embd.weight")
-    config = latent_config(reader, shapes["token_embd.weight"][0], "output.weight" not in shapes)
-    state = _state(reader, config)
+    try:
+        if "token_embd.weight" not in shapes:
+            raise EngineError("no token_embd.weight")
+        layers = sorted({int(m.group(1)) for m in map(LAYER.match, shapes) if m})
+        if layers != list(range(len(layers))):
+            raise EngineError(f"its layers' tensors are not numbered 0 to {len(layers) - 1}")
+        config = latent_config(reader, shapes["token_embd.weight"][0], "output.weight" not in shapes, len(layers))
+        plan = _plan(shapes, config)
+        with torch.device("meta"), no_init_weights():
+            probe = AutoModelForCausalLM.from_config(config, dtype=dtype)
+        _check(plan, shapes, probe.state_dict(), config.tie_word_embeddings)
+    except (EngineError, ValueError, TypeError) as e:  # the config's own checks raise ValueError
+        raise EngineError(f"{path}: {e}") from None
     with no_init_weights():
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)
     want = model.state_dict()
-    absent = sorted(set(want) - set(state) - ({"lm_head.weight"} if config.tie_word_embeddings else set()))
-    wrong = [n for n, x in state.items() if n not in want or tuple(want[n].shape) != tuple(x.shape)]
-    if absent or wrong:
-        raise EngineError(f"{path}: its tensors do not make the model its metadata describes "
-                          f"({(absent or wrong)[0]}{', ...' if len(absent) + len(wrong) > 1 else ''})")  # fmt: skip
     with torch.no_grad():
-        for name, x in state.items():
-            want[name].copy_(x)
+        for t in reader.tensors:
+            if t.name in plan:
+                hf, part, flip = plan[t.name]
+                _target(want[hf], part, flip).copy_(torch.from_numpy(_values(t)))
     if config.tie_word_embeddings:
         model.tie_weights()
     return model.eval()
@@ -207,16 +236,9 @@ def load_latent(path: str, dtype):
 def latent_slots(model) -> dict[str, tuple[str, tuple]]:
     """GGUF tensor name -> (kv_b_proj's parameter, its part) for each layer's attn_k_b and
     attn_v_b: kv_b_proj viewed per head, (heads, nope + v, latent), then the nope rows or the v
-    rows of every head."""
+    rows of every head (attn_k_b is that part transposed per head)."""
     cfg = model.config
     if getattr(cfg, "model_type", None) != "deepseek_v3":
         return {}
-    nope, v, heads = cfg.qk_nope_head_dim, cfg.v_head_dim, cfg.num_attention_heads
-    out = {}
-    for pname, p in model.named_parameters():
-        m = re.search(r"(?:^|\.)layers\.(\d+)\.self_attn\.kv_b_proj\.weight$", pname)
-        if m:
-            view = (heads, nope + v, p.shape[-1])
-            out[f"blk.{m.group(1)}.attn_k_b.weight"] = (pname, (1, 0, nope, view))
-            out[f"blk.{m.group(1)}.attn_v_b.weight"] = (pname, (1, nope, v, view))
-    return out
+    names = [f"blk.{i}.attn_{w}_b.weight" for i in range(cfg.num_hidden_layers) for w in ("k", "v")]
+    return {n: (hf, part) for n, (hf, part, _) in _plan(names, cfg).items()}
