@@ -49,7 +49,8 @@ def test_stacked_experts_map_to_the_parts_transformers_loads_them_into(tmp_path)
     from gguf import GGUFReader
     from transformers import AutoModelForCausalLM
 
-    from kldtool.recipe.expert_slots import expert_slots, part_of
+    from kldtool.engines.parameter_parts import part_of
+    from kldtool.recipe.expert_slots import expert_slots
 
     _, src = _model_and_gguf(tmp_path)
     model = AutoModelForCausalLM.from_pretrained(str(src.parent), gguf_file=src.name, dtype=torch.float32)
@@ -151,7 +152,7 @@ def test_a_deepseek2_gguf_is_the_transformers_model_it_was_written_from(tmp_path
 
     from kldtool.attribute.units import load_quant
     from kldtool.engines.latent_gguf import latent_slots
-    from kldtool.recipe.expert_slots import part_of
+    from kldtool.engines.parameter_parts import part_of
 
     src, path = _deepseek(tmp_path, **({"rope_parameters": YARN} if rope == "yarn" else {}))
     ref = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32).eval()

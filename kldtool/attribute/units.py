@@ -125,11 +125,8 @@ def load_quant(path: str, dtype: str):
 
     kwargs = {"dtype": getattr(torch, dtype)}
     source = path
-    if path.lower().endswith(".gguf"):
-        from kldtool.engines.latent_gguf import is_latent, load_latent
-
-        if is_latent(path):  # transformers reads no deepseek2 GGUF
-            return load_latent(path, kwargs["dtype"])
+    gguf = path.lower().endswith(".gguf")
+    if gguf:
         source, kwargs["gguf_file"] = os.path.dirname(os.path.abspath(path)), os.path.basename(path)
     else:
         try:
@@ -142,7 +139,12 @@ def load_quant(path: str, dtype: str):
 
             kwargs["quantization_config"] = CompressedTensorsConfig(run_compressed=False)
     try:
-        with gguf_loading():
+        with gguf_loading():  # one parse of the file for the check below and the loader
+            if gguf:
+                from kldtool.engines.latent_gguf import is_latent, load_latent
+
+                if is_latent(path):  # transformers reads no deepseek2 GGUF
+                    return load_latent(path, kwargs["dtype"])
             return AutoModelForCausalLM.from_pretrained(source, **kwargs).eval()
     except (OSError, ValueError) as e:
         raise EngineError(f"{path}: transformers could not load it: {str(e).splitlines()[0]}") from None

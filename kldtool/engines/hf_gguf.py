@@ -17,6 +17,17 @@ import functools
 import os
 
 
+def gguf_arch(path: str) -> tuple[str, int]:
+    """(general.architecture, block count) of a GGUF; inside ``gguf_loading()`` from the reader
+    the loader then reuses, so the file is parsed once."""
+    from gguf import GGUFReader
+
+    fields = GGUFReader(path).fields
+    arch = bytes(fields["general.architecture"].parts[-1]).decode()
+    blocks = fields.get(f"{arch}.block_count")
+    return arch, int(blocks.parts[-1][0]) if blocks is not None else 0
+
+
 @contextlib.contextmanager
 def gguf_loading():
     try:

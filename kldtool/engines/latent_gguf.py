@@ -15,6 +15,8 @@ import re
 
 import numpy as np
 
+from kldtool.engines.hf_gguf import gguf_arch
+from kldtool.engines.parameter_parts import part_of
 from kldtool.errors import EngineError
 
 ARCH = "deepseek2"
@@ -45,13 +47,10 @@ TOP = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "
 
 
 def is_latent(path: str) -> bool:
-    from gguf import GGUFReader
-
     try:
-        f = GGUFReader(path).fields.get("general.architecture")
-    except (OSError, ValueError):  # not a GGUF it can read: transformers' loader says why
+        return gguf_arch(path)[0] == ARCH
+    except (OSError, ValueError, KeyError):  # not a GGUF it can read: transformers' loader says why
         return False
-    return f is not None and f.contents() == ARCH
 
 
 def _fields(reader) -> dict:
@@ -173,10 +172,7 @@ def _plan(tensors, config) -> dict[str, tuple[str, tuple | None, bool]]:
 
 def _target(whole, part: tuple | None, flip: bool):
     """What a tensor fills of ``whole``, in the tensor's own layout."""
-    if part is None:
-        return whole
-    view = whole.view(part[3]) if len(part) == 4 else whole
-    piece = view.narrow(*part[:3])
+    piece = part_of(whole, part)
     return piece.transpose(1, 2) if flip else piece
 
 

@@ -39,22 +39,13 @@ class Candidates:
         return out
 
 
-def gguf_arch(path: str) -> tuple[str, int]:
-    """(general.architecture, block count) of a GGUF."""
-    from gguf import GGUFReader
-
-    fields = GGUFReader(path).fields
-    arch = bytes(fields["general.architecture"].parts[-1]).decode()
-    blocks = fields.get(f"{arch}.block_count")
-    return arch, int(blocks.parts[-1][0]) if blocks is not None else 0
-
-
 def parameter_names(model, src: str) -> tuple[dict[str, str], dict[str, tuple]]:
     """GGUF tensor name -> the transformers parameter (gguf's name map for the architecture; a
     mixture's stacked experts by expert_slots, DeepSeek's split kv_b_proj by latent_slots), and
     the tensors that are a part of theirs."""
     import gguf
 
+    from kldtool.engines.hf_gguf import gguf_arch
     from kldtool.engines.latent_gguf import latent_slots
     from kldtool.recipe.expert_slots import expert_slots
 

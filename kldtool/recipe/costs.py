@@ -17,7 +17,8 @@ from kldtool.attribute.kld import paired_kld, swapped, window_vectors
 from kldtool.attribute.units import Unit
 from kldtool.recipe.candidates import Candidates
 from kldtool.recipe.cost_cache import CostCache
-from kldtool.recipe.expert_slots import composed, part_of
+from kldtool.engines.parameter_parts import part_of
+from kldtool.recipe.expert_slots import composed
 from kldtool.recipe.layer_reuse import LayerInputs
 
 BLOCK = re.compile(r"^blk\.(\d+)\.")

@@ -3,13 +3,13 @@ keeps each layer's routed experts as two stacked parameters, ``mlp.experts.gate_
 (experts x 2·intermediate x hidden: the gate projection's rows, then the up projection's) and
 ``mlp.experts.down_proj``, where llama.cpp keeps three (``ffn_gate_exps``, ``ffn_up_exps``,
 ``ffn_down_exps``), the layout transformers' own GGUF loader reads them into. A recipe's tensor
-is then a part of a parameter, ``(dimension, start, length)``, or the whole of one (None); a part
-may name a shape to view the parameter in first, ``(dimension, start, length, shape)``, as
-DeepSeek's per-head key and value rows of one ``kv_b_proj`` (engines/latent_gguf.py)."""
+is then a part of a parameter (engines/parameter_parts.py), or the whole of one (None)."""
 
 from __future__ import annotations
 
 import re
+
+from kldtool.engines.parameter_parts import part_of
 
 EXPERTS = re.compile(r"(?:^|\.)layers\.(\d+)\.mlp\.experts\.(gate_up_proj|down_proj)$")
 
@@ -29,14 +29,6 @@ def expert_slots(model) -> dict[str, tuple[str, tuple | None]]:
             out[f"blk.{layer}.ffn_gate_exps.weight"] = (pname, (1, 0, half))
             out[f"blk.{layer}.ffn_up_exps.weight"] = (pname, (1, half, half))
     return out
-
-
-def part_of(values, part: tuple | None):
-    if part is None:
-        return values
-    if len(part) == 4:
-        values = values.view(part[3])
-    return values.narrow(*part[:3])
 
 
 def composed(model, quant: dict, params: dict, parts: dict, tensors, device) -> dict:
